@@ -1,0 +1,3 @@
+from identifiable.cli import main
+
+main()

@@ -1,0 +1,55 @@
+"""Pieces shared by CLI commands: model option, atomic JSON output, tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from identifiable.errors import IdentifiableError
+
+console = Console()
+err_console = Console(stderr=True)
+
+ModelOption = Annotated[
+    str,
+    typer.Option(
+        "--model", "-m", help="'minilm' (embedded default), a local model directory or a hub id."
+    ),
+]
+JsonOption = Annotated[
+    Path | None, typer.Option("--json", help="Also write the results to this JSON file.")
+]
+
+
+def load(model: str):
+    """Load a model with a spinner; errors are already user-facing."""
+    from identifiable.models import load_model
+
+    with err_console.status(f"loading {model} …"):
+        return load_model(model)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside `path`, then rename: never a half-written file."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise IdentifiableError(f"cannot write '{path}': directory '{parent}' does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise IdentifiableError(f"cannot write '{path}': {exc.strerror or exc}") from None
+
+
+def write_json(path: Path, payload: Any) -> None:
+    write_atomic(path, json.dumps(payload, indent=2, ensure_ascii=False).encode())

@@ -1,0 +1,74 @@
+"""Forward hooks that always come off again.
+
+Every hook the package registers goes through `HookSet`, a context manager that
+removes all of them on exit, also when the forward pass raises (tested).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+
+def get_submodule(root: nn.Module, path: str) -> nn.Module:
+    """`root.get_submodule(path)` with an error that names the missing path."""
+    try:
+        return root.get_submodule(path)
+    except AttributeError as exc:  # torch raises AttributeError for a missing name
+        from identifiable.errors import IdentifiableError
+
+        raise IdentifiableError(
+            f"the model has no module '{path}' ({exc}); its architecture spec does not match "
+            "this model class (see README 'Adding an architecture')."
+        ) from None
+
+
+def first_tensor(output: Any) -> torch.Tensor:
+    """Layers return a tensor or a tuple whose first item is the hidden states."""
+    return output[0] if isinstance(output, tuple | list) else output
+
+
+class HookSet:
+    """Collects hook handles; `with HookSet() as hooks:` removes them all on exit."""
+
+    def __init__(self) -> None:
+        self._handles: list[RemovableHandle] = []
+
+    def pre(self, module: nn.Module, fn: Callable[..., Any], *, with_kwargs: bool = False) -> None:
+        self._handles.append(module.register_forward_pre_hook(fn, with_kwargs=with_kwargs))
+
+    def post(self, module: nn.Module, fn: Callable[..., Any]) -> None:
+        self._handles.append(module.register_forward_hook(fn))
+
+    def remove(self) -> None:
+        while self._handles:
+            self._handles.pop().remove()
+
+    def __enter__(self) -> HookSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def replace_hidden_input(value: torch.Tensor) -> Callable[..., Any]:
+    """A pre-hook (with kwargs) that feeds `value` to a layer in place of its hidden states.
+
+    Layers take the hidden states as the first positional argument or as the
+    keyword `hidden_states`, depending on the model class.
+    """
+
+    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if args:
+            return (value, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": value}
+
+    return hook
+
+
+def hidden_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    return args[0] if args else kwargs["hidden_states"]

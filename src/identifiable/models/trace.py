@@ -1,0 +1,139 @@
+"""The `Trace`: plain tensors captured from one forward pass of one sequence.
+
+Everything downstream (attention, tokens, attribution) reads only these tensors,
+never the Hugging Face model. Shapes use:
+L layers, H query heads, n real tokens (no padding), d model width, d_v head width.
+
+Notation follows SPEC.md: for layer l and head h,
+    head output = A (E W_V + 1 b_Vᵀ) H,    T = E W_V H  (bias-free),
+with `values[l, h]` = E W_V (n×d_v) and `out_proj[l, h]` = H (d_v×d).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from identifiable.errors import IdentifiableError
+
+
+@dataclass
+class Trace:
+    """Captured pieces of one sequence.
+
+    Attributes:
+        tokens: the n token strings, as the tokenizer spells them.
+        input_ids: `[n]` int64.
+        attentions: `[L, H, n, n]` attention probabilities A (rows sum to 1;
+            masked (causal) entries exactly 0).
+        values: `[L, H, n, d_v]` E·W_V per query head, without the value bias.
+            Under grouped-query attention heads sharing a key/value head hold
+            the same rows (see `kv_head_of`).
+        value_bias: `[L, H, d_v]` b_V per query head (zeros if the model has none).
+        out_proj: `[L, H, d_v, d]` the head's slice H of W_O (rows h·d_v … (h+1)·d_v).
+        out_bias: `[L, d]` b_O (zeros if the model has none).
+        hidden_states: `[L+1, n, d]`; index 0 is e^0, the input of layer 1,
+            index l the output of layer l.
+        attn_outputs: `[L, n, d]` the attention block's own output captured from
+            the model (after W_O and b_O, before dropout/residual). Used by `verify`.
+        is_causal: decoder-style attention (row i sees keys ≤ i).
+        kv_head_of: `[H]` index of the key/value head each query head reads.
+        special_tokens: role → token string for this model, e.g.
+            {"cls": "[CLS]", "sep": "[SEP]"} or {"bos": "<|endoftext|>"}.
+        model_name: where the model came from (hub id, path or "minilm").
+        architecture: the spec name used to trace it (e.g. "bert", "gpt2", "llama").
+        truncated: number of tokens dropped because the text was too long.
+    """
+
+    tokens: list[str]
+    input_ids: torch.Tensor
+    attentions: torch.Tensor
+    values: torch.Tensor
+    value_bias: torch.Tensor
+    out_proj: torch.Tensor
+    out_bias: torch.Tensor
+    hidden_states: torch.Tensor
+    attn_outputs: torch.Tensor
+    is_causal: bool
+    kv_head_of: torch.Tensor
+    special_tokens: dict[str, str] = field(default_factory=dict)
+    model_name: str = ""
+    architecture: str = ""
+    truncated: int = 0
+
+    # ---- sizes -------------------------------------------------------------
+    @property
+    def n_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.attentions.shape[0])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.attentions.shape[1])
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.values.shape[-1])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.hidden_states.shape[-1])
+
+    def __len__(self) -> int:
+        return self.n_tokens
+
+    # ---- derived quantities -----------------------------------------------
+    def reconstruct_attention_output(self, layer: int) -> torch.Tensor:
+        """Σ_h A_h (E W_V^h + 1 b_V^hᵀ) H_h + b_O for one layer, `[n, d]`, in float64."""
+        self.check_layer(layer)
+        a = self.attentions[layer].double()
+        v = self.values[layer].double() + self.value_bias[layer].double()[:, None, :]
+        heads = torch.einsum("hij,hjv,hvd->id", a, v, self.out_proj[layer].double())
+        return heads + self.out_bias[layer].double()
+
+    def reconstruction_errors(self) -> torch.Tensor:
+        """Relative Frobenius error of the reconstructed attention output per layer, `[L]`."""
+        errs = []
+        for layer in range(self.n_layers):
+            rec = self.reconstruct_attention_output(layer)
+            ref = self.attn_outputs[layer].double()
+            errs.append(torch.linalg.norm(rec - ref) / torch.linalg.norm(ref).clamp_min(1e-30))
+        return torch.stack(errs)
+
+    def verify(self, rtol: float = 1e-4) -> torch.Tensor:
+        """Prove the capture reproduces the model: raise if any layer's relative error > rtol.
+
+        Returns the per-layer relative errors `[L]`.
+        """
+        errs = self.reconstruction_errors()
+        bad = [(i, float(e)) for i, e in enumerate(errs) if not (e <= rtol)]
+        if bad:
+            shown = ", ".join(f"layer {i}: {e:.2e}" for i, e in bad)
+            raise IdentifiableError(
+                f"trace does not reproduce the model's attention output ({shown}; "
+                f"tolerance {rtol:g}). The architecture spec for '{self.architecture}' "
+                "probably reads E or W_V/W_O from the wrong place; see README 'Adding an architecture'."
+            )
+        return errs
+
+    def check_layer(self, layer: int) -> None:
+        if not 0 <= layer < self.n_layers:
+            raise IdentifiableError(
+                f"layer {layer} is out of range: valid layers are 0..{self.n_layers - 1}"
+            )
+
+    def check_head(self, head: int) -> None:
+        if not 0 <= head < self.n_heads:
+            raise IdentifiableError(
+                f"head {head} is out of range: valid heads are 0..{self.n_heads - 1}"
+            )
+
+    def check_row(self, row: int) -> None:
+        if not 0 <= row < self.n_tokens:
+            raise IdentifiableError(
+                f"row {row} is out of range: valid rows are 0..{self.n_tokens - 1}"
+            )

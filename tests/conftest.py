@@ -1,0 +1,134 @@
+"""Shared fixtures: tiny random models of every supported architecture, and the embedded model.
+
+Everything is built offline. Tiny models share the embedded model's BERT tokenizer
+(vocabulary 30522), so any text works with any architecture.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ARCHITECTURES = ["bert", "roberta", "distilbert", "electra", "gpt2", "llama"]
+CAUSAL = {"gpt2", "llama"}
+
+
+def tiny_config(arch: str):
+    """A 2-layer, 4-head, width-64 (head width 16) config for `arch`."""
+    from transformers import AutoConfig
+
+    common = {"vocab_size": 30522}
+    if arch == "bert":
+        return AutoConfig.for_model(
+            "bert",
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=128,
+            **common,
+        )
+    if arch == "roberta":
+        return AutoConfig.for_model(
+            "roberta",
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=130,
+            pad_token_id=0,
+            type_vocab_size=1,
+            **common,
+        )
+    if arch == "distilbert":
+        return AutoConfig.for_model(
+            "distilbert",
+            dim=64,
+            n_layers=2,
+            n_heads=4,
+            hidden_dim=128,
+            max_position_embeddings=128,
+            **common,
+        )
+    if arch == "electra":
+        return AutoConfig.for_model(
+            "electra",
+            embedding_size=32,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=128,
+            **common,
+        )
+    if arch == "gpt2":
+        return AutoConfig.for_model(
+            "gpt2", n_embd=64, n_layer=2, n_head=4, n_positions=128, **common
+        )
+    if arch == "llama":
+        return AutoConfig.for_model(
+            "llama",
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=128,
+            pad_token_id=0,
+            **common,
+        )
+    raise ValueError(arch)
+
+
+def build_tiny_hf_model(arch: str, seed: int = 0, attn_implementation: str = "eager"):
+    from transformers import AutoModel
+
+    torch.manual_seed(seed)
+    hf = AutoModel.from_config(tiny_config(arch), attn_implementation=attn_implementation)
+    # HF initialises biases to 0 and norms to 1; perturb everything so that a
+    # wrong bias or norm placement cannot hide in the self-check.
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return hf.eval()
+
+
+@pytest.fixture(scope="session")
+def bert_tokenizer():
+    from transformers import AutoTokenizer
+
+    from identifiable.models import embedded_model_path
+
+    return AutoTokenizer.from_pretrained(str(embedded_model_path()))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(bert_tokenizer) -> Callable[..., object]:
+    """Factory: `tiny_model("gpt2")` → an `identifiable.models.Model` (cached per arch)."""
+    from identifiable.models import Model
+
+    cache: dict[str, Model] = {}
+
+    def make(arch: str) -> Model:
+        if arch not in cache:
+            cache[arch] = Model.from_hf(
+                build_tiny_hf_model(arch), bert_tokenizer, name=f"tiny-{arch}"
+            )
+        return cache[arch]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    """The embedded all-MiniLM-L6-v2 (6 layers, 12 heads of width 32)."""
+    from identifiable.models import load_model
+
+    return load_model("minilm")

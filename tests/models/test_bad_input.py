@@ -1,0 +1,82 @@
+"""Bad input: one clear IdentifiableError (or warning), never a deep traceback."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from identifiable.errors import IdentifiableError
+from identifiable.models import Model, TruncationWarning, load_model
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t", ("fine", " "), ("", "fine")])
+def test_empty_text(tiny_model, text):
+    with pytest.raises(IdentifiableError, match="empty"):
+        tiny_model("bert").trace(text)
+
+
+def test_not_a_text(tiny_model):
+    with pytest.raises(IdentifiableError, match="text pair"):
+        tiny_model("bert").trace(("a", "b", "c"))
+
+
+def test_too_long_is_truncated_with_warning(tiny_model):
+    m = tiny_model("bert")  # 128 positions
+    text = "word " * 200
+    with pytest.warns(TruncationWarning, match="dropped 74 "):
+        tr = m.trace(text)
+    assert tr.n_tokens == 128 and tr.truncated == 74
+    tr.verify()
+
+
+def test_too_long_errors_without_truncation(tiny_model):
+    with pytest.raises(IdentifiableError, match="202 tokens but the model takes at most 128"):
+        tiny_model("bert").trace("word " * 200, truncate=False)
+
+
+def test_roberta_position_offset(tiny_model):
+    m = tiny_model("roberta")  # 130 position embeddings, 2 reserved
+    assert m.info.max_positions == 128
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TruncationWarning)
+        m.trace("word " * 300).verify()
+
+
+def test_unknown_architecture(bert_tokenizer):
+    from transformers import AutoConfig, AutoModel
+
+    hf = AutoModel.from_config(
+        AutoConfig.for_model(
+            "t5", d_model=32, num_layers=1, num_heads=2, d_kv=16, d_ff=32, vocab_size=100
+        )
+    )
+    with pytest.raises(IdentifiableError, match=r"'t5' is not supported.*bert.*gpt2.*ArchSpec"):
+        Model.from_hf(hf, bert_tokenizer)
+
+
+def test_missing_path():
+    with pytest.raises(IdentifiableError, match="does not exist"):
+        load_model("./no/such/model")
+
+
+def test_directory_without_model(tmp_path):
+    with pytest.raises(IdentifiableError, match=r"could not load the model at .*config.json"):
+        load_model(str(tmp_path))
+
+
+def test_offline_hub_id(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(
+        IdentifiableError, match=r"download it first .* or pass a local model directory"
+    ):
+        load_model("some-org/some-model-that-is-not-cached")
+
+
+def test_sdpa_model_is_switched_to_eager(bert_tokenizer):
+    from conftest import build_tiny_hf_model
+
+    hf = build_tiny_hf_model("bert", attn_implementation="sdpa")
+    with pytest.warns(UserWarning, match="switched the model from 'sdpa' to eager"):
+        m = Model.from_hf(hf, bert_tokenizer)
+    m.trace("it still works").verify()
