@@ -35,6 +35,17 @@ def load(model: str):
         return load_model(model)
 
 
+def check_writable(path: Path | None) -> None:
+    """Fail before any work when an output file could not be written."""
+    if path is None:
+        return
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise IdentifiableError(f"cannot write '{path}': directory '{parent}' does not exist")
+    if not os.access(parent, os.W_OK):
+        raise IdentifiableError(f"cannot write '{path}': directory '{parent}' is not writable")
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write to a temporary file beside `path`, then rename: never a half-written file."""
     path = Path(path)

@@ -7,7 +7,14 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from identifiable.cli.common import JsonOption, ModelOption, console, load, write_json
+from identifiable.cli.common import (
+    JsonOption,
+    ModelOption,
+    check_writable,
+    console,
+    load,
+    write_json,
+)
 
 
 def models() -> None:
@@ -45,6 +52,7 @@ def trace(
     json_out: JsonOption = None,
 ) -> None:
     """Trace one forward pass and check that the captured pieces reproduce the model."""
+    check_writable(json_out)
     m = load(model)
     tr = m.trace((text, pair) if pair is not None else text, truncate=not no_truncate)
     errs = tr.reconstruction_errors()
