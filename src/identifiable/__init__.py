@@ -18,6 +18,8 @@ _EXPORTS: dict[str, str] = {
     "Model": "identifiable.models",
     "Trace": "identifiable.models",
     "IdentifiableError": "identifiable.errors",
+    "load_corpus": "identifiable.corpus",
+    "Corpus": "identifiable.corpus",
 }
 
 if TYPE_CHECKING:

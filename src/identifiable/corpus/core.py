@@ -1,0 +1,245 @@
+"""`load_corpus` and `Corpus`: the single entry point of `identifiable.corpus`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any, overload
+
+from identifiable.corpus.document import Document
+from identifiable.corpus.lengths import (
+    Item,
+    bucket_by_length,
+    check_tokenizer,
+    normalize_buckets,
+    token_lengths,
+    tokenizer_fingerprint,
+)
+from identifiable.corpus.pairs import iter_pairs_with_lengths
+from identifiable.corpus.sources import WIKIPEDIA_SAMPLE, SourceData, read_source
+from identifiable.errors import IdentifiableError
+
+__all__ = ["CORPUS_VERSION", "UNITS", "Corpus", "load_corpus", "load_documents"]
+
+# Bump when cleaning, splitting or pairing changes, so caches keyed on fingerprints expire.
+CORPUS_VERSION = 1
+UNITS = ("sentence", "paragraph", "document", "pair")
+_PAIR_CACHE: dict[tuple[Any, ...], tuple[tuple[str, str, int], ...]] = {}
+_PAIR_CACHE_SIZE = 8
+
+
+@dataclass(frozen=True)
+class Corpus(Sequence[Item]):
+    """An immutable, ordered collection of texts (or `(a, b)` text pairs).
+
+    Attributes:
+        name: the source ("wikipedia-sample", a file name, "hf:NAME").
+        unit: "sentence", "paragraph", "document" or "pair".
+        items: the texts, or pairs when `unit == "pair"`.
+        fingerprint: 16 hex digits; equal exactly when content and every option
+            that shapes the items are equal (safe as a cache key).
+        options: what the fingerprint hashes (source content hash, unit, …).
+    """
+
+    name: str
+    unit: str
+    items: tuple[Item, ...] = field(repr=False)
+    fingerprint: str
+    options: Mapping[str, Any] = field(repr=False, default_factory=dict)
+
+    @property
+    def is_pairs(self) -> bool:
+        return self.unit == "pair"
+
+    def __hash__(self) -> int:  # the options dict is unhashable; the fingerprint says it all
+        return hash(self.fingerprint)
+
+    def __iter__(self) -> Iterator[Item]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @overload
+    def __getitem__(self, index: int) -> Item: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Item, ...]: ...
+    def __getitem__(self, index: int | slice) -> Item | tuple[Item, ...]:
+        return self.items[index]
+
+
+def load_documents(source: str | Path = WIKIPEDIA_SAMPLE, **options: Any) -> tuple[Document, ...]:
+    """The Documents of a source (see `load_corpus` for `source` and read options)."""
+    return read_source(source, fmt=options.pop("format", "auto"), **options).documents
+
+
+def _check_options(
+    unit: str | None,
+    tokenizer: Any,
+    counted: dict[str, Any],
+    per_bucket: int | None,
+    pair_fields: Sequence[str] | None,
+) -> None:
+    """Reject option combinations that cannot work, before reading anything."""
+    if unit is not None and unit not in UNITS:
+        raise IdentifiableError(f"unknown unit {unit!r}; use one of {', '.join(UNITS)}")
+    for name in ("limit", "max_tokens", "min_tokens", "per_bucket"):
+        value = counted.get(name) if name != "per_bucket" else per_bucket
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 1
+        ):
+            raise IdentifiableError(f"{name} must be a positive integer, got {value!r}")
+    needs = [n for n in ("max_tokens", "min_tokens", "buckets") if counted.get(n) is not None]
+    if unit == "pair" and pair_fields is None:
+        needs.append("unit='pair'")
+    if needs and tokenizer is None:
+        raise IdentifiableError(f"{', '.join(needs)} count tokens: pass tokenizer=model.tokenizer")
+    if per_bucket is not None and counted.get("buckets") is None:
+        raise IdentifiableError("per_bucket needs buckets, e.g. buckets=[16, 32, 64, 128]")
+    if tokenizer is not None:
+        check_tokenizer(tokenizer)
+
+
+def _cached_pairs(
+    data: SourceData, tokenizer: Any, bounds: tuple[int, int], seed: int
+) -> tuple[tuple[str, str, int], ...]:
+    """All `(a, b, length)` of a source, memoised on (content, tokenizer, bounds, seed)."""
+    key = (data.identity, tokenizer_fingerprint(tokenizer), bounds, seed)
+    if key not in _PAIR_CACHE:
+        if len(_PAIR_CACHE) >= _PAIR_CACHE_SIZE:
+            _PAIR_CACHE.pop(next(iter(_PAIR_CACHE)))  # oldest first
+        min_t, max_t = bounds
+        found = iter_pairs_with_lengths(
+            data.documents, tokenizer, max_tokens=max_t, min_tokens=min_t, seed=seed
+        )
+        _PAIR_CACHE[key] = tuple(found)
+    return _PAIR_CACHE[key]
+
+
+def _units(documents: Sequence[Document], unit: str) -> list[Item]:
+    if unit == "sentence":
+        return [s for d in documents for s in d.sentences]
+    if unit == "paragraph":
+        return [p for d in documents for p in d.paragraph_texts]
+    return [d.text for d in documents if d.paragraphs]
+
+
+def _select_by_length(
+    items: list[Item],
+    tokenizer: Any,
+    token_range: tuple[int | None, int | None],
+    buckets: Sequence[Any] | None,
+    per_bucket: int | None,
+    seed: int,
+    spec: dict[str, Any],
+    lengths: list[int] | None = None,
+) -> list[Item]:
+    """Keep items within the token range, then a balanced sample per length bucket.
+
+    `lengths` (one per item) are measured here unless the caller already has them.
+    """
+    if lengths is None:
+        lengths = token_lengths(tokenizer, items)
+    low, high = token_range
+    keep = [i for i, n in enumerate(lengths) if (low or 1) <= n <= (high or n)]
+    items, lengths = [items[i] for i in keep], [lengths[i] for i in keep]
+    spec["token_range"] = list(token_range)
+    if buckets is not None:
+        bounds = normalize_buckets(buckets)
+        chosen = bucket_by_length(lengths, bounds, per_bucket=per_bucket, seed=seed)
+        items = [items[i] for i in chosen]
+        spec |= {"buckets": bounds, "per_bucket": len(chosen) // len(bounds)}
+    return items
+
+
+def load_corpus(
+    source: str | Path = WIKIPEDIA_SAMPLE,
+    *,
+    unit: str | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+    shuffle: bool = False,
+    tokenizer: Any = None,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    buckets: Sequence[Any] | None = None,
+    per_bucket: int | None = None,
+    format: str = "auto",
+    field: str = "text",
+    pair_fields: Sequence[str] | None = None,
+    split: str = "train",
+    config: str | None = None,
+) -> Corpus:
+    """Load texts or text pairs; the package docstring documents every option.
+
+    Steps, in order: read the source → cut into `unit`s (or build pairs) →
+    keep items of `min_tokens … max_tokens` tokens → balanced sample per length
+    bucket → shuffle → first `limit`.
+
+    Raises:
+        IdentifiableError: bad options, unknown source, unreadable or corrupt
+            file, or nothing left to yield.
+    """
+    counted = {
+        "limit": limit,
+        "max_tokens": max_tokens,
+        "min_tokens": min_tokens,
+        "buckets": buckets,
+    }
+    _check_options(unit, tokenizer, counted, per_bucket, pair_fields)
+    pair_key = tuple(pair_fields) if pair_fields is not None else None
+    data = read_source(
+        source, fmt=format, field=field, pair_fields=pair_key, split=split, config=config
+    )
+    if not data.documents and not data.pairs:
+        raise IdentifiableError(f"corpus {data.name!r} contains no text; pass a file with some")
+
+    spec: dict[str, Any] = {"version": CORPUS_VERSION, "source": data.identity, "kind": data.kind}
+    uses_seed = shuffle or buckets is not None
+    items: list[Item]
+    lengths: list[int] | None = None  # known for built pairs: no second tokenisation
+    if data.pairs is not None:
+        if unit not in (None, "pair"):
+            raise IdentifiableError(
+                f"pair_fields yields pairs; use unit='pair' (got {unit!r}) or field=…"
+            )
+        unit, items = "pair", list(data.pairs)
+    elif (unit or "") == "pair":
+        bounds = (min_tokens or 12, max_tokens or 128)
+        spec["pair_tokens"] = list(bounds)
+        uses_seed, min_tokens, max_tokens = True, None, None  # every pair is within bounds
+        if shuffle or buckets is not None or limit is None:
+            found = _cached_pairs(data, tokenizer, bounds, seed)
+        else:  # only the first `limit` pairs are needed: build no more than that
+            lazy = iter_pairs_with_lengths(
+                data.documents, tokenizer, min_tokens=bounds[0], max_tokens=bounds[1], seed=seed
+            )
+            found = tuple(islice(lazy, limit))
+        items, lengths = [(a, b) for a, b, _ in found], [n for _, _, n in found]
+    else:
+        unit = unit or ("sentence" if data.kind == "wiki" else "document")
+        items = _units(data.documents, unit)
+    spec["unit"] = unit
+    counts_tokens = bool(max_tokens or min_tokens or buckets is not None)
+    if counts_tokens or "pair_tokens" in spec:
+        spec["tokenizer"] = tokenizer_fingerprint(tokenizer)
+    if counts_tokens:
+        items = _select_by_length(
+            items, tokenizer, (min_tokens, max_tokens), buckets, per_bucket, seed, spec, lengths
+        )
+    if shuffle:
+        random.Random(f"shuffle:{seed}").shuffle(items)
+    items = items[:limit] if limit is not None else items
+    spec |= {"shuffle": shuffle, "limit": limit, "seed": seed if uses_seed else None}
+    if not items:
+        raise IdentifiableError(
+            f"corpus {data.name!r} yielded no {unit}s with these options; relax "
+            "max_tokens/min_tokens/buckets or use another unit or source"
+        )
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    return Corpus(data.name, unit, tuple(items), digest, spec)

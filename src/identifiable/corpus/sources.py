@@ -1,0 +1,281 @@
+"""Reading a corpus source into Documents (or ready-made text pairs).
+
+Sources: the built-in `"wikipedia-sample"`, a MediaWiki export, a plain text file
+(`lines`: one text per line; `paragraphs`: blank-line separated), a JSON Lines
+file (or a JSON array of records), and `"hf:NAME"` Hugging Face datasets.
+Every source has a content `identity` (a SHA-256) that fingerprints build on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from identifiable.corpus.document import Document
+from identifiable.corpus.fileio import file_digest, peek, read_text
+from identifiable.corpus.sentences import split_sentences
+from identifiable.corpus.wikidump import parse_wiki_dump
+from identifiable.errors import IdentifiableError
+
+__all__ = ["FORMATS", "WIKIPEDIA_SAMPLE", "SourceData", "read_source", "wikipedia_sample_path"]
+
+WIKIPEDIA_SAMPLE = "wikipedia-sample"
+FORMATS = ("auto", "lines", "paragraphs", "jsonl", "wiki")
+_SAMPLE_FILE = "test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+_BLANK_LINE = re.compile(r"\n[ \t\r\f\v]*\n")
+_KNOWN = f"'{WIKIPEDIA_SAMPLE}', a .txt/.jsonl/.xml(.bz2) file path, or 'hf:DATASET'"
+
+
+@dataclass(frozen=True)
+class SourceData:
+    """What a source holds.
+
+    Attributes:
+        name: display name ("wikipedia-sample", the file name, "hf:NAME").
+        kind: "wiki", "lines", "paragraphs", "jsonl" or "hf" (the format actually read).
+        identity: SHA-256 of the content (file bytes, or the extracted records).
+        documents: the texts as Documents (empty when `pairs` is set).
+        pairs: ready-made `(a, b)` pairs from two record fields, else None.
+    """
+
+    name: str
+    kind: str
+    identity: str
+    documents: tuple[Document, ...]
+    pairs: tuple[tuple[str, str], ...] | None = None
+
+
+def wikipedia_sample_path() -> Path:
+    """Locate the 106-article English Wikipedia sample shipped in gensim's wheel.
+
+    Found without importing gensim (which is slow to import).
+    """
+    spec = importlib.util.find_spec("gensim")
+    if spec is None or not spec.submodule_search_locations:
+        raise IdentifiableError(
+            f"the built-in '{WIKIPEDIA_SAMPLE}' corpus ships inside the gensim package, "
+            "which is not installed: pip install gensim, or pass a .txt/.jsonl file"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / _SAMPLE_FILE
+    if not path.is_file():
+        raise IdentifiableError(
+            f"gensim is installed but lacks its test data {path.name}; reinstall gensim "
+            "from its wheel (pip install --force-reinstall gensim), or pass a .txt/.jsonl file"
+        )
+    return path
+
+
+def _paragraph(text: str) -> tuple[str, ...]:
+    return tuple(split_sentences(text))
+
+
+def _document(title: str, text: str) -> Document | None:
+    """A Document from free text: blank lines separate paragraphs; None if blank."""
+    paragraphs = tuple(p for p in (_paragraph(b) for b in _BLANK_LINE.split(text)) if p)
+    return Document(title, paragraphs) if paragraphs else None
+
+
+def _text_documents(name: str, text: str, fmt: str) -> tuple[str, tuple[Document, ...]]:
+    """Split a plain text file into one Document per line or per paragraph."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if fmt == "auto":
+        blocks = [b for b in _BLANK_LINE.split(text) if b.strip()]
+        # Blank-line separated blocks of several lines are paragraphs; anything else
+        # (no blank lines, or one-line blocks) reads the same as one text per line.
+        multiline = any("\n" in b.strip() for b in blocks)
+        fmt = "paragraphs" if len(blocks) > 1 and multiline else "lines"
+    documents: list[Document] = []
+    if fmt == "lines":
+        for number, line in enumerate(text.split("\n"), start=1):
+            if line.strip():
+                documents.append(Document(f"{name}:{number}", (_paragraph(line),)))
+    else:
+        for number, block in enumerate(b for b in _BLANK_LINE.split(text) if b.strip()):
+            documents.append(Document(f"{name}:¶{number + 1}", (_paragraph(block),)))
+    return fmt, tuple(documents)
+
+
+def _field(record: Mapping[str, Any], key: str, where: str) -> str:
+    if key not in record:
+        raise IdentifiableError(
+            f"{where}: no field {key!r} (fields: {', '.join(map(str, record)) or 'none'}); "
+            "pass field=… (CLI: --field) or pair_fields=(A, B)"
+        )
+    value = record[key]
+    if not isinstance(value, str):
+        raise IdentifiableError(
+            f"{where}: field {key!r} is {type(value).__name__}, not text; pick a text field"
+        )
+    return value
+
+
+def _records_to_data(
+    name: str,
+    kind: str,
+    records: Iterable[tuple[str, Any]],
+    field: str,
+    pair_fields: tuple[str, str] | None,
+) -> SourceData:
+    """Turn `(where, record)` items into Documents or pairs; hash what was extracted."""
+    digest = hashlib.sha256()
+    documents: list[Document] = []
+    pairs: list[tuple[str, str]] = []
+    for where, record in records:
+        if not isinstance(record, Mapping):
+            raise IdentifiableError(
+                f"{where}: expected a JSON object, got {type(record).__name__}; "
+                'each line must look like {"text": "…"}'
+            )
+        if pair_fields is not None:
+            a, b = (" ".join(_field(record, k, where).split()) for k in pair_fields)
+            digest.update(json.dumps([a, b]).encode())
+            if a and b:
+                pairs.append((a, b))
+            continue
+        text = _field(record, field, where)
+        digest.update(json.dumps(text).encode())
+        document = _document(where, text)
+        if document is not None:
+            documents.append(document)
+    return SourceData(
+        name, kind, digest.hexdigest(), tuple(documents), tuple(pairs) if pair_fields else None
+    )
+
+
+def _jsonl_records(path: Path, text: str) -> Iterable[tuple[str, Any]]:
+    """Parse JSON Lines (or a JSON array), naming the line of any invalid record."""
+    if text.lstrip().startswith("["):
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise IdentifiableError(
+                f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}; fix the file"
+            ) from exc
+        yield from ((f"{path.name} record {i + 1}", r) for i, r in enumerate(records))
+        return
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise IdentifiableError(
+                f"{path}: invalid JSON on line {number}: {exc.msg}; fix or remove that line"
+            ) from exc
+        yield f"{path.name}:{number}", record
+
+
+def _read_hf(
+    name: str, *, field: str, pair_fields: tuple[str, str] | None, split: str, config: str | None
+) -> SourceData:
+    """Load a Hugging Face dataset split; `datasets` is optional and imported lazily."""
+    try:
+        import datasets  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise IdentifiableError(
+            "reading Hugging Face datasets needs the optional 'datasets' package: "
+            "install identifiable[datasets] (pip install 'identifiable[datasets]'), "
+            "or export the data to JSONL and pass the file"
+        ) from exc
+    try:
+        dataset = datasets.load_dataset(name, config, split=split)
+    except Exception as exc:  # any failure inside a third-party loader is the user's to fix
+        raise IdentifiableError(
+            f"could not load dataset {name!r} (config={config!r}, split={split!r}): "
+            f"{type(exc).__name__}: {exc}. Check the name and split, download it while "
+            "online, or export it to JSONL and pass the file"
+        ) from exc
+    records = ((f"hf:{name}[{split}] row {i + 1}", r) for i, r in enumerate(dataset))
+    return _records_to_data(f"hf:{name}", "hf", records, field, pair_fields)
+
+
+def _detect(path: Path, fmt: str) -> str:
+    if fmt != "auto":
+        return fmt
+    suffixes = [s.lower() for s in path.suffixes if s.lower() not in {".bz2", ".gz", ".xz"}]
+    last = suffixes[-1] if suffixes else ""
+    if last in {".jsonl", ".ndjson", ".json"}:
+        return "jsonl"
+    head = peek(path).lstrip(b"\xef\xbb\xbf \t\r\n")
+    if last == ".xml" or head.startswith((b"<mediawiki", b"<?xml")):
+        return "wiki"
+    return "auto"  # plain text: lines or paragraphs decided from the content
+
+
+@lru_cache(maxsize=16)
+def _read_cached(
+    path_key: str,
+    digest: str,
+    name: str,
+    fmt: str,
+    field: str,
+    pair_fields: tuple[str, str] | None,
+) -> SourceData:
+    """Parse a file once per (path, content digest, options): edits are always seen."""
+    path = Path(path_key)
+    fmt = _detect(path, fmt)
+    if fmt == "wiki":
+        if pair_fields is not None:
+            raise IdentifiableError("pair_fields applies to JSONL/datasets records, not wiki dumps")
+        return SourceData(name, "wiki", digest, parse_wiki_dump(path))
+    text = read_text(path)
+    if fmt == "jsonl":
+        return _records_to_data(name, "jsonl", _jsonl_records(path, text), field, pair_fields)
+    if pair_fields is not None:
+        raise IdentifiableError(
+            f"pair_fields needs JSONL records, but {path.name} is plain text; "
+            "write the pairs as JSON Lines with two fields"
+        )
+    kind, documents = _text_documents(name, text, fmt)
+    return SourceData(name, kind, hashlib.sha256(text.encode()).hexdigest(), documents)
+
+
+def read_source(
+    source: str | Path,
+    *,
+    fmt: str = "auto",
+    field: str = "text",
+    pair_fields: tuple[str, str] | None = None,
+    split: str = "train",
+    config: str | None = None,
+) -> SourceData:
+    """Resolve and read a corpus source (parsed files are cached in memory).
+
+    Raises:
+        IdentifiableError: unknown source or format, missing/unreadable/corrupt file,
+            invalid JSONL line, missing field, or `datasets` not installed.
+    """
+    if fmt not in FORMATS:
+        raise IdentifiableError(f"unknown corpus format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if pair_fields is not None:
+        pair_fields = tuple(pair_fields)  # type: ignore[assignment]
+        if len(pair_fields) != 2 or not all(isinstance(k, str) for k in pair_fields):
+            raise IdentifiableError(
+                "pair_fields must be two field names, e.g. ('premise', 'hypothesis')"
+            )
+    if isinstance(source, str) and source.startswith("hf:"):
+        return _read_hf(
+            source[3:], field=field, pair_fields=pair_fields, split=split, config=config
+        )
+    path = wikipedia_sample_path() if source == WIKIPEDIA_SAMPLE else Path(source).expanduser()
+    if not path.exists():
+        raise IdentifiableError(f"corpus source {str(source)!r} not found; pass {_KNOWN}")
+    if not path.is_file():
+        raise IdentifiableError(f"corpus source {str(path)!r} is not a file; pass {_KNOWN}")
+    if source == WIKIPEDIA_SAMPLE and fmt not in {"auto", "wiki"}:
+        raise IdentifiableError(f"'{WIKIPEDIA_SAMPLE}' is a wiki dump; leave format at 'auto'")
+    try:
+        digest = file_digest(path)
+    except OSError as exc:
+        raise IdentifiableError(
+            f"cannot read corpus file {path}: {exc}; check its permissions"
+        ) from exc
+    name = WIKIPEDIA_SAMPLE if source == WIKIPEDIA_SAMPLE else path.name
+    return _read_cached(str(path.resolve()), digest, name, fmt, field, pair_fields)
