@@ -18,6 +18,11 @@ _EXPORTS: dict[str, str] = {
     "Model": "identifiable.models",
     "Trace": "identifiable.models",
     "IdentifiableError": "identifiable.errors",
+    "null_space": "identifiable.attention",
+    "effective_attention": "identifiable.attention",
+    "iter_effective_attention": "identifiable.attention",
+    "witness": "identifiable.attention",
+    "attention_intervals": "identifiable.attention",
     "load_corpus": "identifiable.corpus",
     "Corpus": "identifiable.corpus",
 }

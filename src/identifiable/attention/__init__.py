@@ -1,0 +1,41 @@
+"""Attention identifiability: null spaces, effective attention and certificates.
+
+Trace-level entry points (SPEC.md sections 1-3):
+- `null_space(trace)`: rank(T), dim LN(T), dim LN([T, 1]) per layer, head, row.
+- `effective_attention(trace, variant)`: A_eff and the null attention A − A_eff;
+  `iter_effective_attention` streams one layer at a time.
+- `witness(trace, layer, head, row)`, `attention_intervals(...)`: certificates
+  that a row's weights are not determined by the head's output.
+The linear algebra on plain tensors lives in `linalg`, `causal` and `certificates`.
+"""
+
+from identifiable.attention.certify import AttentionIntervals, Witness, attention_intervals, witness
+from identifiable.attention.effective import (
+    VARIANTS,
+    EffectiveAttention,
+    HeadFactors,
+    LayerEffective,
+    NullSpace,
+    Variant,
+    compute_head_factors,
+    effective_attention,
+    iter_effective_attention,
+    null_space,
+)
+
+__all__ = [
+    "VARIANTS",
+    "AttentionIntervals",
+    "EffectiveAttention",
+    "HeadFactors",
+    "LayerEffective",
+    "NullSpace",
+    "Variant",
+    "Witness",
+    "attention_intervals",
+    "compute_head_factors",
+    "effective_attention",
+    "iter_effective_attention",
+    "null_space",
+    "witness",
+]

@@ -1,0 +1,130 @@
+"""Certificates of non-identifiability (SPEC.md section 3), beyond the paper.
+
+For one head and query row with raw weights a (the keys the row can see), the
+set of attention rows that produce the same head output is the polytope
+    P = {ã ≥ 0 : (ã − a) Q = 0},
+where Q (n×r') is an orthonormal basis of col([T, 1]): (ã − a) ⟂ col(T) keeps
+ã T = a T, and ⟂ 1 keeps Σã = Σa (= 1). Orthonormal equality rows make the
+LP solver's absolute feasibility tolerance a meaningful relative one.
+
+- `witness_lp` finds the vertex of P that minimises the weight of the row's
+  largest key that the null space can move at all (normally the argmax).
+- `interval_lp` gives min and max of ã_j over P for every key j: up to 2n
+  LPs (HiGHS), minus those settled without solving: keys the null space
+  cannot touch are fixed at a_j, and a key that is 0 (or 1) at any vertex
+  already found has its min (max) proved, since P ⊂ [0, 1]^n.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy.optimize import linprog
+from torch import Tensor
+
+from identifiable.errors import IdentifiableError
+
+_LP_OPTIONS = {"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10}
+MOVABLE_TOL = 1e-9  # a key is movable if ‖its component in LN([T, 1])‖² exceeds this
+
+
+@dataclass(frozen=True)
+class WitnessSolution:
+    """Result of `witness_lp` (all arrays `[n]` float64)."""
+
+    weights: np.ndarray | None
+    key: int | None
+    reason: str
+
+
+def movable_keys(basis: np.ndarray) -> np.ndarray:
+    """`[n]` bool: keys whose unit vector has a component in LN([T, 1]).
+
+    Args: basis `[n, r']` orthonormal columns spanning col([T, 1]).
+    """
+    return 1.0 - (basis**2).sum(1) > MOVABLE_TOL
+
+
+def _solve(c: np.ndarray, basis: np.ndarray, a: np.ndarray, what: str) -> np.ndarray:
+    res = linprog(
+        c, A_eq=basis.T, b_eq=basis.T @ a, bounds=(0, None), method="highs", options=_LP_OPTIONS
+    )
+    if res.status != 0 or res.x is None:
+        raise IdentifiableError(f"the LP solver (HiGHS) failed while {what}: {res.message}")
+    return polish(np.asarray(res.x, dtype=np.float64), basis, a)
+
+
+def polish(x: np.ndarray, basis: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """Put an LP solution back on the affine set (ã − a) Q = 0 exactly, then clip rounding negatives."""
+    x = x - basis @ (basis.T @ (x - a))
+    return np.where(x < 0, 0.0, x)
+
+
+def witness_lp(a: np.ndarray, basis: np.ndarray) -> WitnessSolution:
+    """A different valid row ã ∈ P, moving as much mass as possible off one key.
+
+    Args:
+        a: `[n]` raw weights (≥ 0, summing to 1).
+        basis: `[n, r']` orthonormal basis of col([T, 1]) for the keys the row sees.
+    Returns: the vertex minimising ã_key, key = argmax of a over movable keys.
+    """
+    n, r = basis.shape
+    if r >= n:
+        return WitnessSolution(None, None, f"dim LN([T, 1]) = 0 ({n} keys, rank([T, 1]) = {r})")
+    movable = movable_keys(basis)
+    key = int(np.argmax(np.where(movable, a, -np.inf)))
+    x = _solve(np.eye(n)[key], basis, a, f"minimising the weight of key {key}")
+    if np.abs(x - a).sum() <= 1e-9:
+        return WitnessSolution(
+            None, None, "the optimum is the raw row itself (degenerate null space)"
+        )
+    return WitnessSolution(x, key, "")
+
+
+def interval_lp(a: np.ndarray, basis: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Min and max of each ã_j over P.
+
+    Args: as `witness_lp`.
+    Returns: lower `[n]`, upper `[n]`, number of LPs solved.
+    """
+    n = a.shape[0]
+    lower, upper = a.copy(), a.copy()
+    movable = movable_keys(basis) if basis.shape[1] < n else np.zeros(n, dtype=bool)
+    seen_min, seen_max = a.copy(), a.copy()  # bounds from vertices found so far
+    done_min = ~movable
+    solved = 0
+
+    def record(x: np.ndarray) -> None:
+        np.minimum(seen_min, x, out=seen_min)
+        np.maximum(seen_max, x, out=seen_max)
+
+    for j in np.flatnonzero(movable):  # maxima first: each vertex proves many minima = 0
+        if seen_max[j] >= 1.0 - 1e-12:
+            upper[j] = 1.0
+            continue
+        x = _solve(-np.eye(n)[j], basis, a, f"maximising the weight of key {j}")
+        solved += 1
+        record(x)
+        upper[j] = x[j]
+    for j in np.flatnonzero(~done_min):
+        if seen_min[j] <= 1e-12:
+            lower[j] = 0.0
+            continue
+        x = _solve(np.eye(n)[j], basis, a, f"minimising the weight of key {j}")
+        solved += 1
+        record(x)
+        lower[j] = x[j]
+    # A vertex of P is its own certificate; keep the reported interval containing a.
+    return np.minimum(lower, a), np.maximum(upper, a), solved
+
+
+def output_residual(x: Tensor, a: Tensor, values: Tensor, out_proj: Tensor) -> float:
+    """‖(ã − a) T‖ / ‖a T‖ with T = V H formed explicitly (an independent check).
+
+    Args: x, a `[n]`; values `[n, d_v]`; out_proj `[d_v, d]`; float64.
+    """
+    ref = (a @ values) @ out_proj
+    diff = ((x - a) @ values) @ out_proj
+    return float(torch.linalg.vector_norm(diff) / torch.linalg.vector_norm(ref).clamp_min(1e-300))

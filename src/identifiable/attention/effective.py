@@ -1,0 +1,247 @@
+"""Null spaces and effective attention of a `Trace` (SPEC.md sections 1-2).
+
+Layer by layer, in float64 whatever the trace's dtype, batched over heads:
+V' = V F (see `linalg.head_factors`) has the singular values and column space
+of T = V H, so nothing n×d is ever formed. Encoders take an orthonormal basis
+of col(V) (Cholesky QR when V and H are well-conditioned, else an SVD of V')
+and project A's rows onto it; decoders use the prefix machinery of `causal.py`
+(row i sees T[:i+1]).
+`iter_effective_attention` streams one layer at a time so that callers that
+only need statistics hold a single layer of n×n matrices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from identifiable.attention.causal import prefix_coordinates, project_rows_causal
+from identifiable.attention.checks import check_finite, check_shapes
+from identifiable.attention.linalg import (
+    _column_basis,
+    add_ones,
+    head_factors,
+    project_rows,
+)
+from identifiable.errors import IdentifiableError
+from identifiable.models.trace import Trace
+
+Variant = Literal["paper", "row-stochastic"]
+VARIANTS: tuple[str, ...] = ("paper", "row-stochastic")
+
+
+@dataclass(frozen=True)
+class HeadFactors:
+    """Per-head output-projection factors of one model (compute once, reuse across traces).
+
+    Attributes:
+        factor: `[L, H, d_v, k]` float64 F with sing(V F) = sing(V H).
+        full_row_rank: `[L, H]` bool; True where col(T) = col(V) (the SPEC's
+            efficient route). Where False, V F is still exact for T.
+        well_conditioned: `[L, H]` bool, κ(H) < 1e3: encoders then use V
+            itself whenever V is well-conditioned too (same column space and
+            rank, one small matrix product fewer).
+    """
+
+    factor: Tensor
+    full_row_rank: Tensor
+    well_conditioned: Tensor
+
+
+@dataclass(frozen=True)
+class NullSpace:
+    """Ranks and null-space dimensions per layer, head and query row.
+
+    All tensors are `[L, H, n]` int64. For encoders every row holds the same
+    value (the whole sequence's); for decoders row i describes T[:i+1], so the
+    last row is the whole sequence.
+
+    Attributes:
+        rank: rank(T) (or rank(T[:i+1])).
+        dim: dim LN(T) = keys seen by the row − rank.
+        dim_stochastic: dim LN([T, 1]), the directions that keep rows summing to 1.
+        out_proj_full_row_rank: `[L, H]` bool, see `HeadFactors`.
+        is_causal: whether rows see prefixes only.
+    """
+
+    rank: Tensor
+    dim: Tensor
+    dim_stochastic: Tensor
+    out_proj_full_row_rank: Tensor
+    is_causal: bool
+
+
+@dataclass(frozen=True)
+class LayerEffective:
+    """One layer's effective attention (A_eff is not a distribution: entries may be negative).
+
+    Attributes:
+        layer: layer index.
+        raw: `[H, n, n]` raw attention A (the trace's tensor and dtype, not a copy).
+        effective: `[H, n, n]` float64 A_eff (masked causal entries exactly 0).
+        rank, dim, dim_stochastic: `[H, n]` int64 as in `NullSpace`.
+    """
+
+    layer: int
+    raw: Tensor
+    effective: Tensor
+    rank: Tensor
+    dim: Tensor
+    dim_stochastic: Tensor
+
+    @property
+    def null(self) -> Tensor:
+        """`[H, n, n]` float64 null attention A − A_eff (computed on access)."""
+        return self.raw.double() - self.effective
+
+
+@dataclass(frozen=True)
+class EffectiveAttention:
+    """Effective attention of every head (A_eff is not a distribution).
+
+    Attributes:
+        raw: `[L, H, n, n]` the trace's attention (its own dtype).
+        effective: `[L, H, n, n]` float64.
+        variant: "paper" (project off LN(T)) or "row-stochastic" (off LN([T, 1])).
+        null_space: the dimensions of both null spaces.
+    """
+
+    raw: Tensor
+    effective: Tensor
+    variant: str
+    null_space: NullSpace
+
+    @property
+    def null(self) -> Tensor:
+        """`[L, H, n, n]` float64 null attention A − A_eff (computed on access)."""
+        return self.raw.double() - self.effective
+
+
+def compute_head_factors(trace: Trace) -> HeadFactors:
+    """Factor every head's output projection H once (reusable for any trace of the same model)."""
+    check_shapes(trace)
+    check_finite(trace.out_proj, "output projection (W_O)", per_layer_head=True)
+    # Layer by layer: a float64 copy of all of W_O (54 MB at BERT-base) is not needed at once.
+    parts = [head_factors(trace.out_proj[layer].double()) for layer in range(trace.n_layers)]
+    return HeadFactors(*(torch.stack(p) for p in zip(*parts, strict=True)))
+
+
+def null_space(trace: Trace, *, factors: HeadFactors | None = None) -> NullSpace:
+    """rank(T), dim LN(T) and dim LN([T, 1]) for every layer, head and row (see `NullSpace`)."""
+    factors = factors or compute_head_factors(trace)
+    ranks, dims, dims_s = [], [], []
+    for layer in range(trace.n_layers):
+        r, d, ds, _ = _layer_dims(trace, layer, factors)
+        ranks.append(r)
+        dims.append(d)
+        dims_s.append(ds)
+    return NullSpace(
+        rank=torch.stack(ranks),
+        dim=torch.stack(dims),
+        dim_stochastic=torch.stack(dims_s),
+        out_proj_full_row_rank=factors.full_row_rank,
+        is_causal=trace.is_causal,
+    )
+
+
+def iter_effective_attention(
+    trace: Trace,
+    variant: Variant = "paper",
+    *,
+    factors: HeadFactors | None = None,
+    layers: Sequence[int] | None = None,
+) -> Iterator[LayerEffective]:
+    """Yield `LayerEffective` for each layer in turn.
+
+    Peak memory: the layer's A_eff ([H, n, n] float64) plus one head's (encoders)
+    or one row chunk's (decoders) temporaries, and whatever the caller keeps.
+
+    Raises IdentifiableError for an unknown variant, a layer out of range, or
+    NaN/inf in the attention or values of a head.
+    """
+    if variant not in VARIANTS:
+        raise IdentifiableError(f"unknown variant {variant!r}: use one of {', '.join(VARIANTS)}")
+    factors = factors or compute_head_factors(trace)
+    for layer in range(trace.n_layers) if layers is None else layers:
+        trace.check_layer(layer)
+        raw = trace.attentions[layer]
+        check_finite(raw, "attention", layer=layer)
+        rank, dim, dim_s, bases = _layer_dims(trace, layer, factors)
+        basis = bases[0] if variant == "paper" else bases[1]
+        if trace.is_causal:
+            eff = project_rows_causal(raw, *basis)
+        else:
+            # Head by head, so that only one head's float64 copy of A exists at a time.
+            full = (dim if variant == "paper" else dim_s)[:, 0] == 0
+            eff = torch.empty(raw.shape, dtype=torch.float64)
+            for h in range(raw.shape[0]):
+                if full[h]:  # the projection is the identity: keep A itself, not A up to rounding
+                    eff[h] = raw[h]
+                else:
+                    project_rows(raw[h].double(), basis[h], out=eff[h])
+        yield LayerEffective(layer, raw, eff, rank, dim, dim_s)
+        del eff  # do not hold this layer while the next one is computed
+
+
+def effective_attention(
+    trace: Trace, variant: Variant = "paper", *, factors: HeadFactors | None = None
+) -> EffectiveAttention:
+    """Effective attention of all heads and layers, `[L, H, n, n]` float64.
+
+    This materialises L·H·n² doubles (BERT-base at n = 512: 300 MB); use
+    `iter_effective_attention` to stream layers instead.
+    """
+    factors = factors or compute_head_factors(trace)
+    n_l, n_h, n = trace.n_layers, trace.n_heads, trace.n_tokens
+    effective = torch.empty(n_l, n_h, n, n, dtype=torch.float64)
+    rank = torch.empty(n_l, n_h, n, dtype=torch.long)
+    dim, dim_s = torch.empty_like(rank), torch.empty_like(rank)
+    for le in iter_effective_attention(trace, variant, factors=factors):
+        effective[le.layer] = le.effective
+        rank[le.layer], dim[le.layer], dim_s[le.layer] = le.rank, le.dim, le.dim_stochastic
+    ns = NullSpace(rank, dim, dim_s, factors.full_row_rank, trace.is_causal)
+    return EffectiveAttention(trace.attentions, effective, variant, ns)
+
+
+# ---- internals ---------------------------------------------------------------
+
+
+def _layer_dims(
+    trace: Trace, layer: int, factors: HeadFactors
+) -> tuple[Tensor, Tensor, Tensor, tuple]:
+    """Ranks and dims `[H, n]` of one layer plus the projection data of both variants."""
+    check_finite(trace.values[layer], "values (E·W_V)", layer=layer)
+    v = trace.values[layer].double()
+    factor = factors.factor[layer]
+    n_h, n, _ = v.shape
+    if not trace.is_causal:
+        q, rank = _encoder_basis(v, factor, factors.well_conditioned[layer])
+        qa, rank_a = add_ones(q, rank)
+        r = rank[:, None].expand(n_h, n)
+        return r, n - r, n - rank_a[:, None].expand(n_h, n), (q, qa)
+    vp = v @ factor
+    k = vp.shape[-1]
+    smax = torch.linalg.matrix_norm(vp, ord=2) if k else vp.new_zeros(n_h)
+    scale = torch.where(smax > 0, smax, torch.ones_like(smax))  # T = 0 still has [T, 1] of rank 1
+    ones = (scale / n**0.5)[:, None, None].expand(n_h, n, 1)  # ‖s·1‖ = σ_max(T)
+    c, pr = prefix_coordinates(vp, smax)
+    ca, pra = prefix_coordinates(torch.cat([vp, ones], dim=-1), scale)
+    seen = torch.arange(1, n + 1, device=vp.device)
+    return pr, seen - pr, seen - pra, ((c, pr), (ca, pra))
+
+
+def _encoder_basis(v: Tensor, factor: Tensor, well_h: Tensor) -> tuple[Tensor, Tensor]:
+    """Basis `[H, n, k]` of col(T) and rank `[H]`, from V where H and V are both
+    well-conditioned (then col(T) = col(V) and rank(T) = min(n, d_v)), else from V F."""
+    if v.shape[-1] != factor.shape[-1] or not bool(well_h.any()):
+        q, rank, _, _ = _column_basis(v @ factor, None)
+        return q, rank
+    q, rank, _, well_v = _column_basis(v, None)
+    redo = ~(well_h & well_v)
+    if bool(redo.any()):
+        q[redo], rank[redo], _, _ = _column_basis(v[redo] @ factor[redo], None)
+    return q, rank

@@ -1,0 +1,168 @@
+"""Pure linear algebra of attention identifiability (SPEC.md sections 1 and 2).
+
+Shapes: B a batch of heads, n tokens, d_v head width, d model width, m the
+width of the matrix whose column space is used (d_v, or d_v + 1 with the
+ones column of the row-stochastic variant). All functions take and return
+float64 tensors; callers convert once.
+
+The central reduction: for one head, T = V H with V = E W_V (n×d_v) and
+H (d_v×d). For any F (d_v×d_v) with F Fᵀ = H Hᵀ (the Cholesky factor of
+H Hᵀ, or Rᵀ from the thin QR Hᵀ = Q R, T = (V Rᵀ) Qᵀ), V' = V F has exactly
+the singular values of T and col(V') = col(T), whatever the rank of H.
+Everything works on V' (or on V itself where H and V are well-conditioned,
+which has the same column space and rank) and never forms the n×d matrix T.
+When H lacks full row rank, V' is still exact, so no separate n×d fallback
+is needed.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+_EPS64 = torch.finfo(torch.float64).eps
+
+
+def rank_tolerance(sigma_max: Tensor, n: int, m: int) -> Tensor:
+    """SPEC tolerance σ_max · max(n, m) · eps(float64), broadcast like `sigma_max`."""
+    return sigma_max * max(n, m) * _EPS64
+
+
+def head_factors(out_proj: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Batched over any leading dims; see `_head_factors`."""
+    *batch, d_v, d = out_proj.shape
+    f, full, well = _head_factors(out_proj.reshape(-1, d_v, d))
+    return f.reshape(*batch, *f.shape[-2:]), full.reshape(batch), well.reshape(batch)
+
+
+def _head_factors(out_proj: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-head factor F with sing(V F) = sing(V H) and col(V F) = col(V H).
+
+    Well-conditioned H (the usual case, see `_well_conditioned`): F = L with
+    L Lᵀ = H Hᵀ, so (V L)(V L)ᵀ = T Tᵀ. Otherwise F = Rᵀ from the thin QR of
+    Hᵀ (T = V Rᵀ Qᵀ), exact whatever the rank of H.
+
+    Args:
+        out_proj: `[B, d_v, d]` float64, each head's slice H of W_O.
+    Returns:
+        factor: `[B, d_v, k]`, k = min(d_v, d).
+        full_row_rank: `[B]` bool, whether H has rank d_v (σ_min(H) above
+            the relative tolerance), i.e. whether col(T) = col(V).
+        well_conditioned: `[B]` bool, κ(H) < 1e3: then rank(T) = rank(V)
+            whenever V is itself well-conditioned, and V alone can be used.
+    """
+    d_v, d = out_proj.shape[-2:]
+    k = min(d_v, d)
+    factor = out_proj.new_zeros(out_proj.shape[0], d_v, k)
+    full = torch.zeros(out_proj.shape[0], dtype=torch.bool, device=out_proj.device)
+    gram = out_proj @ out_proj.transpose(-1, -2)
+    fast = _well_conditioned(gram)[0] if d_v <= d else full.clone()
+    if fast.any():
+        factor[fast], full[fast] = torch.linalg.cholesky(gram[fast]), True
+    if (~fast).any():
+        _, r = torch.linalg.qr(out_proj[~fast].transpose(-1, -2))  # r: [b, k, d_v]
+        sv = torch.linalg.svdvals(r)  # singular values of H
+        full[~fast] = (sv > rank_tolerance(sv[..., :1], d_v, d)).sum(-1) == d_v
+        factor[~fast] = r.transpose(-1, -2)
+    return factor, full, fast
+
+
+def column_basis(x: Tensor, *, width: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Batched over any leading dims; see `_column_basis`."""
+    *batch, n, m = x.shape
+    basis, rank, smax, _ = _column_basis(x.reshape(-1, n, m), width)
+    return basis.reshape(*batch, *basis.shape[-2:]), rank.reshape(batch), smax.reshape(batch)
+
+
+def _column_basis(x: Tensor, width: int | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Orthonormal basis of col(x) with the SPEC's rank tolerance.
+
+    Well-conditioned matrices (κ(x) < 1e3, far from the tolerance, so the SVD
+    would find full rank too) take a cheaper route: one pass of Cholesky QR
+    when tall (orthonormal to ~eps·κ² ≤ 1e-10), the identity when wide
+    (col(x) = R^n). The rest get an SVD.
+
+    Args:
+        x: `[B, n, m]`.
+        width: the m of the tolerance's max(n, m) (default x's own width; the
+            reference route passes d_v for its n×d matrix T).
+    Returns:
+        basis: `[B, n, k]` (k = min(n, m)); columns beyond the rank are zero,
+            so `basis @ basisᵀ` is the orthogonal projector onto col(x).
+        rank: `[B]` int64.
+        sigma_max: `[B]` largest singular value (the tolerance scale).
+        well_conditioned: `[B]` bool, which matrices took the cheap route.
+    """
+    bsz, n, m = x.shape
+    k = min(n, m)
+    basis = x.new_zeros(bsz, n, k)
+    rank = torch.zeros(bsz, dtype=torch.long, device=x.device)
+    smax = x.new_zeros(bsz)
+    if k == 0:
+        return basis, rank, smax, torch.zeros(bsz, dtype=torch.bool, device=x.device)
+    tall = n >= m
+    gram = x.transpose(-1, -2) @ x if tall else x @ x.transpose(-1, -2)  # [B, k, k]
+    fast, lam_max = _well_conditioned(gram)
+    if fast.any():
+        rank[fast], smax[fast] = k, lam_max[fast].clamp_min(0).sqrt()
+        basis[fast] = _cholesky_qr(x[fast], gram[fast]) if tall else torch.eye(n, dtype=x.dtype)
+    slow = ~fast
+    if slow.any():
+        u, s, _ = torch.linalg.svd(x[slow], full_matrices=False)
+        keep = s > rank_tolerance(s[:, :1], n, width or m)
+        basis[slow], rank[slow], smax[slow] = u * keep[:, None, :], keep.sum(-1), s[:, 0]
+    return basis, rank, smax, fast
+
+
+def _well_conditioned(gram: Tensor) -> tuple[Tensor, Tensor]:
+    """`[B]` bool: λ_min > 1e-6 · λ_max for each SPD Gram matrix (κ of its factor < 1e3),
+    and `[B]` λ_max.
+
+    Eigenvalues of a symmetric matrix carry absolute error ~eps · λ_max, so
+    this test is reliable, and 1e-3 is far above the rank tolerance (~1e-13).
+    """
+    lam = torch.linalg.eigvalsh(gram)
+    return lam[:, 0] > 1e-6 * lam[:, -1], lam[:, -1]
+
+
+def _cholesky_qr(x: Tensor, gram: Tensor) -> Tensor:
+    """Q = x L⁻ᵀ with L Lᵀ = xᵀx: col(Q) = col(x), QᵀQ = I + O(eps·κ²) (κ < 1e3 here)."""
+    lower = torch.linalg.cholesky(gram)
+    eye = torch.eye(lower.shape[-1], dtype=x.dtype, device=x.device)
+    # Invert the small k×k factor and multiply: a GEMM beats a batched n×k trsm.
+    return x @ torch.linalg.solve_triangular(lower, eye, upper=False).transpose(-1, -2)
+
+
+def add_ones(basis: Tensor, rank: Tensor) -> tuple[Tensor, Tensor]:
+    """Extend an orthonormal basis of col(T) to one of col([T, 1]).
+
+    The ones column counts as a new direction when its distance from col(T),
+    relative to its own norm, exceeds max(n, k + 1) · eps: the SPEC tolerance
+    for [T, s·1] with s scaled so that ‖s·1‖ = σ_max(T).
+
+    Args:
+        basis: `[..., n, k]` orthonormal columns (zero columns allowed).
+        rank: `[...]` rank of col(T).
+    Returns:
+        basis: `[..., n, k + 1]`, rank: `[...]` of [T, 1].
+    """
+    n, k = basis.shape[-2:]
+    ones = basis.new_full((n, 1), n**-0.5)
+    w = ones.expand(*basis.shape[:-1], 1)
+    for _ in range(2):  # classical Gram-Schmidt twice: orthogonal to working precision
+        w = w - basis @ (basis.transpose(-1, -2) @ w)
+    norm = torch.linalg.vector_norm(w, dim=(-2, -1))
+    new = norm > max(n, k + 1) * _EPS64
+    w = w / torch.where(new, norm, torch.ones_like(norm))[..., None, None] * new[..., None, None]
+    return torch.cat([basis, w], dim=-1), rank + new.long()
+
+
+def project_rows(a: Tensor, basis: Tensor, *, out: Tensor | None = None) -> Tensor:
+    """Project each row of `a` onto the span of the basis columns: a Q Qᵀ.
+
+    Args:
+        a: `[..., n, n]`; basis: `[..., n, k]` orthonormal (zero columns allowed).
+        out: optional `[..., n, n]` tensor to write into.
+    Returns: `[..., n, n]`.
+    """
+    return torch.matmul(a @ basis, basis.transpose(-1, -2), out=out)

@@ -1,0 +1,209 @@
+"""`identifiable attention`: null spaces, effective attention and certificates for one text."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import torch
+import typer
+from rich.table import Table
+
+from identifiable.cli.common import (
+    JsonOption,
+    ModelOption,
+    check_writable,
+    console,
+    load,
+    write_json,
+)
+from identifiable.errors import IdentifiableError
+
+NOT_A_DISTRIBUTION = (
+    "effective attention is not a distribution: its entries can be negative and, in the "
+    "paper variant, rows need not sum to 1"
+)
+
+
+def attention(
+    text: Annotated[str, typer.Argument(help="The text to analyse.")],
+    pair: Annotated[
+        str | None,
+        typer.Option("--pair", help="Second text of a pair: [CLS] TEXT [SEP] PAIR [SEP]."),
+    ] = None,
+    model: ModelOption = "minilm",
+    layer: Annotated[
+        int | None, typer.Option("--layer", "-l", help="Layer, 1..L as printed.")
+    ] = None,
+    head: Annotated[int | None, typer.Option("--head", help="Head, 0..H-1.")] = None,
+    row: Annotated[
+        int | None,
+        typer.Option("--row", "-r", help="Query token position 0..n-1 (needs --layer/--head)."),
+    ] = None,
+    variant: Annotated[
+        str,
+        typer.Option(
+            "--variant", help="'paper' (project off LN(T)) or 'row-stochastic' (off LN([T,1]))."
+        ),
+    ] = "paper",
+    no_truncate: Annotated[
+        bool, typer.Option("--no-truncate", help="Fail instead of truncating.")
+    ] = False,
+    json_out: JsonOption = None,
+) -> None:
+    """Null-space dimensions and raw vs effective attention per layer; with --layer, --head and
+    --row, each key's raw and effective weight, its interval and a witness."""
+    from identifiable.attention import VARIANTS
+
+    if variant not in VARIANTS:
+        raise IdentifiableError(f"unknown --variant {variant!r}: use one of {', '.join(VARIANTS)}")
+    if (layer is None) != (head is None):
+        raise IdentifiableError("give --layer and --head together (or neither)")
+    if row is not None and head is None:
+        raise IdentifiableError("--row needs --layer and --head")
+    check_writable(json_out)
+    m = load(model)
+    tr = m.trace((text, pair) if pair is not None else text, truncate=not no_truncate)
+    _check_ranges(tr, layer, head, row)
+    payload = _overview(m.info.name, tr, variant)
+    if layer is not None and head is not None:
+        payload["head"] = _head_view(tr, layer - 1, head, row, variant)
+    if json_out is not None:
+        write_json(json_out, payload)
+
+
+def _check_ranges(tr: Any, layer: int | None, head: int | None, row: int | None) -> None:
+    checks = (
+        ("layer", layer, 1, tr.n_layers),
+        ("head", head, 0, tr.n_heads - 1),
+        ("row", row, 0, tr.n_tokens - 1),
+    )
+    for name, value, lo, hi in checks:
+        if value is not None and not lo <= value <= hi:
+            raise IdentifiableError(
+                f"--{name} {value} is out of range: valid {name}s are {lo}..{hi}"
+            )
+
+
+def _overview(name: str, tr: Any, variant: str) -> dict:
+    from identifiable.attention import compute_head_factors, iter_effective_attention
+    from identifiable.attention.stats import causal_mask, pearson_from_sums, pearson_sums
+
+    factors = compute_head_factors(tr)
+    mask = causal_mask(tr.n_tokens) if tr.is_causal else None
+    title = f"{name}: {tr.n_tokens} tokens, {tr.n_heads} heads of width {tr.head_dim}, variant {variant}"
+    table = Table(title=title)
+    for col in ("layer", "rank(T)", "dim LN(T)", "dim LN([T,1])", "r(raw, effective)"):
+        table.add_column(col, justify="right")
+    layers, pooled = [], torch.zeros(6, dtype=torch.float64)
+    for le in iter_effective_attention(tr, variant, factors=factors):  # type: ignore[arg-type]
+        sums = pearson_sums(le.raw, le.effective, mask)
+        pooled = pooled + sums
+        r = pearson_from_sums(sums)
+        rank, dim, dim_s = (x[:, -1].tolist() for x in (le.rank, le.dim, le.dim_stochastic))
+        table.add_row(str(le.layer + 1), _span(rank), _span(dim), _span(dim_s), f"{r:.4f}")
+        layers.append(
+            {
+                "layer": le.layer + 1,
+                "rank": rank,
+                "dim": dim,
+                "dim_stochastic": dim_s,
+                "pearson_r": r,
+            }
+        )
+    r_all = pearson_from_sums(pooled)
+    console.print(table)
+    console.print(
+        f"r over all layers and heads: {r_all:.4f}"
+        + (" (causally masked entries excluded)" if tr.is_causal else "")
+        + ("" if not tr.is_causal else "; dims are those of the whole sequence (last row)")
+    )
+    if tr.n_tokens <= tr.head_dim:
+        console.print(
+            f"n = {tr.n_tokens} ≤ head width {tr.head_dim}: attention is identifiable here (A_eff = A)."
+        )
+    return {
+        "model": name, "tokens": tr.tokens, "n_tokens": tr.n_tokens, "head_dim": tr.head_dim,
+        "is_causal": tr.is_causal, "variant": variant, "layers": layers, "pearson_r": r_all,
+        "note": NOT_A_DISTRIBUTION, "truncated": tr.truncated,
+    }  # fmt: skip
+
+
+def _head_view(tr: Any, layer: int, head: int, row: int | None, variant: str) -> dict:
+    from identifiable.attention import (
+        attention_intervals,
+        iter_effective_attention,
+        null_space,
+        witness,
+    )
+
+    ns = null_space(tr)
+    out: dict[str, Any] = {"layer": layer + 1, "head": head}
+    if row is None:
+        console.print(
+            f"layer {layer + 1}, head {head}: rank(T) = {int(ns.rank[layer, head, -1])}, "
+            f"dim LN(T) = {int(ns.dim[layer, head, -1])}, dim LN([T,1]) = {int(ns.dim_stochastic[layer, head, -1])}. "
+            "Add --row R for each key's weights, intervals and a witness."
+        )
+        return out
+    layer_eff = next(iter_effective_attention(tr, variant, layers=[layer]))  # type: ignore[arg-type]
+    eff = layer_eff.effective[head, row]
+    iv = attention_intervals(tr, layer, head, row)
+    w = witness(tr, layer, head, row)
+    seen = row + 1 if tr.is_causal else tr.n_tokens
+    table = Table(
+        title=f"layer {layer + 1}, head {head}, row {row} ({tr.tokens[row]!r}): {seen} keys, dim LN([T,1]) = {iv.null_dim}"
+    )
+    for col, just in (
+        ("key", "right"),
+        ("token", "left"),
+        ("raw", "right"),
+        ("effective", "right"),
+        ("interval", "center"),
+        ("witness", "right"),
+    ):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    keys = []
+    for j in range(seen):
+        wj = float(w.weights[j]) if w.weights is not None else None
+        lo, hi = float(iv.lower[j]), float(iv.upper[j])
+        table.add_row(
+            str(j), tr.tokens[j], f"{float(iv.raw[j]):.4f}", f"{float(eff[j]):+.4f}",
+            f"[{lo:.4f}, {hi:.4f}]", "—" if wj is None else f"{wj:.4f}",
+        )  # fmt: skip
+        keys.append(
+            {
+                "index": j,
+                "token": tr.tokens[j],
+                "raw": float(iv.raw[j]),
+                "effective": float(eff[j]),
+                "lower": lo,
+                "upper": hi,
+                "witness": wj,
+            }
+        )
+    console.print(table)
+    console.print(
+        f"note: {NOT_A_DISTRIBUTION}; intervals: min/max weight of any valid row with the same head output"
+    )
+    if w.exists:
+        console.print(
+            f"witness: moves {w.moved_mass:.4f} off key {w.key} ({tr.tokens[w.key]!r}), "  # type: ignore[index]
+            f"{w.total_variation:.4f} mass in all; same head output to {w.output_residual:.1e} (relative)"
+        )
+    else:
+        console.print(f"no witness: {w.reason} — this row's weights are identifiable")
+    out.update({
+        "row": row, "null_dim": iv.null_dim, "keys": keys,
+        "witness": {"exists": w.exists, "reason": w.reason, "key": w.key, "moved_mass": w.moved_mass,
+                    "total_variation": w.total_variation, "output_residual": w.output_residual},
+    })  # fmt: skip
+    return out
+
+
+def _span(values: list[int]) -> str:
+    lo, hi = min(values), max(values)
+    return str(lo) if lo == hi else f"{lo}–{hi}"
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(attention)

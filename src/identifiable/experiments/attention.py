@@ -1,0 +1,235 @@
+"""Raw vs effective attention on a corpus (paper Fig. 1), as tidy tables.
+
+`attention_experiment(model, texts)` streams the texts through the model
+(`trace_many`) and, one layer at a time, records:
+(a) Pearson r between raw and effective attention per sequence, pooled over
+    all heads and layers and per layer, against sequence length. For decoders
+    the causally masked entries (exactly 0 in both) are left out of r;
+(null) rank(T), dim LN(T) and dim LN([T, 1]) per layer and head against length;
+(b)/(c) per layer and head, the mean over query tokens of the summed raw and
+    effective attention on [CLS], [SEP] and '.'/',' keys (or the model's own
+    special tokens, named in `category`/`token`).
+Layers in the tables are numbered 1..L as in the paper; heads 0..H−1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from identifiable.attention import (
+    VARIANTS,
+    HeadFactors,
+    Variant,
+    compute_head_factors,
+    iter_effective_attention,
+)
+from identifiable.attention.stats import (
+    attention_to,
+    causal_mask,
+    pearson_from_sums,
+    pearson_sums,
+    token_categories,
+)
+from identifiable.errors import IdentifiableError
+from identifiable.models.trace import Trace
+
+TextOrPair = str | tuple[str, str]
+
+
+@dataclass
+class AttentionExperimentResult:
+    """Tidy (long-format) tables of the Fig. 1 experiment.
+
+    Attributes:
+        correlation: seq, n_tokens, layer (1..L, or <NA> for all layers pooled),
+            pearson_r, n_entries.
+        null_dims: seq, n_tokens, layer, head, rank, dim, dim_stochastic (the
+            whole sequence; for decoders, its last row), out_proj_full_row_rank.
+        token_attention_per_sequence: seq, n_tokens, layer, head, category,
+            token, present (the category occurs in the sequence), raw, effective.
+        settings: model, variant, counts and notes.
+    """
+
+    correlation: pd.DataFrame
+    null_dims: pd.DataFrame
+    token_attention_per_sequence: pd.DataFrame
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def token_attention(self) -> pd.DataFrame:
+        """Per layer, head and category: mean raw / effective attention over the
+        sequences that contain the category (n_sequences of them)."""
+        df = self.token_attention_per_sequence
+        df = df[df["present"]]
+        return (
+            df.groupby(["layer", "head", "category", "token"], as_index=False)
+            .agg(
+                raw=("raw", "mean"), effective=("effective", "mean"), n_sequences=("seq", "nunique")
+            )
+            .sort_values(["category", "layer", "head"], ignore_index=True)
+        )
+
+    def token_attention_layer_means(self) -> pd.DataFrame:
+        """Per layer and category: the mean over heads (the line through paper Fig. 1b/c)."""
+        return (
+            self.token_attention()
+            .groupby(["layer", "category", "token"], as_index=False)[["raw", "effective"]]
+            .mean()
+        )
+
+    def write(self, out_dir: str | Path) -> list[Path]:
+        """Write every table as CSV plus settings.json, each atomically."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        tables = {
+            "correlation": self.correlation,
+            "null_dims": self.null_dims,
+            "token_attention": self.token_attention(),
+            "token_attention_per_sequence": self.token_attention_per_sequence,
+        }
+        paths = [
+            _atomic(out / f"{k}.csv", v.to_csv(index=False).encode()) for k, v in tables.items()
+        ]
+        paths.append(_atomic(out / "settings.json", json.dumps(self.settings, indent=2).encode()))
+        return paths
+
+
+def attention_experiment(
+    model: Any,
+    texts: Iterable[TextOrPair],
+    *,
+    variant: Variant = "paper",
+    batch_size: int = 8,
+    progress: bool = False,
+) -> AttentionExperimentResult:
+    """Run the Fig. 1 measurements on `texts` (str or (a, b) pairs) with `model`.
+
+    Args:
+        model: an `identifiable.models.Model`.
+        texts: any iterable, e.g. `identifiable.corpus.load_corpus(...)`.
+        variant: "paper" (default, as in the paper) or "row-stochastic".
+    """
+    if variant not in VARIANTS:
+        raise IdentifiableError(f"unknown variant {variant!r}: use one of {', '.join(VARIANTS)}")
+    corr: list[dict] = []
+    dims: list[dict] = []
+    cats: list[dict] = []
+    factors: HeadFactors | None = None
+    seq = -1
+    for seq, trace in enumerate(model.trace_many(texts, batch_size=batch_size, progress=progress)):
+        factors = factors or compute_head_factors(trace)  # same model: factor W_O once
+        _one_sequence(seq, trace, variant, factors, corr, dims, cats)
+    if seq < 0:
+        raise IdentifiableError("no texts to analyse: the corpus is empty")
+    info = model.info
+    settings = {
+        "model": info.name,
+        "architecture": info.architecture,
+        "n_layers": info.n_layers,
+        "n_heads": info.n_heads,
+        "head_dim": info.head_dim,
+        "variant": variant,
+        "n_sequences": seq + 1,
+        "layers": "1..L (paper numbering); heads 0..H-1",
+        "pearson_entries": "all heads, query rows and keys"
+        + ("; causally masked entries excluded" if info.is_causal else ""),
+        "token_attention": "mean over query tokens of the summed weight on the category's keys; "
+        "token_attention() averages over sequences that contain the category",
+    }
+    corr_df = pd.DataFrame(corr)
+    corr_df["layer"] = corr_df["layer"].astype("Int64")
+    return AttentionExperimentResult(corr_df, pd.DataFrame(dims), pd.DataFrame(cats), settings)
+
+
+def _one_sequence(
+    seq: int,
+    trace: Trace,
+    variant: Variant,
+    factors: HeadFactors,
+    corr: list[dict],
+    dims: list[dict],
+    cats: list[dict],
+) -> None:
+    """Append one sequence's rows to the three tables, one layer at a time."""
+    n = trace.n_tokens
+    mask = causal_mask(n) if trace.is_causal else None
+    categories = token_categories(trace.tokens, trace.special_tokens)
+    pooled = torch.zeros(6, dtype=torch.float64)
+    for le in iter_effective_attention(trace, variant, factors=factors):
+        layer = le.layer + 1
+        sums = pearson_sums(le.raw, le.effective, mask)
+        pooled += sums
+        corr.append(
+            {
+                "seq": seq,
+                "n_tokens": n,
+                "layer": layer,
+                "pearson_r": pearson_from_sums(sums),
+                "n_entries": int(sums[0]),
+            }
+        )
+        for head in range(trace.n_heads):
+            dims.append({
+                "seq": seq, "n_tokens": n, "layer": layer, "head": head,
+                "rank": int(le.rank[head, -1]), "dim": int(le.dim[head, -1]),
+                "dim_stochastic": int(le.dim_stochastic[head, -1]),
+                "out_proj_full_row_rank": bool(factors.full_row_rank[le.layer, head]),
+            })  # fmt: skip
+        for name, (token, keys) in categories.items():
+            present = bool(keys.any())
+            raw = attention_to(le.raw, keys) if present else None
+            eff = attention_to(le.effective, keys) if present else None
+            for head in range(trace.n_heads):
+                cats.append({
+                    "seq": seq, "n_tokens": n, "layer": layer, "head": head, "category": name,
+                    "token": token, "present": present,
+                    "raw": float(raw[head]) if raw is not None else math.nan,
+                    "effective": float(eff[head]) if eff is not None else math.nan,
+                })  # fmt: skip
+    corr.append(
+        {
+            "seq": seq,
+            "n_tokens": n,
+            "layer": None,
+            "pearson_r": pearson_from_sums(pooled),
+            "n_entries": int(pooled[0]),
+        }
+    )
+
+
+def default_texts(
+    tokenizer: Any, *, per_bucket: int = 25, pairs: int = 100, seed: int = 0
+) -> list[TextOrPair]:
+    """Wikipedia-sample sentences in four length buckets (≤16, ≤32, ≤64, ≤128 tokens)
+    plus Clark-style paragraph pairs of up to 128 tokens, all in the model's format."""
+    from identifiable.corpus import load_corpus
+
+    sentences = load_corpus(
+        unit="sentence", tokenizer=tokenizer, max_tokens=128,
+        buckets=[(4, 16), (17, 32), (33, 64), (65, 128)], per_bucket=per_bucket, seed=seed,
+    )  # fmt: skip
+    pair_corpus = load_corpus(
+        unit="pair", tokenizer=tokenizer, max_tokens=128, shuffle=True, seed=seed, limit=pairs
+    )
+    return [*sentences, *pair_corpus]
+
+
+def _atomic(path: Path, data: bytes) -> Path:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise IdentifiableError(f"cannot write '{path}': {exc.strerror or exc}") from None
+    return path

@@ -1,0 +1,61 @@
+"""Synthetic traces and exact ranks for the attention tests (imported as `attn_helpers`)."""
+
+from __future__ import annotations
+
+import torch
+
+from identifiable.models.trace import Trace
+
+TEXT_SHORT = "the cat sat."  # n ≤ 16 = tiny head width: attention identifiable
+TEXT_LONG = (
+    "the cat sat on the mat. the dog sat on the log, and the bird sat on the cat while "
+    "the fish swam in the bowl."
+)  # n ≈ 30 > 16
+
+
+def synthetic_trace(
+    n: int = 12,
+    *,
+    layers: int = 2,
+    heads: int = 3,
+    d_v: int = 4,
+    d: int = 10,
+    causal: bool = False,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> Trace:
+    """A random but internally consistent Trace (attention rows sum to 1, causal zeros)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(layers, heads, n, n, generator=g)
+    if causal:
+        logits = logits.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    att = torch.softmax(logits, -1)
+    values = torch.randn(layers, heads, n, d_v, generator=g)
+    value_bias = torch.randn(layers, heads, d_v, generator=g)
+    out_proj = torch.randn(layers, heads, d_v, d, generator=g)
+    out_bias = torch.randn(layers, d, generator=g)
+    heads_out = torch.einsum("lhij,lhjv,lhvd->lid", att, values + value_bias[:, :, None], out_proj)
+    return Trace(
+        tokens=[f"t{i}" for i in range(n)],
+        input_ids=torch.arange(n),
+        attentions=att.to(dtype),
+        values=values.to(dtype),
+        value_bias=value_bias.to(dtype),
+        out_proj=out_proj.to(dtype),
+        out_bias=out_bias.to(dtype),
+        hidden_states=torch.zeros(layers + 1, n, d, dtype=dtype),
+        attn_outputs=(heads_out + out_bias[:, None]).to(dtype),
+        is_causal=causal,
+        kv_head_of=torch.arange(heads),
+        special_tokens={},
+        model_name="synthetic",
+        architecture="synthetic",
+    )
+
+
+def exact_rank(x: torch.Tensor, width: int) -> int:
+    """Rank by SVD with the SPEC tolerance σ_max · max(n, width) · eps(float64)."""
+    s = torch.linalg.svdvals(x.double())
+    if s.numel() == 0 or s[0] == 0:
+        return 0
+    return int((s > s[0] * max(x.shape[0], width) * torch.finfo(torch.float64).eps).sum())

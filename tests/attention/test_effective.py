@@ -1,0 +1,152 @@
+"""Effective attention invariants on every head of every architecture, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attention.attn_helpers import TEXT_LONG, TEXT_SHORT, exact_rank, synthetic_trace
+from conftest import ARCHITECTURES
+from identifiable.attention import (
+    compute_head_factors,
+    effective_attention,
+    iter_effective_attention,
+    null_space,
+)
+from identifiable.attention.reference import effective_attention_reference
+from identifiable.errors import IdentifiableError
+
+
+def check_invariants(trace, tol: float = 1e-9) -> None:
+    """Every SPEC invariant, on every head, for both variants."""
+    a = trace.attentions.double()
+    v, h = trace.values.double(), trace.out_proj.double()
+    t = v @ h  # [L, H, n, d]
+    biased = (v + trace.value_bias.double()[:, :, None]) @ h
+    n = trace.n_tokens
+    ns = null_space(trace)
+    for ly in range(trace.n_layers):
+        for hd in range(trace.n_heads):
+            rows = range(n) if trace.is_causal else [n - 1]
+            for i in rows:
+                seen = i + 1 if trace.is_causal else n
+                ones = torch.ones(seen, 1, dtype=torch.float64)
+                assert int(ns.rank[ly, hd, i]) == exact_rank(t[ly, hd, :seen], trace.head_dim)
+                r_aug = exact_rank(torch.cat([t[ly, hd, :seen], ones], 1), trace.head_dim + 1)
+                assert int(ns.dim_stochastic[ly, hd, i]) == seen - r_aug
+    assert torch.equal(ns.dim, torch.arange(1, n + 1) - ns.rank if trace.is_causal else n - ns.rank)
+    for variant in ("paper", "row-stochastic"):
+        ea = effective_attention(trace, variant)
+        eff = ea.effective
+        scale = (a @ t).norm(dim=(-2, -1), keepdim=True)
+        assert ((eff @ t - a @ t).norm(dim=(-2, -1), keepdim=True) <= tol * scale).all()
+        dims = ns.dim if variant == "paper" else ns.dim_stochastic
+        full = dims == 0  # [L, H, n]: rank = keys seen
+        assert torch.equal(eff[full], a[full])  # A_eff = A exactly when rank(T) = n
+        if trace.is_causal:
+            assert torch.count_nonzero(eff.triu(1)) == 0
+        if variant == "row-stochastic":
+            torch.testing.assert_close(eff.sum(-1), a.sum(-1), atol=1e-10, rtol=0)
+            out_scale = (a @ biased).norm(dim=(-2, -1), keepdim=True)
+            assert (
+                (eff @ biased - a @ biased).norm(dim=(-2, -1), keepdim=True) <= tol * out_scale
+            ).all()
+        torch.testing.assert_close(ea.null, a - eff)
+        ref = effective_attention_reference(
+            trace.attentions,
+            trace.values,
+            trace.out_proj,
+            stochastic=variant == "row-stochastic",
+            causal=trace.is_causal,
+        )
+        torch.testing.assert_close(eff, ref, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("text", [TEXT_SHORT, TEXT_LONG], ids=["short", "long"])
+def test_invariants_every_architecture(tiny_model, arch, text):
+    trace = tiny_model(arch).trace(text)
+    check_invariants(trace)
+    ns = null_space(trace)
+    if trace.n_tokens <= trace.head_dim and not trace.is_causal:
+        assert (ns.dim == 0).all()
+    if trace.n_tokens > trace.head_dim + 1:
+        assert (ns.dim[..., -1] >= trace.n_tokens - trace.head_dim).all()
+        assert (ns.dim_stochastic[..., -1] >= trace.n_tokens - trace.head_dim - 1).all()
+
+
+@pytest.mark.integration
+def test_invariants_embedded_model(minilm):
+    for text in ("A short sentence.", TEXT_LONG + " " + TEXT_LONG):
+        trace = minilm.trace(text)
+        check_invariants(trace)
+        eff = effective_attention(trace).effective
+        if trace.n_tokens <= trace.head_dim:
+            assert torch.equal(eff, trace.attentions.double())
+
+
+def test_llama_repeated_tokens_lower_the_rank(tiny_model):
+    """Layer 1 of Llama sees no positions in V: repeated tokens give identical rows."""
+    trace = tiny_model("llama").trace("a b a b a b")  # n = 8 with [CLS]/[SEP]
+    ns = null_space(trace)
+    distinct = len(set(trace.tokens))
+    assert int(ns.rank[0, 0, -1]) == distinct < trace.n_tokens
+    check_invariants(trace)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_synthetic_invariants_and_rank_deficient_out_proj(causal):
+    trace = synthetic_trace(n=9, d_v=4, d=6, causal=causal)
+    trace.out_proj[1, 2, 3] = trace.out_proj[1, 2, 0]  # H of layer 1, head 2 loses a rank
+    factors = compute_head_factors(trace)
+    assert not bool(factors.full_row_rank[1, 2]) and int(factors.full_row_rank.sum()) == 5
+    ns = null_space(trace, factors=factors)
+    assert int(ns.rank[1, 2, -1]) == 3 and int(ns.rank[0, 0, -1]) == 4
+    check_invariants(trace)
+
+
+def test_low_precision_traces_are_computed_in_float64():
+    trace = synthetic_trace(n=10, d_v=3, dtype=torch.bfloat16)
+    ea = effective_attention(trace, "row-stochastic")
+    assert ea.effective.dtype == torch.float64
+    check_invariants(trace)
+
+
+def test_streaming_equals_full_and_accepts_layers():
+    trace = synthetic_trace(n=11, layers=3, d_v=4)
+    full = effective_attention(trace, "row-stochastic")
+    got = list(iter_effective_attention(trace, "row-stochastic", layers=[2, 0]))
+    assert [le.layer for le in got] == [2, 0]
+    for le in got:
+        torch.testing.assert_close(le.effective, full.effective[le.layer], atol=0, rtol=0)
+        torch.testing.assert_close(le.null, full.null[le.layer])
+        assert torch.equal(le.dim, full.null_space.dim[le.layer])
+
+
+def test_nan_in_attention_names_layer_and_head():
+    trace = synthetic_trace(n=6)
+    trace.attentions[1, 2, 3, 4] = float("nan")
+    with pytest.raises(IdentifiableError, match=r"NaN or inf in the attention at layer 1, head 2"):
+        effective_attention(trace)
+
+
+def test_inf_in_values_and_out_proj_are_reported():
+    trace = synthetic_trace(n=6)
+    trace.values[0, 1, 2, 0] = float("inf")
+    with pytest.raises(IdentifiableError, match=r"values .* layer 0, head 1"):
+        null_space(trace)
+    trace = synthetic_trace(n=6)
+    trace.out_proj[1, 0, 0, 0] = float("-inf")
+    with pytest.raises(IdentifiableError, match=r"output projection .* layer 1, head 0"):
+        effective_attention(trace)
+
+
+def test_bad_variant_layer_and_shapes():
+    trace = synthetic_trace(n=6)
+    with pytest.raises(IdentifiableError, match=r"unknown variant 'bias'.*row-stochastic"):
+        effective_attention(trace, "bias")  # type: ignore[arg-type]
+    with pytest.raises(IdentifiableError, match=r"valid layers are 0\.\.1"):
+        list(iter_effective_attention(trace, layers=[5]))
+    trace.out_proj = trace.out_proj.reshape(2, 3 * 4, 10)  # fused W_O, not split per head
+    with pytest.raises(IdentifiableError, match="not per-head separable"):
+        null_space(trace)

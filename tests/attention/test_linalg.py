@@ -1,0 +1,153 @@
+"""Property tests of the encoder linear algebra on random matrices (hypothesis)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attention.attn_helpers import exact_rank
+from identifiable.attention.linalg import add_ones, column_basis, head_factors, project_rows
+from identifiable.attention.reference import effective_rows_reference
+
+SETTINGS = settings(max_examples=40, deadline=None)
+
+
+def _low_rank(g: torch.Generator, n: int, m: int, r: int) -> torch.Tensor:
+    return torch.randn(n, r, generator=g, dtype=torch.float64) @ torch.randn(
+        r, m, generator=g, dtype=torch.float64
+    )
+
+
+def _attention(g: torch.Generator, n: int) -> torch.Tensor:
+    return torch.softmax(torch.randn(n, n, generator=g, dtype=torch.float64) * 2, -1)
+
+
+@SETTINGS
+@given(n=st.integers(1, 12), m=st.integers(1, 8), r=st.integers(0, 8), seed=st.integers(0, 999))
+def test_column_basis_is_orthonormal_and_spans(n, m, r, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = _low_rank(g, n, m, min(r, n, m))
+    q, rank, _ = column_basis(x)
+    assert int(rank) == exact_rank(x, m) == min(r, n, m)
+    kept = q[:, : int(rank)]
+    torch.testing.assert_close(kept.T @ kept, torch.eye(int(rank), dtype=torch.float64))
+    assert torch.count_nonzero(q[:, int(rank) :]) == 0
+    torch.testing.assert_close(q @ (q.T @ x), x, atol=1e-10, rtol=1e-10)
+
+
+@SETTINGS
+@given(
+    n=st.integers(2, 14),
+    d_v=st.integers(1, 6),
+    d=st.integers(1, 12),
+    h_rank=st.integers(0, 6),
+    seed=st.integers(0, 999),
+)
+def test_head_factor_preserves_singular_values_and_column_space(n, d_v, d, h_rank, seed):
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(n, d_v, generator=g, dtype=torch.float64)
+    h = _low_rank(g, d_v, d, min(h_rank, d_v, d))
+    f, full, _ = head_factors(h)
+    t, vf = v @ h, v @ f
+    assert bool(full) == (exact_rank(h, d) == d_v)
+    k = min(n, d_v, d)
+    torch.testing.assert_close(
+        torch.linalg.svdvals(vf)[:k], torch.linalg.svdvals(t)[:k], atol=1e-9, rtol=1e-9
+    )
+    qt, _, _ = column_basis(t, width=d_v)
+    qf, _, _ = column_basis(vf, width=d_v)
+    torch.testing.assert_close(qt @ qt.T, qf @ qf.T, atol=1e-8, rtol=0)
+
+
+@SETTINGS
+@given(n=st.integers(1, 14), d_v=st.integers(1, 8), d=st.integers(1, 10), seed=st.integers(0, 999))
+def test_projection_invariants(n, d_v, d, seed):
+    g = torch.Generator().manual_seed(seed)
+    a = _attention(g, n)
+    v = torch.randn(n, d_v, generator=g, dtype=torch.float64)
+    b_v = torch.randn(d_v, generator=g, dtype=torch.float64)
+    h = torch.randn(d_v, d, generator=g, dtype=torch.float64)
+    t = v @ h
+    f, _, _ = head_factors(h)
+    q, rank, _ = column_basis(v @ f)
+    qa, rank_a = add_ones(q, rank)
+    for basis, r in ((q, rank), (qa, rank_a)):
+        eff = project_rows(a, basis)
+        scale = (a @ t).norm()
+        assert (eff @ t - a @ t).norm() <= 1e-10 * scale  # A_eff T = A T
+        assert ((a - eff) @ t).norm() <= 1e-10 * scale  # null rows lie in LN(T)
+        torch.testing.assert_close(project_rows(eff, basis), eff)  # a projection
+        if int(r) == n:
+            torch.testing.assert_close(eff, a, atol=1e-10, rtol=0)
+    eff_s = project_rows(a, qa)
+    # float64 round-off of a projection of n ≤ 40 terms: 1e-10, not 1e-12 (hypothesis found 1.4e-12)
+    torch.testing.assert_close(eff_s.sum(-1), a.sum(-1), atol=1e-10, rtol=0)
+    biased = (v + b_v) @ h
+    torch.testing.assert_close(eff_s @ biased, a @ biased, atol=1e-10, rtol=1e-10)
+    assert int(rank_a) in (int(rank), int(rank) + 1) and int(rank_a) <= n
+
+
+@SETTINGS
+@given(n=st.integers(2, 14), d_v=st.integers(1, 6), seed=st.integers(0, 999))
+def test_ones_direction_is_detected(n, d_v, seed):
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(n, d_v, generator=g, dtype=torch.float64)
+    q, rank, _ = column_basis(v)
+    _, rank_a = add_ones(q, rank)
+    assert int(rank_a) == exact_rank(torch.cat([v, torch.ones(n, 1, dtype=v.dtype)], 1), d_v + 1)
+    # 1 already in col(V): no new direction.
+    v_with_ones = torch.cat([v[:, :-1], torch.ones(n, 1, dtype=v.dtype) * 3.0], 1)
+    q, rank, _ = column_basis(v_with_ones)
+    _, rank_a = add_ones(q, rank)
+    assert int(rank_a) == int(rank)
+
+
+@SETTINGS
+@given(
+    n=st.integers(1, 12),
+    d_v=st.integers(1, 6),
+    d=st.integers(1, 10),
+    h_rank=st.integers(0, 6),
+    stochastic=st.booleans(),
+    seed=st.integers(0, 999),
+)
+def test_fast_route_matches_svd_of_full_t(n, d_v, d, h_rank, stochastic, seed):
+    """The n×d_v route equals the SVD of the n×d matrix T, also when H is rank deficient."""
+    g = torch.Generator().manual_seed(seed)
+    a = _attention(g, n)
+    v = torch.randn(n, d_v, generator=g, dtype=torch.float64)
+    h = _low_rank(g, d_v, d, min(h_rank, d_v, d))
+    f, _, _ = head_factors(h)
+    q, rank, _ = column_basis(v @ f)
+    if stochastic:
+        q, rank = add_ones(q, rank)
+    fast = a.clone() if int(rank) == n else project_rows(a, q)
+    ref = effective_rows_reference(a, v @ h, stochastic=stochastic, causal=False, d_v=d_v)
+    torch.testing.assert_close(fast, ref, atol=1e-9, rtol=0)
+
+
+@SETTINGS
+@given(
+    n=st.integers(1, 14),
+    m=st.integers(1, 8),
+    log_kappa=st.sampled_from([0, 2, 3, 7, 11]),
+    seed=st.integers(0, 999),
+)
+def test_fast_and_svd_bases_agree(n, m, log_kappa, seed):
+    """Well-conditioned matrices take Cholesky QR (or the identity), others the SVD; both
+    give the same rank and projector, including full-rank matrices with κ up to 1e11
+    (where rounding x alone moves its column space by ~eps·κ)."""
+    g = torch.Generator().manual_seed(seed)
+    k = min(n, m)
+    u, _ = torch.linalg.qr(torch.randn(n, k, generator=g, dtype=torch.float64))
+    w, _ = torch.linalg.qr(torch.randn(m, k, generator=g, dtype=torch.float64))
+    s = torch.logspace(0, -log_kappa, k, dtype=torch.float64)
+    x = (u * s) @ w.T
+    q, rank, smax = column_basis(x)
+    assert int(rank) == k == exact_rank(x, m)
+    assert float(smax) == pytest.approx(1.0, rel=1e-12)
+    # Cholesky QR (κ ≤ 1e3): error ~eps·κ²; SVD: ~eps·κ.
+    tol = 1e-14 * 10 ** (2 * log_kappa) if log_kappa <= 3 else 1e-13 * 10**log_kappa
+    torch.testing.assert_close(q @ q.T, u @ u.T, atol=tol, rtol=0)
