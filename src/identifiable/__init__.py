@@ -23,6 +23,9 @@ _EXPORTS: dict[str, str] = {
     "iter_effective_attention": "identifiable.attention",
     "witness": "identifiable.attention",
     "attention_intervals": "identifiable.attention",
+    "token_identifiability": "identifiable.experiments.tokens",
+    "TokenIdentifiabilityResult": "identifiable.experiments.tokens",
+    "ProbeConfig": "identifiable.tokens",
     "load_corpus": "identifiable.corpus",
     "Corpus": "identifiable.corpus",
 }

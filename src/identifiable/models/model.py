@@ -334,6 +334,10 @@ class Model:
         v = e @ self._weights[layer].w_v  # [B, N, H_kv·d_v], bias-free by definition of T
         return self._per_query_head(v).permute(0, 2, 1, 3)  # [B, H, N, d_v]
 
+    def vocabulary_embeddings(self) -> torch.Tensor:
+        """`[V, d_emb]` the word-embedding matrix (no position or segment part), float32 on the CPU."""
+        return self.hf_model.get_input_embeddings().weight.detach().float().cpu()
+
     # ---- functional view for attribution --------------------------------------
     def embed(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None

@@ -1,0 +1,281 @@
+"""Token identifiability across layers (paper Fig. 2) on a model and a corpus.
+
+`token_identifiability(model, corpus)` streams the corpus through the model
+(`trace_many`), keeps (e^l_i, e^0_i) for every layer up to a token cap (optionally
+cached on disk), fits the six probes (naive / linear / MLP × L2 / cosine) per
+layer on training sequences and reports how often the nearest candidate to
+ĝ_l(e^l_i) is e^0_i on test sequences, with 95 % Wilson intervals, a
+shuffled-target control and the cross-layer matrix.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from identifiable.errors import IdentifiableError
+from identifiable.tokens.cache import cache_paths, corpus_fingerprint, load_pairs, save_pairs
+from identifiable.tokens.evaluate import Candidates, Kind, evaluate_pairs
+from identifiable.tokens.extract import STORAGE_DTYPES, TokenPairs, collect_token_pairs
+from identifiable.tokens.probes import OBJECTIVES, PROBE_KINDS, ProbeConfig
+
+DEFAULT_MAX_TOKENS = 8192
+QUICK_MAX_TOKENS = 2048
+DEFAULT_CORPUS = "wikipedia-sample"
+
+
+@dataclass
+class TokenIdentifiabilityResult:
+    """Tidy results; every table is long format (one row per measurement).
+
+    Attributes:
+        per_layer: layer, probe, objective, rate, ci_low, ci_high (95 % Wilson),
+            rate_strict (ties count as failures), n_tokens, n_tied, chance, steps, val_loss.
+        cross_layer: probe, objective, train_layer, test_layer, rate, ci_low, ci_high, …
+        control: like per_layer, for probes fitted on shuffled targets (≈ chance).
+        settings: what was run (model, corpus, token counts, split sizes, seed, …).
+        timings: seconds spent in extraction, probes + evaluation, and in total.
+    """
+
+    per_layer: pd.DataFrame
+    cross_layer: pd.DataFrame
+    control: pd.DataFrame
+    settings: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def rates(self) -> pd.DataFrame:
+        """Wide view: one row per layer, one column per probe_objective (rate only)."""
+        df = self.per_layer.assign(kind=self.per_layer["probe"] + "_" + self.per_layer["objective"])
+        return df.pivot(index="layer", columns="kind", values="rate")
+
+    def write(self, out_dir: str | Path) -> list[Path]:
+        """Write every table as CSV and Parquet plus settings.json, each atomically."""
+        import json
+
+        from identifiable.report.files import atomic_write_text, write_table
+
+        out = Path(out_dir)
+        paths: list[Path] = []
+        for name in ("per_layer", "cross_layer", "control"):
+            paths += write_table(getattr(self, name), out / f"tokens_{name}")
+        meta = {"settings": self.settings, "timings": self.timings}
+        paths.append(
+            atomic_write_text(out / "tokens_settings.json", json.dumps(meta, indent=2, default=str))
+        )
+        return paths
+
+
+def _resolve_model(model: Any) -> Any:
+    if isinstance(model, str):
+        from identifiable.models import load_model
+
+        return load_model(model)
+    return model
+
+
+def resolve_corpus(corpus: Any, model: Any, *, seed: int = 0) -> Iterable[Any]:
+    """A corpus name becomes the paper's data: shuffled pairs of consecutive text, ≤ 128 tokens.
+
+    The paper feeds Wikipedia segments of up to 128 tokens as `[CLS] a [SEP] b [SEP]`;
+    `load_corpus(name, unit="pair", …)` builds such pairs with lengths spread over
+    12 … 128 tokens. They are shuffled under `seed` so that a token cap samples many
+    articles instead of the first few. Anything else is used as given.
+    """
+    if isinstance(corpus, str | Path):
+        from identifiable.corpus import load_corpus
+
+        return load_corpus(
+            str(corpus),
+            unit="pair",
+            tokenizer=model.tokenizer,
+            max_tokens=128,
+            shuffle=True,
+            seed=seed,
+        )
+    if corpus is None or isinstance(corpus, bytes):
+        raise IdentifiableError(
+            "corpus must be an iterable of texts (str) or text pairs (str, str)"
+        )
+    return corpus
+
+
+def vocabulary_matrix(model: Any) -> torch.Tensor:
+    """The model's input word-embedding matrix `[V, d']` (candidates for `candidates="vocabulary"`)."""
+    return model.vocabulary_embeddings()
+
+
+def _tokenizer_fingerprint(model: Any) -> str | None:
+    """The tokenizer decides the token ids: part of the cache key (None without a tokenizer)."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        return None
+    from identifiable.corpus.lengths import tokenizer_fingerprint
+
+    return tokenizer_fingerprint(tokenizer)
+
+
+def extract(
+    model: Any,
+    corpus: Iterable[Any],
+    *,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    batch_size: int = 8,
+    storage: str = "float32",
+    cache_dir: str | Path | None = None,
+    progress: bool = False,
+) -> tuple[TokenPairs, dict[str, Any]]:
+    """(e^l_i, e^0_i) for every layer, from the cache when one matches, else from the model.
+
+    Returns the pairs and a dict saying where they came from (cache file, hit or miss).
+    """
+    if storage not in STORAGE_DTYPES:
+        raise IdentifiableError(
+            f"unknown storage '{storage}': choose from {', '.join(STORAGE_DTYPES)}"
+        )
+    info: dict[str, Any] = {"cache": None, "cache_hit": False}
+    paths = settings = None
+    if cache_dir is not None:
+        corpus_fp = corpus_fingerprint(corpus)
+        if corpus_fp is None:
+            raise IdentifiableError(
+                "cannot cache a one-shot iterator of texts (it has no .fingerprint and hashing it "
+                "would consume it); pass a list, or a corpus from identifiable.corpus, or no cache_dir"
+            )
+        settings = {
+            "format": 1,
+            "model": model.fingerprint,
+            "tokenizer": _tokenizer_fingerprint(model),
+            "corpus": corpus_fp,
+            "max_tokens": int(max_tokens),
+            "storage": storage,
+        }
+        paths = cache_paths(cache_dir, settings)
+        info["cache"] = str(paths[0])
+        cached = load_pairs(*paths, settings)
+        if cached is not None:
+            info["cache_hit"] = True
+            return cached, info
+    texts = model.trace_many(iter(corpus), batch_size=batch_size)
+    dtype = STORAGE_DTYPES[storage]
+    if progress:
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:
+            task = bar.add_task("extracting hidden states", total=max_tokens)
+            pairs = collect_token_pairs(
+                texts, max_tokens=max_tokens, dtype=dtype, on_tokens=lambda k: bar.advance(task, k)
+            )
+    else:
+        pairs = collect_token_pairs(texts, max_tokens=max_tokens, dtype=dtype)
+    if paths is not None and settings is not None:
+        save_pairs(pairs, *paths, settings)
+    return pairs, info
+
+
+def token_identifiability(
+    model: Any,
+    corpus: Any = DEFAULT_CORPUS,
+    *,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    probes: Sequence[str] = PROBE_KINDS,
+    objectives: Sequence[str] = OBJECTIVES,
+    candidates: Candidates = "sequence",
+    layers: Sequence[int] | None = None,
+    cross_layer: Sequence[Kind] = (("linear", "cos"),),
+    controls: Sequence[Kind] = (("linear", "l2"), ("linear", "cos")),
+    seed: int = 0,
+    test_fraction: float = 0.2,
+    probe_config: ProbeConfig | None = None,
+    cache_dir: str | Path | None = None,
+    batch_size: int = 8,
+    storage: str = "float32",
+    progress: bool = True,
+) -> TokenIdentifiabilityResult:
+    """Token identifiability per layer (paper Fig. 2a) and across layers (Fig. 2b).
+
+    Args:
+        model: an `identifiable.models.Model` or a name for `load_model` ("minilm", path, hub id).
+        corpus: an iterable of texts or (text, text) pairs, or a corpus name for
+            `identifiable.corpus.load_corpus`.
+        max_tokens: token cap (whole sequences); `QUICK_MAX_TOKENS` for a fast run.
+        probes, objectives: every probe kind × objective is fitted at every layer.
+        candidates: "sequence" (default), "corpus" or "vocabulary" (see `identifiable.tokens.evaluate`).
+        layers: hidden-state indices 0..L to probe (0 = e^0); default 1..L.
+        cross_layer: (kind, objective) pairs also tested on every other layer.
+        controls: (kind, objective) pairs refitted on shuffled targets.
+        seed: seeds the split by sequence, subsampling, initialisation and shuffles.
+        probe_config: probe training settings (`ProbeConfig`).
+        cache_dir: keep extracted hidden states here (safetensors + manifest), keyed by
+            model, corpus and settings; corrupt files are rebuilt, mismatching ones refused.
+        batch_size: sequences per forward pass; storage: "float32" or "float16".
+        progress: show progress bars.
+    """
+    model = _resolve_model(model)
+    texts = resolve_corpus(corpus, model, seed=seed)
+    t0 = time.perf_counter()
+    pairs, source = extract(
+        model,
+        texts,
+        max_tokens=max_tokens,
+        batch_size=batch_size,
+        storage=storage,
+        cache_dir=cache_dir,
+        progress=progress,
+    )
+    t1 = time.perf_counter()
+    vocab = vocabulary_matrix(model) if candidates == "vocabulary" else None
+    ev = _evaluate_with_progress(
+        pairs,
+        progress,
+        probes=probes,
+        objectives=objectives,
+        candidates=candidates,
+        layers=layers,
+        cross_layer=cross_layer,
+        controls=controls,
+        seed=seed,
+        test_fraction=test_fraction,
+        probe_config=probe_config,
+        vocab_embeddings=vocab,
+    )
+    t2 = time.perf_counter()
+    train_seq, val_seq, test_seq = ev.split.sequences(pairs.seq_ids)
+    settings = {
+        "model": getattr(model.info, "name", ""),
+        "architecture": getattr(model.info, "architecture", ""),
+        "corpus": getattr(texts, "name", None) or type(texts).__name__,
+        "corpus_unit": getattr(texts, "unit", None),
+        "max_tokens": max_tokens,
+        "n_tokens": pairs.n_tokens,
+        "n_sequences": pairs.n_sequences,
+        "n_truncated": pairs.n_truncated,
+        "train_sequences": len(train_seq),
+        "val_sequences": len(val_seq),
+        "test_sequences": len(test_seq),
+        "train_tokens": int(ev.split.train.numel()),
+        "test_tokens": int(ev.split.test.numel()),
+        "candidates": candidates,
+        "seed": seed,
+        "probe_config": vars(probe_config or ProbeConfig()),
+        "storage": storage,
+        **source,
+    }
+    timings = {"extraction_s": t1 - t0, "probes_and_evaluation_s": t2 - t1, "total_s": t2 - t0}
+    return TokenIdentifiabilityResult(ev.per_layer, ev.cross_layer, ev.control, settings, timings)
+
+
+def _evaluate_with_progress(pairs: TokenPairs, progress: bool, **kwargs: Any):
+    if not progress:
+        return evaluate_pairs(pairs, **kwargs)
+    from rich.progress import Progress
+
+    n = len(kwargs.get("layers") or range(pairs.n_layers))
+    with Progress(transient=True) as bar:
+        task = bar.add_task("fitting probes", total=n)
+        return evaluate_pairs(pairs, on_layer=lambda _layer: bar.advance(task), **kwargs)

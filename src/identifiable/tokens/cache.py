@@ -1,0 +1,154 @@
+"""On-disk cache of extracted `TokenPairs`: safetensors data plus a JSON manifest.
+
+Layout in `cache_dir`: `token-pairs-<key>.safetensors` and `token-pairs-<key>.json`,
+with `<key>` a hash of the settings (model fingerprint, corpus fingerprint, token
+cap, storage dtype, format version). So a different model, corpus or setting
+looks up a different file and can never pick up another run's data.
+
+On load the manifest must repeat exactly the expected settings; if it does not
+(a file copied or renamed by hand), `CacheMismatchError` is raised and nothing is
+reused. A data file whose sha256 differs from the manifest's, or that fails to
+parse, is corrupt: `load_pairs` warns and returns None, and the caller rebuilds.
+Both files are written atomically (temporary file + rename), data first, so a
+manifest only ever describes a complete data file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from identifiable.errors import IdentifiableError
+from identifiable.report.files import atomic_write_text, sha256_file
+from identifiable.tokens.extract import TokenPairs
+
+FORMAT_VERSION = 1
+_TENSORS = ("states", "seq_ids", "input_ids", "positions")
+
+
+class CacheMismatchError(IdentifiableError):
+    """A cache file describes different settings than the run asks for."""
+
+
+class CacheCorruptWarning(UserWarning):
+    """A cache file failed its checksum or could not be read; it is rebuilt."""
+
+
+def corpus_fingerprint(corpus: Iterable[Any]) -> str | None:
+    """The corpus's own `.fingerprint`, else a sha256 of its items (streamed, bounded memory).
+
+    Returns None for a one-shot iterator without `.fingerprint`: hashing it would
+    consume it.
+    """
+    fp = getattr(corpus, "fingerprint", None)
+    if callable(fp):
+        fp = fp()
+    if fp:
+        return str(fp)
+    if iter(corpus) is corpus:
+        return None
+    h = hashlib.sha256()
+    for item in corpus:
+        h.update(json.dumps(item, ensure_ascii=False).encode())
+        h.update(b"\n")
+    return h.hexdigest()[:16]
+
+
+def cache_key(settings: dict[str, Any]) -> str:
+    blob = json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def cache_paths(cache_dir: str | Path, settings: dict[str, Any]) -> tuple[Path, Path]:
+    """(data file, manifest file) for these settings in `cache_dir`."""
+    stem = Path(cache_dir).expanduser() / f"token-pairs-{cache_key(settings)}"
+    return stem.with_suffix(".safetensors"), stem.with_suffix(".json")
+
+
+def save_pairs(
+    pairs: TokenPairs, data_path: Path, manifest_path: Path, settings: dict[str, Any]
+) -> None:
+    """Write `pairs` and its manifest atomically."""
+    from safetensors.torch import save_file
+
+    tensors = {name: getattr(pairs, name).contiguous() for name in _TENSORS}
+    data_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{data_path.name}.", suffix=".tmp", dir=data_path.parent)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={"n_truncated": str(pairs.n_truncated)})
+        digest = sha256_file(tmp)
+        os.replace(tmp, data_path)
+    except OSError as exc:
+        raise IdentifiableError(
+            f"cannot write the token cache {data_path}: {exc.strerror or exc}"
+        ) from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    manifest = {
+        "format": FORMAT_VERSION,
+        "settings": settings,
+        "sha256": digest,
+        "n_tokens": pairs.n_tokens,
+        "n_sequences": pairs.n_sequences,
+        "states_shape": list(pairs.states.shape),
+        "dtype": str(pairs.states.dtype).removeprefix("torch."),
+    }
+    atomic_write_text(manifest_path, json.dumps(manifest, indent=2, sort_keys=True))
+
+
+def _corrupt(path: Path, why: str) -> None:
+    warnings.warn(
+        f"token cache {path} is corrupt ({why}); rebuilding it", CacheCorruptWarning, stacklevel=3
+    )
+
+
+def load_pairs(data_path: Path, manifest_path: Path, settings: dict[str, Any]) -> TokenPairs | None:
+    """Load cached pairs written with exactly `settings`.
+
+    Returns:
+        The pairs, or None when there is no cache or it is corrupt (a warning says which).
+    Raises:
+        CacheMismatchError: the manifest records other settings.
+    """
+    if not manifest_path.exists() or not data_path.exists():
+        return None
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        recorded = manifest["settings"]
+        digest = manifest["sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        _corrupt(manifest_path, f"unreadable manifest: {exc}")
+        return None
+    if recorded != settings:
+        diff = sorted(
+            k for k in set(recorded) | set(settings) if recorded.get(k) != settings.get(k)
+        )
+        raise CacheMismatchError(
+            f"token cache {data_path} was written with other settings (differs in: {', '.join(diff)}); "
+            "it is not reused. Delete it or choose another cache directory"
+        )
+    if sha256_file(data_path) != digest:
+        _corrupt(data_path, "sha256 does not match the manifest")
+        return None
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(data_path), framework="pt") as f:
+            tensors = {name: f.get_tensor(name) for name in _TENSORS}
+            n_truncated = int((f.metadata() or {}).get("n_truncated", 0))
+    except Exception as exc:  # safetensors raises its own error types
+        _corrupt(data_path, f"unreadable: {exc}")
+        return None
+    if list(tensors["states"].shape) != manifest.get("states_shape"):
+        _corrupt(data_path, "tensor shapes do not match the manifest")
+        return None
+    return TokenPairs(n_truncated=n_truncated, **tensors)

@@ -1,0 +1,294 @@
+"""Token identifiability of extracted pairs: fit probes per layer, look tokens up, tabulate.
+
+`evaluate_pairs` is pure (tensors in, tables out). For every layer l it fits the
+requested probes on the training sequences, maps the test tokens' e^l through
+them and looks the result up among the candidates; it also runs the shuffled-target
+control and the cross-layer matrix (probe fitted on layer l, tested on every layer l').
+
+Candidates (`candidates=`):
+- "sequence" (default, the paper's): the e^0 of the tokens of the same sequence;
+- "corpus": the e^0 of every test token;
+- "vocabulary": the rows of a vocabulary embedding matrix you pass
+  (`vocab_embeddings`, `[V, d']`). e^0 of a vocabulary id is not defined without a
+  position, so in this mode probes map e^l_i to the word embedding of token i
+  (position-free) and are looked up among all V rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import pandas as pd
+import torch
+
+from identifiable.errors import IdentifiableError
+from identifiable.tokens.extract import TokenPairs
+from identifiable.tokens.fitting import RidgeSolver, fit_probes
+from identifiable.tokens.lookup import (
+    LookupOutcome,
+    SequenceLayout,
+    identical_classes,
+    nearest_in_sequence,
+    nearest_in_set,
+    score_lookup,
+    sequence_class_sizes,
+    wilson_interval,
+)
+from identifiable.tokens.probes import (
+    OBJECTIVES,
+    PROBE_KINDS,
+    FitInfo,
+    Objective,
+    Probe,
+    ProbeConfig,
+    ProbeKind,
+)
+from identifiable.tokens.split import SequenceSplit, min_tokens_for, split_by_sequence
+
+Candidates = Literal["sequence", "corpus", "vocabulary"]
+CANDIDATES: tuple[Candidates, ...] = ("sequence", "corpus", "vocabulary")
+Kind = tuple[ProbeKind, Objective]
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    """The candidate set of one evaluation, built once and reused for every probe and layer."""
+
+    cand: torch.Tensor  # [M, d']
+    own: torch.Tensor  # [N] own candidate of each test token
+    classes: torch.Tensor  # [M]
+    n_candidates: torch.Tensor  # [N]
+    own_class_size: torch.Tensor  # [N]
+    layout: SequenceLayout | None
+
+    def run(self, pred: torch.Tensor, metric: Objective) -> LookupOutcome:
+        if self.layout is not None:
+            nearest = nearest_in_sequence(pred, self.cand, self.layout, metric)
+        else:
+            nearest = nearest_in_set(pred, self.cand, metric)
+        return score_lookup(nearest, self.own, self.classes, self.n_candidates, self.own_class_size)
+
+
+def _build_lookup(
+    candidates: Candidates,
+    y_test: torch.Tensor,
+    seq_test: torch.Tensor,
+    ids_test: torch.Tensor,
+    vocab: torch.Tensor | None,
+) -> _Lookup:
+    n = y_test.shape[0]
+    if candidates == "vocabulary":
+        assert vocab is not None
+        classes = identical_classes(vocab)
+        sizes = torch.bincount(classes)[classes[ids_test]]
+        return _Lookup(vocab, ids_test, classes, torch.full((n,), vocab.shape[0]), sizes, None)
+    classes = identical_classes(y_test)
+    own = torch.arange(n)
+    if candidates == "corpus":
+        sizes = torch.bincount(classes)[classes]
+        return _Lookup(y_test, own, classes, torch.full((n,), n), sizes, None)
+    layout = SequenceLayout.from_seq_ids(seq_test)
+    valid = layout.index >= 0
+    n_cand = torch.empty(n, dtype=torch.long)
+    n_cand[layout.index[valid]] = layout.lengths[:, None].expand_as(layout.index)[valid]
+    return _Lookup(y_test, own, classes, n_cand, sequence_class_sizes(classes, layout), layout)
+
+
+def _summary(outcome: LookupOutcome) -> dict[str, float | int]:
+    n = int(outcome.success.numel())
+    k = int(outcome.success.sum())
+    low, high = wilson_interval(k, n)
+    return {
+        "rate": k / n if n else float("nan"),
+        "ci_low": low,
+        "ci_high": high,
+        "rate_strict": float(outcome.strict.double().mean()) if n else float("nan"),
+        "n_tokens": n,
+        "n_tied": int(outcome.tied.sum()),
+        "chance": float(outcome.chance.mean()) if n else float("nan"),
+    }
+
+
+def check_layers(layers: Sequence[int] | None, n_layers: int) -> list[int]:
+    """Validate hidden-state indices 0..L (0 = e^0); None → 1..L."""
+    if layers is None:
+        return list(range(1, n_layers + 1))
+    out = [int(x) for x in layers]
+    bad = [x for x in out if not 0 <= x <= n_layers]
+    if bad or not out:
+        raise IdentifiableError(
+            f"layer {bad[0] if bad else '(none)'} is out of range: valid layers are 0..{n_layers} "
+            "(0 is the embedding output e^0, l the output of layer l)"
+        )
+    return sorted(set(out))
+
+
+def _kinds(probes: Sequence[str], objectives: Sequence[str]) -> list[Kind]:
+    for p in probes:
+        if p not in PROBE_KINDS:
+            raise IdentifiableError(f"unknown probe '{p}': choose from {', '.join(PROBE_KINDS)}")
+    for o in objectives:
+        if o not in OBJECTIVES:
+            raise IdentifiableError(f"unknown objective '{o}': choose from {', '.join(OBJECTIVES)}")
+    return [(p, o) for p in probes for o in objectives]  # type: ignore[misc]
+
+
+def _kinds_list(pairs: Sequence[Sequence[str]]) -> list[Kind]:
+    out: list[Kind] = []
+    for k, o in pairs:
+        out += _kinds([k], [o])
+    return out
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Tidy tables of one evaluation (see `evaluate_pairs`)."""
+
+    per_layer: pd.DataFrame
+    cross_layer: pd.DataFrame
+    control: pd.DataFrame
+    split: SequenceSplit
+
+
+def evaluate_pairs(
+    pairs: TokenPairs,
+    *,
+    probes: Sequence[str] = PROBE_KINDS,
+    objectives: Sequence[str] = OBJECTIVES,
+    candidates: Candidates = "sequence",
+    layers: Sequence[int] | None = None,
+    cross_layer: Sequence[Kind] = (("linear", "cos"),),
+    controls: Sequence[Kind] = (("linear", "l2"), ("linear", "cos")),
+    seed: int = 0,
+    test_fraction: float = 0.2,
+    val_fraction: float = 0.1,
+    probe_config: ProbeConfig | None = None,
+    vocab_embeddings: torch.Tensor | None = None,
+    on_layer: Callable[[int], None] | None = None,
+) -> Evaluation:
+    """Identifiability rate per layer for every probe kind × objective, control, cross-layer matrix.
+
+    Args:
+        pairs: extracted hidden states (`[N, L+1, d]`).
+        probes, objectives: the probe kinds and objectives; every combination is fitted.
+        candidates: "sequence", "corpus" or "vocabulary" (needs `vocab_embeddings` `[V, d']`).
+        layers: hidden-state indices to probe (0..L, 0 = e^0); default 1..L.
+        cross_layer: (kind, objective) pairs whose probe of layer l is also tested on every layer.
+        controls: (kind, objective) pairs refitted on shuffled targets (should sit at chance).
+        seed: seeds the split, subsampling, initialisation and the shuffles.
+        test_fraction, val_fraction: shares of sequences held out (see `split_by_sequence`).
+        probe_config: training settings of the probes.
+        on_layer: called after each layer (progress).
+
+    Returns:
+        An `Evaluation` with three long-format DataFrames:
+        per_layer (layer, probe, objective, rate, ci_low, ci_high, rate_strict, n_tokens,
+        n_tied, chance, steps, val_loss), control (same columns) and cross_layer
+        (probe, objective, train_layer, test_layer, rate, ci_low, ci_high, rate_strict,
+        n_tokens, n_tied, chance).
+    """
+    if candidates not in CANDIDATES:
+        raise IdentifiableError(
+            f"unknown candidates '{candidates}': choose from {', '.join(CANDIDATES)}"
+        )
+    if candidates == "vocabulary" and vocab_embeddings is None:
+        raise IdentifiableError("candidates='vocabulary' needs the vocabulary embedding matrix")
+    kinds = _kinds(probes, objectives)
+    cfg = probe_config or ProbeConfig()
+    # The control only has to show chance level: closed-form linear fits, no refinement.
+    control_cfg = replace(cfg, cos_steps=0)
+    cross_layer = [(str(k), str(o)) for k, o in cross_layer]  # type: ignore[misc]
+    controls = _kinds_list(controls)
+    vocab = vocab_embeddings.float() if vocab_embeddings is not None else None
+    if vocab is not None and candidates == "vocabulary" and vocab.shape[1] != pairs.hidden_size:
+        kinds = [k for k in kinds if k[0] != "naive"]  # identity cannot map d to d'
+    layer_list = check_layers(layers, pairs.n_layers)
+    needs_solver = bool(controls) or any(k != "naive" for k, _ in kinds)
+    split = split_by_sequence(
+        pairs.seq_ids,
+        test_fraction=test_fraction,
+        val_fraction=val_fraction,
+        seed=seed,
+        min_tokens=min_tokens_for(pairs.hidden_size),
+    )
+
+    def targets(rows: torch.Tensor) -> torch.Tensor:
+        if candidates == "vocabulary":
+            assert vocab is not None
+            return vocab[pairs.input_ids[rows]]
+        return pairs.layer(0, rows)
+
+    y_tr, y_val, y_te = targets(split.train), targets(split.val), targets(split.test)
+    lookup = _build_lookup(
+        candidates, y_te, pairs.seq_ids[split.test], pairs.input_ids[split.test], vocab
+    )
+    x_test_all = pairs.states[split.test].float()  # [N_test, L+1, d]
+    gen = torch.Generator().manual_seed(seed)
+    shuffled_tr = y_tr[torch.randperm(y_tr.shape[0], generator=gen)]
+    shuffled_val = y_val[torch.randperm(y_val.shape[0], generator=gen)]
+    rows: list[dict] = []
+    control_rows: list[dict] = []
+    kept: dict[tuple[Kind, int], Probe] = {}
+
+    def measure(layer: int, kind: str, obj: Objective, fit: FitInfo, x_te: torch.Tensor) -> dict:
+        with torch.no_grad():
+            summary = _summary(lookup.run(fit.probe(x_te), obj))
+        return {
+            "layer": layer,
+            "probe": kind,
+            "objective": obj,
+            **summary,
+            "steps": fit.steps,
+            "ridge": fit.extras.get("ridge", float("nan")),
+            "val_loss": fit.val_loss,
+        }
+
+    for layer in layer_list:
+        x_tr, x_val = pairs.layer(layer, split.train), pairs.layer(layer, split.val)
+        x_te = x_test_all[:, layer]
+        layer_seed = seed * 1_000_003 + layer
+        # Factorised once per layer, shared by the probes and the control.
+        solver = RidgeSolver(x_tr) if needs_solver else None
+        fits = fit_probes(
+            x_tr, y_tr, x_val, y_val, kinds, config=cfg, seed=layer_seed, solver=solver
+        )
+        for (kind, obj), fit in fits.items():
+            rows.append(measure(layer, kind, obj, fit, x_te))
+            if (kind, obj) in cross_layer:
+                kept[((kind, obj), layer)] = fit.probe
+        if controls:
+            ctrl = fit_probes(
+                x_tr,
+                shuffled_tr,
+                x_val,
+                shuffled_val,
+                controls,
+                config=control_cfg,
+                seed=layer_seed + 1,
+                solver=solver,
+            )
+            control_rows += [measure(layer, k, o, fit, x_te) for (k, o), fit in ctrl.items()]
+        if on_layer is not None:
+            on_layer(layer)
+    cross_rows = []
+    for ((kind, obj), train_layer), probe in kept.items():
+        for test_layer in layer_list:
+            with torch.no_grad():
+                summary = _summary(lookup.run(probe(x_test_all[:, test_layer]), obj))
+            cross_rows.append(
+                {
+                    "probe": kind,
+                    "objective": obj,
+                    "train_layer": train_layer,
+                    "test_layer": test_layer,
+                    **summary,
+                }
+            )
+    return Evaluation(
+        per_layer=pd.DataFrame(rows),
+        cross_layer=pd.DataFrame(cross_rows),
+        control=pd.DataFrame(control_rows),
+        split=split,
+    )

@@ -1,0 +1,164 @@
+"""Split by sequence, and the probes: closed form vs iterative fit, warm starts, determinism."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from identifiable.errors import IdentifiableError
+from identifiable.tokens.fitting import RidgeSolver, fit_probes
+from identifiable.tokens.probes import Probe, ProbeConfig, objective_loss
+from identifiable.tokens.split import split_by_sequence
+from tokens.tokens_synth import synthetic_pairs
+
+
+def test_split_never_puts_a_sequence_in_two_parts():
+    pairs = synthetic_pairs(n_seq=30)
+    split = split_by_sequence(pairs.seq_ids, seed=3)
+    train, val, test = split.sequences(pairs.seq_ids)
+    assert not (train & val) and not (train & test) and not (val & test)
+    assert train | val | test == set(range(30))
+    assert split.train.numel() + split.val.numel() + split.test.numel() == pairs.n_tokens
+    # every token of a test sequence is in the test part
+    test_rows = set(split.test.tolist())
+    for s in test:
+        assert set(torch.nonzero(pairs.seq_ids == s).flatten().tolist()) <= test_rows
+
+
+def test_split_is_deterministic_under_seed_and_changes_with_it():
+    seq = synthetic_pairs(n_seq=30).seq_ids
+    a, b, c = (split_by_sequence(seq, seed=s) for s in (5, 5, 6))
+    assert torch.equal(a.test, b.test) and torch.equal(a.train, b.train)
+    assert not torch.equal(a.test, c.test)
+
+
+def test_split_refuses_too_few_tokens_and_states_the_minimum():
+    seq = torch.tensor([0, 0, 1, 1])
+    with pytest.raises(IdentifiableError, match=r"need at least 3 tokens in at least 3 sequences"):
+        split_by_sequence(seq)
+    with pytest.raises(IdentifiableError, match=r"got 6 tokens .*need at least 100 tokens"):
+        split_by_sequence(torch.tensor([0, 0, 1, 1, 2, 2]), min_tokens=100)
+
+
+def _linear_data(n=400, n_val=100, d=6, d_out=5, seed=0):
+    """Train and validation sets from one noisy affine map with unequal input scales."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n + n_val, d, generator=g) * torch.linspace(0.5, 3.0, d) + 2.0
+    w = torch.randn(d, d_out, generator=g)
+    y = x @ w + 0.3 + 0.1 * torch.randn(n + n_val, d_out, generator=g)
+    return x[:n], y[:n], x[n:], y[n:]
+
+
+def test_closed_form_is_the_least_squares_minimiser():
+    x, y, _, _ = _linear_data()
+    w, b = RidgeSolver(x).solve(y, ridge=1e-9)
+    # normal equations of the affine fit: residuals orthogonal to the centred inputs and to 1
+    r = (x @ w + b - y).double()
+    assert r.mean(0).abs().max() < 1e-4
+    assert ((x.double() - x.double().mean(0)).T @ r).abs().max() < 1e-2
+
+
+def test_closed_form_agrees_with_iterative_fit_of_the_same_objective():
+    x, y, xv, yv = _linear_data(seed=1)
+    fixed = ProbeConfig(ridge=1e-6)
+    closed = fit_probes(x, y, xv, yv, [("linear", "l2")], config=fixed)[("linear", "l2")]
+    cfg = ProbeConfig(
+        linear_l2_closed_form=False,
+        lr=0.1,
+        max_steps=600,
+        batch_size=400,
+        eval_every=50,
+        patience=20,
+    )
+    iterative = fit_probes(x, y, xv, yv, [("linear", "l2")], config=cfg)[("linear", "l2")]
+    assert iterative.steps > 100  # it really iterated
+    assert closed.steps == 0
+    p_closed, p_iter = closed.probe(xv), iterative.probe(xv)
+    assert torch.allclose(p_closed, p_iter, atol=2e-3, rtol=1e-3)
+    loss_c = float(objective_loss(closed.probe(x), y, "l2"))
+    loss_i = float(objective_loss(iterative.probe(x), y, "l2"))
+    assert loss_c <= loss_i + 1e-5  # the closed form is the optimum
+
+
+def test_auto_ridge_picks_a_strong_ridge_when_data_are_few_and_noisy():
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(40, 40, generator=g) * 0.1
+    x, xv = torch.randn(60, 40, generator=g), torch.randn(200, 40, generator=g)
+    y = x @ w + torch.randn(60, 40, generator=g)
+    yv = xv @ w + torch.randn(200, 40, generator=g)
+    auto = fit_probes(x, y, xv, yv, [("linear", "l2")], config=ProbeConfig(ridge="auto"))[
+        ("linear", "l2")
+    ]
+    tiny = fit_probes(x, y, xv, yv, [("linear", "l2")])[("linear", "l2")]
+    assert auto.extras["ridge"] > 1e-2 and tiny.extras["ridge"] == 1e-6
+    assert auto.val_loss < 0.8 * tiny.val_loss
+
+
+def test_iterative_fits_never_end_worse_on_validation_than_their_start():
+    pairs = synthetic_pairs(n_seq=40, d=12, noise=0.3)
+    x, y = pairs.layer(2)[:400], pairs.layer(0)[:400]
+    xv, yv = pairs.layer(2)[400:], pairs.layer(0)[400:]
+    fits = fit_probes(x, y, xv, yv, [("linear", "cos"), ("mlp", "l2"), ("mlp", "cos")])
+    for fit in fits.values():
+        assert fit.val_loss <= fit.val_loss_start + 1e-6
+    # the MLP starts from the linear probe of its objective
+    assert fits[("mlp", "cos")].val_loss_start == pytest.approx(
+        fits[("linear", "cos")].val_loss, rel=1e-4
+    )
+
+
+def test_mlp_fits_a_nonlinear_map_a_linear_probe_cannot():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2000, 4, generator=g)
+    y = torch.cat([x.abs(), x[:, :1] * 0], 1)  # |x| is not affine
+    xv = torch.randn(500, 4, generator=g)
+    yv = torch.cat([xv.abs(), xv[:, :1] * 0], 1)
+    cfg = ProbeConfig(lr=1e-2, max_steps=600, mlp_width=32, batch_size=256, patience=10)
+    fits = fit_probes(x, y, xv, yv, [("linear", "l2"), ("mlp", "l2")], config=cfg)
+    assert fits[("mlp", "l2")].val_loss < 0.3 * fits[("linear", "l2")].val_loss
+
+
+def test_plain_mlp_without_skip_also_trains():
+    x, y, xv, yv = _linear_data(n=600, n_val=200, d=4, d_out=3, seed=3)
+    cfg = ProbeConfig(mlp_skip=False, lr=1e-2, max_steps=400, mlp_width=16, patience=10)
+    fit = fit_probes(x, y, xv, yv, [("mlp", "l2")], config=cfg)[("mlp", "l2")]
+    assert fit.probe.weight is None
+    assert fit.val_loss < 0.5 * fit.val_loss_start
+
+
+def test_probes_are_deterministic_under_a_seed():
+    pairs = synthetic_pairs(n_seq=30, d=8)
+    x, y, xv, yv = (
+        pairs.layer(1)[:300],
+        pairs.layer(0)[:300],
+        pairs.layer(1)[300:],
+        pairs.layer(0)[300:],
+    )
+    kinds = [("linear", "cos"), ("mlp", "cos")]
+    a = fit_probes(x, y, xv, yv, kinds, seed=4)
+    b = fit_probes(x, y, xv, yv, kinds, seed=4)
+    for k in kinds:
+        assert torch.equal(a[k].probe(xv), b[k].probe(xv))
+
+
+def test_naive_probe_is_the_identity():
+    x = torch.randn(5, 3)
+    assert torch.equal(Probe("naive", "l2")(x), x)
+
+
+def test_hand_written_adam_matches_torch_adam():
+    from identifiable.tokens.fitting import _Adam
+
+    g = torch.Generator().manual_seed(0)
+    target = torch.randn(5, 3, generator=g)
+    a = torch.randn(5, 3, generator=g)
+    b = a.clone()
+    ours, ref = _Adam([a], lr=0.01), torch.optim.Adam([b], lr=0.01)
+    for _ in range(20):
+        for p, opt in ((a, ours), (b, ref)):
+            p.requires_grad_(True)
+            ((p - target) ** 3).abs().sum().backward()
+            opt.step()
+            if opt is ref:
+                ref.zero_grad()
+    assert torch.allclose(a, b, atol=1e-6)
