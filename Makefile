@@ -5,7 +5,7 @@ setup:
 
 # The main job: the reproduction report on the embedded model and the Wikipedia sample.
 run: setup
-	.venv/bin/identifiable reproduce --out reports/minilm --force
+	.venv/bin/identifiable reproduce --force
 
 test: setup
 	.venv/bin/ruff check src tests benchmarks

@@ -26,15 +26,55 @@ _EXPORTS: dict[str, str] = {
     "token_identifiability": "identifiable.experiments.tokens",
     "TokenIdentifiabilityResult": "identifiable.experiments.tokens",
     "ProbeConfig": "identifiable.tokens",
+    "reproduce": "identifiable.experiments.reproduce",
+    "build_viewer": "identifiable.report",
+    "viewer_html": "identifiable.report",
+    "hidden_token_attribution": "identifiable.attribution",
+    "HTAResult": "identifiable.attribution",
     "load_corpus": "identifiable.corpus",
     "Corpus": "identifiable.corpus",
 }
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # static types for the public API; runtime imports stay lazy
+    from identifiable.attention import (
+        attention_intervals,
+        effective_attention,
+        iter_effective_attention,
+        null_space,
+        witness,
+    )
+    from identifiable.attribution import HTAResult, hidden_token_attribution
+    from identifiable.corpus import Corpus, load_corpus
     from identifiable.errors import IdentifiableError
+    from identifiable.experiments.reproduce import reproduce
+    from identifiable.experiments.tokens import TokenIdentifiabilityResult, token_identifiability
     from identifiable.models import Model, Trace, load_model
+    from identifiable.report import build_viewer, viewer_html
+    from identifiable.tokens import ProbeConfig
 
-__all__ = ["IdentifiableError", "Model", "Trace", "__version__", "corpus", "load_model"]
+__all__ = [  # noqa: RUF022 - grouped by paper section, not alphabetically
+    "__version__",
+    "corpus",
+    "IdentifiableError",
+    "load_model",
+    "Model",
+    "Trace",
+    "load_corpus",
+    "Corpus",
+    "null_space",
+    "effective_attention",
+    "iter_effective_attention",
+    "witness",
+    "attention_intervals",
+    "token_identifiability",
+    "TokenIdentifiabilityResult",
+    "ProbeConfig",
+    "hidden_token_attribution",
+    "HTAResult",
+    "reproduce",
+    "build_viewer",
+    "viewer_html",
+]
 
 
 def __getattr__(name: str) -> Any:

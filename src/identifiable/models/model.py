@@ -43,6 +43,7 @@ class ModelInfo:
     hidden_size: int
     max_positions: int
     is_causal: bool
+    intermediate_size: int = 0  # MLP width, for memory estimates
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,12 @@ class Model:
             hidden_size=hidden,
             max_positions=_max_positions(config, tokenizer, self.spec),
             is_causal=self.spec.causal,
+            intermediate_size=int(
+                getattr(config, "intermediate_size", None)
+                or getattr(config, "n_inner", None)
+                or getattr(config, "hidden_dim", None)  # DistilBERT
+                or 4 * hidden
+            ),
         )
         self.kv_head_of = torch.arange(n_heads) // (n_heads // n_kv)
         self._value_modules = [get_submodule(layer, self.spec.value) for layer in self.layers]

@@ -1,0 +1,210 @@
+"""Hidden Token Attribution of a text through a loaded `Model` (SPEC.md section 5).
+
+Only Model-facing glue lives here: `model.encode`, `model.embed` and
+`model.layer_outputs`; the maths is in `jacobian.py` and `contributions.py`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from identifiable.attribution.contributions import contribution_stderr, contributions
+from identifiable.attribution.jacobian import ProgressFn, jacobian_sq_norms
+from identifiable.attribution.memory import DEFAULT_MEMORY_BUDGET, ModelDims
+
+TextOrPair = str | tuple[str, str]
+
+
+@dataclass
+class HTAResult:
+    """Contributions of every input token to every hidden token, layers 1..L.
+
+    Attributes:
+        contributions: `[L, n, n]` c^l_{i,j} indexed [l-1, i, j]; rows sum to 1.
+        stderr: `[L, n, n]` delta-method standard error of `contributions`
+            (estimator only; None in exact mode).
+        sq_norms: `[L, n, n]` ‖∂e^l_i/∂x_j‖_F² (exact, or the unbiased estimate).
+        sq_norms_stderr: `[L, n, n]` standard error of `sq_norms` (estimator only).
+        tokens: the n token strings; input_ids `[n]`.
+        special: `[n]` bool, positions holding the model's special tokens ([CLS], [SEP], …).
+        probes: k, or None for exact mode; seed: the probes' seed.
+        n_jvps, chunk_size, seconds: cost of the run.
+    """
+
+    contributions: torch.Tensor
+    stderr: torch.Tensor | None
+    sq_norms: torch.Tensor
+    sq_norms_stderr: torch.Tensor | None
+    tokens: list[str]
+    input_ids: torch.Tensor
+    special: torch.Tensor
+    probes: int | None
+    seed: int
+    n_jvps: int
+    chunk_size: int
+    seconds: float
+    model_name: str = ""
+    is_causal: bool = False
+    truncated: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.contributions.shape[0])
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.contributions.shape[1])
+
+    def own_contribution(self) -> torch.Tensor:
+        """`[L, n]` c^l_{i,i}."""
+        return torch.diagonal(self.contributions, dim1=-2, dim2=-1)
+
+    def top_contributor(self) -> torch.Tensor:
+        """`[L, n]` argmax_j c^l_{i,j} (lowest j on ties)."""
+        return self.contributions.argmax(-1)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary: per layer, each token's own share and top contributor."""
+        own, top = self.own_contribution(), self.top_contributor()
+        layers = []
+        for layer in range(self.n_layers):
+            layers.append(
+                {
+                    "layer": layer + 1,
+                    "median_own_contribution": float(own[layer].median()),
+                    "tokens": [
+                        {
+                            "position": i,
+                            "token": self.tokens[i],
+                            "own": float(own[layer, i]),
+                            "top_contributor": int(top[layer, i]),
+                            "top_contributor_token": self.tokens[int(top[layer, i])],
+                            "top_share": float(self.contributions[layer, i, top[layer, i]]),
+                        }
+                        for i in range(self.n_tokens)
+                    ],
+                }
+            )
+        return {
+            "model": self.model_name,
+            "mode": "exact"
+            if self.probes is None
+            else f"estimated ({self.probes} probes, seed {self.seed})",
+            "tokens": self.tokens,
+            "n_jvps": self.n_jvps,
+            "seconds": self.seconds,
+            "truncated": self.truncated,
+            "contributions": self.contributions.tolist(),
+            "stderr": None if self.stderr is None else self.stderr.tolist(),
+            "layers": layers,
+        }
+
+
+def model_dims(model: Any) -> ModelDims:
+    """Sizes for the memory estimate; d_ff = 4d when the model does not say."""
+    info = model.info
+    d_ff = getattr(info, "intermediate_size", None) or 4 * info.hidden_size
+    return ModelDims(info.n_layers, info.n_heads, info.hidden_size, int(d_ff))
+
+
+def special_mask(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    """`[n]` bool: positions whose id is one of the tokenizer's special tokens."""
+    ids = getattr(model.tokenizer, "all_special_ids", None) or []
+    return torch.isin(input_ids, torch.tensor(list(ids), dtype=input_ids.dtype))
+
+
+@contextmanager
+def _progress_bar(enabled: bool, description: str) -> Iterator[ProgressFn | None]:
+    if not enabled:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        transient=True,
+    ) as bar:
+        task = bar.add_task(description, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+def hidden_token_attribution(
+    model: Any,
+    text: TextOrPair,
+    probes: int | None = None,
+    *,
+    seed: int = 0,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    chunk_size: int | None = None,
+    truncate: bool = True,
+    progress: bool | Callable[[int, int], None] = False,
+) -> HTAResult:
+    """Contribution c^l_{i,j} of each input token j to each hidden token i, every layer.
+
+    Args:
+        model: an `identifiable.models.Model`.
+        text: a text or a pair (a, b), tokenised in the model's own format.
+        probes: None for exact mode (n·d JVPs), or k in 1..d for the unbiased k-probe
+            estimator of the squared norms (n·k JVPs, with standard errors).
+        seed: seed of the random probes.
+        memory_budget: bytes a chunk of JVPs may use; checked before any work starts.
+        chunk_size: tangents per batch (default: the most the budget allows).
+        truncate: cut texts longer than the model's maximum (else raise).
+        progress: show a rich progress bar (True) or call this function with (done, total).
+    """
+    enc = model.encode(text, truncate=truncate)
+    input_ids = enc.input_ids
+    e0 = model.embed(input_ids, getattr(enc, "token_type_ids", None))
+    ids_dev = input_ids.to(e0.device)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return model.layer_outputs(x, ids_dev)
+
+    start = time.perf_counter()
+    label = "exact attribution" if probes is None else f"attribution, {probes} probes"
+    with _progress_bar(progress is True, label) as bar:
+        callback = progress if callable(progress) else bar
+        norms = jacobian_sq_norms(
+            f,
+            e0,
+            probes=probes,
+            seed=seed,
+            dims=model_dims(model),
+            memory_budget=memory_budget,
+            chunk_size=chunk_size,
+            on_progress=callback,
+        )
+    seconds = time.perf_counter() - start
+    sq = norms.sq.cpu()
+    var = None if norms.sq_var is None else norms.sq_var.cpu()
+    return HTAResult(
+        contributions=contributions(sq),
+        stderr=None if var is None else contribution_stderr(sq, var),
+        sq_norms=sq,
+        sq_norms_stderr=None if var is None else var.sqrt(),
+        tokens=list(enc.tokens),
+        input_ids=input_ids.clone(),
+        special=special_mask(model, input_ids),
+        probes=probes,
+        seed=seed,
+        n_jvps=norms.n_jvps,
+        chunk_size=norms.chunk_size,
+        seconds=seconds,
+        model_name=model.info.name,
+        is_causal=bool(model.info.is_causal),
+        truncated=int(getattr(enc, "n_dropped", 0)),
+    )

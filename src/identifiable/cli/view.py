@@ -1,0 +1,88 @@
+"""`identifiable view`: one text, one offline interactive attention page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from identifiable.cli.common import ModelOption, console, err_console, load
+from identifiable.errors import IdentifiableError
+
+
+def _rows(value: str | None) -> list[int] | None:
+    if not value:
+        return None
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise IdentifiableError(
+            f"--rows must be comma-separated token indices such as 0,5,9; got '{value}'"
+        ) from None
+
+
+def view(
+    text: Annotated[str, typer.Argument(help="The text to look at.")],
+    pair: Annotated[
+        str | None, typer.Option("--pair", help="Second text: [CLS] TEXT [SEP] PAIR [SEP].")
+    ] = None,
+    model: ModelOption = "minilm",
+    out: Annotated[Path, typer.Option("--out", "-o", help="The HTML file to write.")] = Path(
+        "attention.html"
+    ),
+    layer: Annotated[
+        int, typer.Option("--layer", "-l", help="Layer shown first, 1..L as printed.")
+    ] = 1,
+    head: Annotated[int, typer.Option("--head", help="Head shown first (0-based).")] = 0,
+    rows: Annotated[
+        str | None,
+        typer.Option(
+            "--rows", help="Query rows to certify with intervals, e.g. 0,5,9 (default: spread)."
+        ),
+    ] = None,
+    max_rows: Annotated[
+        int, typer.Option("--max-rows", help="At most this many rows get intervals.")
+    ] = 16,
+    interval_seconds: Annotated[
+        float, typer.Option("--interval-seconds", help="Stop certifying rows after this long.")
+    ] = 30.0,
+    variant: Annotated[
+        str, typer.Option("--variant", help="Effective attention: paper or row-stochastic.")
+    ] = "paper",
+    max_mb: Annotated[float, typer.Option("--max-mb", help="Page size limit in MB.")] = 9.0,
+) -> None:
+    """Write a self-contained page: raw, effective and null attention per head, intervals per row."""
+    from identifiable.report.files import atomic_write_text
+    from identifiable.report.viewer import viewer_html_for_trace
+
+    if not text.strip():
+        raise IdentifiableError(
+            'the text is empty: give the sentence to view, e.g. identifiable view "The cat sat."'
+        )
+    if out.exists() and out.is_dir():
+        raise IdentifiableError(f"--out {out} is a folder; give a file name such as attention.html")
+    m = load(model)
+    trace = m.trace((text, pair) if pair is not None else text)
+    if not 1 <= layer <= trace.n_layers:
+        # The CLI numbers layers 1..L everywhere, as `identifiable trace` prints them.
+        raise IdentifiableError(
+            f"layer {layer} is out of range: valid layers are 1..{trace.n_layers}"
+        )
+    with err_console.status("computing effective attention and intervals …"):
+        html = viewer_html_for_trace(
+            trace,
+            layer=layer - 1,
+            head=head,
+            rows=_rows(rows),
+            max_rows=max_rows,
+            variant=variant,
+            max_bytes=int(max_mb * 1e6),
+            interval_seconds=interval_seconds,
+        )
+    atomic_write_text(out, html)
+    console.print(f"wrote {out} ({len(html.encode()) / 1e6:.2f} MB, {trace.n_tokens} tokens)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(view)

@@ -1,0 +1,329 @@
+"""Matplotlib figures of the reproduction report, one function per paper figure.
+
+Each takes our tidy tables (columns named in its docstring; layers 1-based) and
+the paper's reference values, and returns a Figure with our run on the left and
+the paper's BERT-base values on the right, labelled as such. Every plot against
+sequence length marks the head width d_v, where non-identifiability starts.
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never open a window
+
+import numpy as np
+import pandas as pd
+from matplotlib import pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from identifiable.report.paper import PAPER_LABEL, paper_head_dim, paper_reference
+
+TARGET_COLOURS = {"CLS": "#1f5fa8", "SEP": "#d1495b", "PUNCT": "#2a9d4b"}
+PROBE_STYLES = {
+    ("mlp", "cos"): ("#1f5fa8", "-"),
+    ("linear", "cos"): ("#2a9d4b", "-"),
+    ("naive", "cos"): ("#8a6d00", "-"),
+    ("mlp", "l2"): ("#1f5fa8", "--"),
+    ("linear", "l2"): ("#2a9d4b", "--"),
+    ("naive", "l2"): ("#8a6d00", "--"),
+}
+PAPER_PROBE_KEYS = {
+    ("mlp", "cos"): "mlp_cos",
+    ("linear", "cos"): "lin_cos",
+    ("naive", "cos"): "naive_cos",
+    ("mlp", "l2"): "mlp_l2",
+    ("linear", "l2"): "lin_l2",
+    ("naive", "l2"): "naive_l2",
+}
+GROUPS = ["1", "2", "3", "4-5", "6-10", "11+"]
+
+
+def _figure(ncols: int, width: float = 5.2, height: float = 3.6) -> tuple[Figure, list[Axes]]:
+    plt.rcParams.update({"font.size": 9, "axes.spines.top": False, "axes.spines.right": False})
+    fig, axes = plt.subplots(
+        1, ncols, figsize=(width * ncols, height), squeeze=False, layout="constrained"
+    )
+    return fig, list(axes[0])
+
+
+def close(fig: Figure) -> None:
+    plt.close(fig)
+
+
+def mark_head_width(ax: Axes, head_dim: int, *, who: str = "") -> None:
+    """Vertical line at n = d_v: beyond it attention is not identifiable."""
+    ax.axvline(head_dim, color="#444", lw=1, ls=":")
+    ax.annotate(
+        f"{who}head width d_v = {head_dim}\nnon-identifiable beyond",
+        xy=(head_dim, 1.0),
+        xycoords=("data", "axes fraction"),
+        xytext=(4, -4),
+        textcoords="offset points",
+        va="top",
+        fontsize=7.5,
+        color="#333",
+    )
+
+
+def _paper_title(ax: Axes, what: str) -> None:
+    ax.set_title(f"{what}\n{PAPER_LABEL}", fontsize=9)
+
+
+def _layer_axis(ax: Axes, n_layers: int) -> None:
+    ax.set_xticks(range(1, n_layers + 1))
+    ax.set_xlabel("layer")
+
+
+def fig1a_pearson(by_length: pd.DataFrame, head_dim: int, model: str) -> Figure:
+    """Pearson r(raw, effective) per sequence against length.
+
+    by_length: columns length, pearson_r, null_dim_mean (mean dim LN(T) over heads/layers).
+    """
+    fig, (ax, ax_null, ax_paper) = _figure(3, width=4.4)
+    ax.scatter(by_length["length"], by_length["pearson_r"], s=8, alpha=0.6, color="#1f5fa8")
+    ax.set(
+        xlabel="sequence length n (tokens)",
+        ylabel="Pearson r (raw, effective)",
+        title=f"our run: {model}",
+    )
+    mark_head_width(ax, head_dim)
+    ax_null.scatter(
+        by_length["length"],
+        by_length["null_dim_mean"],
+        s=8,
+        alpha=0.6,
+        color="#d1495b",
+        label="measured",
+    )
+    lengths = np.arange(1, int(max(by_length["length"].max(), head_dim + 1)) + 1)
+    ax_null.plot(
+        lengths,
+        np.maximum(lengths - head_dim, 0),
+        color="#444",
+        lw=1,
+        label="lower bound max(0, n − d_v)",
+    )
+    ax_null.set(
+        xlabel="sequence length n (tokens)",
+        ylabel="mean dim LN(T) per head",
+        title="null-space dimension",
+    )
+    ax_null.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(0.0, 0.85))
+    mark_head_width(ax_null, head_dim)
+    pts = np.array(paper_reference()["fig1a_pearson_raw_vs_effective_by_length"]["points"])
+    ax_paper.plot(pts[:, 0], pts[:, 1], "o-", ms=3, color="#777")
+    ax_paper.set(xlabel="sequence length n (tokens)", ylabel="Pearson r")
+    _paper_title(ax_paper, "Fig. 1a")
+    mark_head_width(ax_paper, paper_head_dim(), who="BERT-base ")
+    return fig
+
+
+def fig1bc_targets(to_tokens: pd.DataFrame, kind: str, n_layers: int, model: str) -> Figure:
+    """Average attention to [CLS]/[SEP]/punctuation per layer: dots per head, line per layer mean.
+
+    to_tokens: columns layer, head, kind ('raw'|'effective'), target ('CLS'|'SEP'|'PUNCT'), value.
+    """
+    fig, (ax, ax_paper) = _figure(2)
+    sub = to_tokens[to_tokens["kind"] == kind]
+    offsets = {"CLS": -0.2, "SEP": 0.0, "PUNCT": 0.2}
+    for target, colour in TARGET_COLOURS.items():
+        t = sub[sub["target"] == target]
+        if t.empty:
+            continue
+        ax.scatter(t["layer"] + offsets[target], t["value"], s=7, alpha=0.45, color=colour)
+        means = t.groupby("layer")["value"].mean()
+        ax.plot(means.index, means.to_numpy(), "-", color=colour, label=_target_label(target))
+    label = "raw attention" if kind == "raw" else "effective attention (not a distribution)"
+    ax.set(ylabel=f"average {label}", title=f"our run: {model}")
+    ax.axhline(0, color="#bbb", lw=0.6)
+    _layer_axis(ax, n_layers)
+    ax.legend(fontsize=7.5)
+    key = (
+        "fig1b_raw_attention_layer_mean"
+        if kind == "raw"
+        else "fig1c_effective_attention_layer_mean"
+    )
+    ref = paper_reference()[key]
+    for target, colour in TARGET_COLOURS.items():
+        ys = ref[target]
+        ax_paper.plot(
+            range(1, len(ys) + 1), ys, "o-", ms=3, color=colour, label=_target_label(target)
+        )
+    _layer_axis(ax_paper, len(ref["CLS"]))
+    ax_paper.set(ylabel=f"layer mean of {label}")
+    _paper_title(ax_paper, "Fig. 1b" if kind == "raw" else "Fig. 1c")
+    ax_paper.legend(fontsize=7.5)
+    return fig
+
+
+def _target_label(target: str) -> str:
+    return {"CLS": "[CLS] / first token", "SEP": "[SEP] / last token", "PUNCT": "'.' or ','"}[
+        target
+    ]
+
+
+def fig2a_identifiability(rates: pd.DataFrame, n_layers: int, model: str) -> Figure:
+    """Token identifiability rate per layer for each probe and objective, with 95% intervals.
+
+    rates: columns layer, probe, objective, rate, ci_low, ci_high (probe 'shuffled' = control).
+    """
+    fig, (ax, ax_paper) = _figure(2)
+    for (probe, objective), (colour, ls) in PROBE_STYLES.items():
+        t = rates[(rates["probe"] == probe) & (rates["objective"] == objective)].sort_values(
+            "layer"
+        )
+        if t.empty:
+            continue
+        ax.plot(
+            t["layer"], t["rate"], ls, color=colour, marker="o", ms=3, label=f"{probe}, {objective}"
+        )
+        ax.fill_between(t["layer"], t["ci_low"], t["ci_high"], color=colour, alpha=0.12, lw=0)
+    control = rates[rates["probe"] == "shuffled"].groupby("layer")["rate"].mean()
+    if not control.empty:
+        ax.plot(
+            control.index, control.to_numpy(), ":", color="#999", label="shuffled-target control"
+        )
+    ax.set(ylabel="identifiability rate", ylim=(-0.02, 1.02), title=f"our run: {model}")
+    _layer_axis(ax, n_layers)
+    ax.legend(fontsize=7, ncol=2)
+    ref = paper_reference()["fig2a_identifiability_rate_by_layer"]
+    for key_pair, key in PAPER_PROBE_KEYS.items():
+        colour, ls = PROBE_STYLES[key_pair]
+        ys = ref[key]
+        ax_paper.plot(range(1, len(ys) + 1), ys, ls, color=colour, marker="o", ms=3, label=key)
+    _layer_axis(ax_paper, len(ref["mlp_cos"]))
+    ax_paper.set(ylabel="identifiability rate", ylim=(-0.02, 1.02))
+    _paper_title(ax_paper, "Fig. 2a")
+    ax_paper.legend(fontsize=7, ncol=2)
+    return fig
+
+
+def fig2b_cross_layer(cross: pd.DataFrame, n_layers: int, model: str) -> Figure:
+    """Linear cosine probe trained on one layer, tested on every layer.
+
+    cross: columns train_layer, test_layer, rate.
+    """
+    fig, (ax, ax_paper) = _figure(2)
+    grid = cross.pivot(index="train_layer", columns="test_layer", values="rate").sort_index()
+    im = ax.imshow(
+        grid.to_numpy(),
+        vmin=0,
+        vmax=1,
+        cmap="viridis",
+        origin="lower",
+        aspect="auto",
+        extent=(0.5, grid.shape[1] + 0.5, 0.5, grid.shape[0] + 0.5),
+    )
+    ax.set(xlabel="tested on layer", ylabel="trained on layer", title=f"our run: {model}")
+    ax.set_xticks(grid.columns.to_list())
+    ax.set_yticks(grid.index.to_list())
+    fig.colorbar(im, ax=ax, label="identifiability rate")
+    ref = paper_reference()["fig2b_lin_cos_trained_on_layer_tested_on_all"]
+    for key, ys in ref.items():
+        ax_paper.plot(range(1, len(ys) + 1), ys, "o-", ms=3, label=f"trained on layer {key[1:]}")
+    _layer_axis(ax_paper, len(next(iter(ref.values()))))
+    ax_paper.set(xlabel="tested on layer", ylabel="identifiability rate")
+    _paper_title(ax_paper, "Fig. 2b")
+    ax_paper.legend(fontsize=7)
+    return fig
+
+
+def fig3a_own(own: pd.DataFrame, n_layers: int, model: str) -> Figure:
+    """Distribution per layer of a token's contribution to its own hidden state (percent).
+
+    own: columns layer, own (fraction).
+    """
+    fig, (ax, ax_paper) = _figure(2)
+    data = [
+        own.loc[own["layer"] == layer, "own"].to_numpy() * 100 for layer in range(1, n_layers + 1)
+    ]
+    ax.boxplot(data, positions=range(1, n_layers + 1), showfliers=False, widths=0.5)
+    ax.set(ylabel="contribution of the token's own input (%)", title=f"our run: {model}")
+    _layer_axis(ax, n_layers)
+    ys = paper_reference()["fig3a_own_token_contribution_median_percent"]
+    ax_paper.plot(range(1, len(ys) + 1), ys, "o-", ms=3, color="#777", label="median")
+    _layer_axis(ax_paper, len(ys))
+    ax_paper.set(ylabel="median own contribution (%)")
+    _paper_title(ax_paper, "Fig. 3a")
+    return fig
+
+
+def fig3b_not_top(share: pd.DataFrame, model: str) -> Figure:
+    """Percent of tokens whose own input is not their largest contributor, per layer.
+
+    share: columns layer, percent.
+    """
+    fig, (ax, ax_paper) = _figure(2)
+    ax.bar(share["layer"], share["percent"], color="#1f5fa8")
+    ax.set(
+        ylabel="tokens whose own input is not the top contributor (%)", title=f"our run: {model}"
+    )
+    _layer_axis(ax, len(share))
+    ys = paper_reference()["fig3b_percent_tokens_own_input_not_top_contributor"]
+    ax_paper.bar(range(1, len(ys) + 1), ys, color="#999")
+    _layer_axis(ax_paper, len(ys))
+    ax_paper.set(ylabel="percent of tokens")
+    _paper_title(ax_paper, "Fig. 3b")
+    return fig
+
+
+def fig4a_groups(groups: pd.DataFrame, n_layers: int, model: str) -> Figure:
+    """Contribution of neighbours by distance group per layer.
+
+    groups: columns layer, group (one of GROUPS), percent.
+    """
+    fig, (ax, ax_paper) = _figure(2)
+    cmap = plt.get_cmap("viridis")
+    for k, group in enumerate(GROUPS):
+        t = groups[groups["group"] == group].sort_values("layer")
+        ax.plot(
+            t["layer"],
+            t["percent"],
+            "o-",
+            ms=3,
+            color=cmap(k / (len(GROUPS) - 1)),
+            label=f"{group} away",
+        )
+    ax.set(
+        ylabel="relative contribution (%)", title=f"our run: {model}\n(normalisation: see the text)"
+    )
+    _layer_axis(ax, n_layers)
+    ax.legend(fontsize=7, ncol=2)
+    ref = paper_reference()["fig4a_relative_contribution_percent_by_neighbour_distance"]
+    for k, group in enumerate(GROUPS):
+        ys = ref[group]
+        ax_paper.plot(
+            range(1, len(ys) + 1), ys, "o-", ms=3, color=cmap(k / (len(GROUPS) - 1)), label=group
+        )
+    _layer_axis(ax_paper, len(ref["1"]))
+    ax_paper.set(ylabel="relative contribution (%)")
+    _paper_title(ax_paper, "Fig. 4a (normalisation not stated)")
+    return fig
+
+
+def fig4b_positions(positions: pd.DataFrame, layers: list[int], model: str) -> Figure:
+    """Total contribution per relative position, normalised to a maximum of 1 per layer.
+
+    positions: columns layer, offset, total.
+    """
+    fig, (ax,) = _figure(1, width=7.0)
+    cmap = plt.get_cmap("viridis")
+    for k, layer in enumerate(layers):
+        t = positions[positions["layer"] == layer].sort_values("offset")
+        ax.plot(
+            t["offset"],
+            t["total"],
+            "-",
+            lw=1.2,
+            color=cmap(k / max(1, len(layers) - 1)),
+            label=f"layer {layer}",
+        )
+    ax.set(
+        xlabel="relative position of the contributing input (j − i)",
+        ylabel="total contribution (max = 1)",
+        title=f"our run: {model}\n(the paper shows layers 1, 6 and 12 of BERT-base, without values to compare)",
+    )
+    ax.legend(fontsize=7.5)
+    return fig

@@ -1,0 +1,120 @@
+"""`hidden_token_attribution` on tiny random models of every architecture and on MiniLM."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import ARCHITECTURES, CAUSAL
+from identifiable.attribution import hidden_token_attribution, reverse_mode_sq_norms
+from identifiable.attribution.contributions import contributions
+from identifiable.errors import IdentifiableError
+
+TEXT = "The cat sat on the mat today."
+
+
+@pytest.fixture(scope="module")
+def exact_results(tiny_model):
+    return {arch: hidden_token_attribution(tiny_model(arch), TEXT) for arch in ARCHITECTURES}
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_exact_rows_sum_to_one_and_causal_zeros(exact_results, tiny_model, arch):
+    r = exact_results[arch]
+    model = tiny_model(arch)
+    n = len(model.encode(TEXT))
+    assert r.contributions.shape == (model.info.n_layers, n, n)
+    assert r.n_jvps == n * model.info.hidden_size and r.stderr is None
+    torch.testing.assert_close(
+        r.contributions.sum(-1), torch.ones(model.info.n_layers, n, dtype=torch.float64)
+    )
+    upper = torch.ones(n, n, dtype=torch.bool).triu(1)
+    if arch in CAUSAL:
+        assert r.is_causal
+        assert (r.contributions[:, upper] == 0).all()  # exactly, from the computation itself
+        assert (r.contributions[:, ~upper] > 0).all()
+    else:
+        assert (r.contributions > 0).all()
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "llama"])
+def test_exact_matches_reverse_mode_reference(exact_results, tiny_model, arch):
+    model = tiny_model(arch)
+    enc = model.encode(TEXT)
+    e0 = model.embed(enc.input_ids, enc.token_type_ids)
+    n = len(enc)
+    rows = [(1, 0), (2, n // 2), (2, n - 1)]
+    ref = reverse_mode_sq_norms(lambda x: model.layer_outputs(x, enc.input_ids), e0, rows=rows)
+    got = exact_results[arch]
+    for layer, i in rows:
+        torch.testing.assert_close(
+            got.sq_norms[layer - 1, i], ref[layer - 1, i], rtol=1e-4, atol=1e-7
+        )
+        c_ref = contributions(ref[layer - 1, i])
+        assert (got.contributions[layer - 1, i] - c_ref).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("arch", ["bert", "llama"])
+def test_probes_equal_width_reproduce_exact(exact_results, tiny_model, arch):
+    model = tiny_model(arch)
+    est = hidden_token_attribution(model, TEXT, probes=model.info.hidden_size, seed=1)
+    exact = exact_results[arch]
+    torch.testing.assert_close(est.sq_norms, exact.sq_norms, rtol=1e-4, atol=1e-6)
+    assert est.stderr is not None and est.stderr.max() < 1e-3
+
+
+def test_estimator_returns_standard_errors(tiny_model):
+    model = tiny_model("gpt2")
+    r = hidden_token_attribution(model, TEXT, probes=8, seed=3)
+    n = r.n_tokens
+    assert r.n_jvps == 8 * n and r.probes == 8
+    assert r.stderr is not None and r.sq_norms_stderr is not None
+    assert r.stderr.shape == r.contributions.shape and (r.stderr >= 0).all()
+    upper = torch.ones(n, n, dtype=torch.bool).triu(1)
+    assert (r.contributions[:, upper] == 0).all() and (r.stderr[:, upper] == 0).all()
+    assert (r.stderr[:, ~upper].sum() > 0).item()
+
+
+def test_special_tokens_and_summary(exact_results):
+    r = exact_results["bert"]
+    assert r.tokens[0] == "[CLS]" and r.tokens[-1] == "[SEP]"
+    assert r.special.tolist() == [True] + [False] * (r.n_tokens - 2) + [True]
+    d = r.to_dict()
+    assert d["mode"] == "exact" and len(d["layers"]) == r.n_layers
+    first = d["layers"][0]["tokens"][0]
+    assert first["own"] == pytest.approx(float(r.contributions[0, 0, 0]))
+    assert first["top_contributor"] == int(r.contributions[0, 0].argmax())
+
+
+@pytest.mark.parametrize("bad", [0, 65, -3])
+def test_bad_probe_count(tiny_model, bad):
+    with pytest.raises(IdentifiableError, match="between 1 and the model width d = 64"):
+        hidden_token_attribution(tiny_model("bert"), TEXT, probes=bad)
+
+
+def test_memory_budget_too_small_stops_before_any_jvp(tiny_model):
+    seen = []
+    with pytest.raises(IdentifiableError, match="--probes"):
+        hidden_token_attribution(
+            tiny_model("bert"), TEXT, memory_budget=10_000, progress=lambda *a: seen.append(a)
+        )
+    assert not seen
+
+
+def test_progress_callback_reaches_total(tiny_model):
+    seen = []
+    r = hidden_token_attribution(
+        tiny_model("bert"), TEXT, probes=2, chunk_size=5, progress=lambda *a: seen.append(a)
+    )
+    assert seen[-1] == (r.n_jvps, r.n_jvps) and len(seen) == -(-r.n_jvps // 5)
+
+
+@pytest.mark.integration
+def test_minilm_estimate_runs_end_to_end(minilm):
+    """Plumbing on the embedded model (accuracy against exact mode is in the benchmark)."""
+    r = hidden_token_attribution(minilm, "Paris is nice.", probes=4, seed=0)
+    assert r.tokens == ["[CLS]", "paris", "is", "nice", ".", "[SEP]"]
+    assert r.contributions.shape == (6, 6, 6) and r.n_jvps == 24
+    torch.testing.assert_close(r.contributions.sum(-1), torch.ones(6, 6, dtype=torch.float64))
+    assert r.stderr is not None and torch.isfinite(r.stderr).all()
+    assert r.special.tolist() == [True, False, False, False, False, True]

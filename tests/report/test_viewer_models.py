@@ -1,0 +1,91 @@
+"""The viewer on real (tiny) models: encoders, decoders and grouped-query attention; and its CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from identifiable.attention import effective_attention
+from identifiable.errors import IdentifiableError
+from identifiable.report.viewer import viewer_html_for_trace
+from identifiable.report.viewer_data import decode_head
+
+TEXT = (
+    "The river rose after the storm, and the old bridge closed.",
+    "Trains stopped; people walked home.",
+)
+
+
+def page_data(html: str) -> dict[str, Any]:
+    match = re.search(
+        r'<script type="application/json" id="viewer-data">(.*?)</script>', html, re.S
+    )
+    assert match, "data island missing"
+    return json.loads(match.group(1))
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "llama"])
+def test_page_data_matches_the_analysis(tiny_model: Any, arch: str) -> None:
+    trace = tiny_model(arch).trace(TEXT)
+    html = viewer_html_for_trace(trace, layer=1, head=2, max_rows=3, interval_seconds=60)
+    data = page_data(html)
+    n = trace.n_tokens
+    assert data["tokens"] == trace.tokens and data["causal"] == trace.is_causal
+    eff = effective_attention(trace)
+    assert data["null_dims"] == eff.null_space.dim[..., -1].tolist()
+    assert len(data["matrices"]) == trace.n_layers * trace.n_heads
+    assert all(e["f"] == 1 for e in data["matrices"].values())  # tiny: all at full resolution
+    for key in ("1,2", "0,3"):
+        layer, head = map(int, key.split(","))
+        raw, effective = decode_head(data["matrices"][key], n)
+        assert (
+            np.abs(raw - trace.attentions[layer, head].double().numpy()).max()
+            <= data["matrices"][key]["raw"][1] / 2 + 1e-9
+        )
+        assert (
+            np.abs(effective - eff.effective[layer, head].numpy()).max()
+            <= data["matrices"][key]["eff"][1] / 2 + 1e-9
+        )
+    assert len(data["intervals"]) == 3
+    for key, iv in data["intervals"].items():
+        layer, head, row = map(int, key.split(","))
+        assert (layer, head) == (1, 2)
+        lo, hi, a = (np.array(iv[k]) for k in ("lo", "hi", "weights"))
+        assert np.all(lo <= a + 1e-4) and np.all(a <= hi + 1e-4)
+        if trace.is_causal:
+            assert np.all(hi[row + 1 :] == 0)
+        if iv["witness"] is not None:
+            w = np.array(iv["witness"])
+            assert abs(w.sum() - 1) < 1e-3 and np.all(w >= lo - 1e-4) and np.all(w <= hi + 1e-4)
+
+
+def test_bad_choices_are_clear_errors(tiny_model: Any) -> None:
+    trace = tiny_model("bert").trace("A short text.")
+    with pytest.raises(IdentifiableError, match="valid layers"):
+        viewer_html_for_trace(trace, layer=7)
+    with pytest.raises(IdentifiableError, match="valid rows"):
+        viewer_html_for_trace(trace, rows=[99])
+    with pytest.raises(IdentifiableError, match="variant"):
+        viewer_html_for_trace(trace, variant="softmax")
+
+
+@pytest.mark.browser
+def test_causal_model_page_in_browser(tiny_model: Any, tmp_path: Path, open_page: Any) -> None:
+    trace = tiny_model("llama").trace(TEXT)
+    path = tmp_path / "llama.html"
+    path.write_text(
+        viewer_html_for_trace(trace, layer=0, head=1, rows=[4], interval_seconds=60), "utf-8"
+    )
+    loaded = open_page(path)
+    page = loaded.page
+    page.click("#tokens span[data-index='4']")
+    rows = page.locator("#interval-panel table tr")
+    assert rows.count() == 1 + 5  # header + the 5 keys row 4 can see
+    page.click("#tokens span[data-index='6']")
+    assert "not precomputed" in page.inner_text("#interval-panel")
+    assert loaded.console_errors == [] and loaded.dialogs == [] and loaded.requests == []
