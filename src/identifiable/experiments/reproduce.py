@@ -64,10 +64,11 @@ BUDGETS: dict[str, Budget] = {
     "quick": Budget(
         "quick",
         attention_sequences=64,
-        token_max_tokens=2048,
+        # below ~8k tokens the layer-6 probes overfit (linear-cos fell under naive-cos at 1.5k)
+        token_max_tokens=8192,
         attribution_sequences=8,
         attribution_max_tokens=40,
-        attribution_probes=8,
+        attribution_probes=16,
     ),
     # For a GPU or a long run: paper-sized samples, exact attribution.
     "full": Budget(
