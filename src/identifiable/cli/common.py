@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -48,18 +47,9 @@ def check_writable(path: Path | None) -> None:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Write to a temporary file beside `path`, then rename: never a half-written file."""
-    path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise IdentifiableError(f"cannot write '{path}': directory '{parent}' does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise IdentifiableError(f"cannot write '{path}': {exc.strerror or exc}") from None
+    from identifiable.report.files import atomic_write_bytes
+
+    atomic_write_bytes(path, data)
 
 
 def write_json(path: Path, payload: Any) -> None:

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -224,12 +222,6 @@ def default_texts(
 
 
 def _atomic(path: Path, data: bytes) -> Path:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise IdentifiableError(f"cannot write '{path}': {exc.strerror or exc}") from None
-    return path
+    from identifiable.report.files import atomic_write_bytes
+
+    return atomic_write_bytes(path, data)
