@@ -11,6 +11,8 @@ from rich.table import Table
 from identifiable.cli.common import (
     JsonOption,
     ModelOption,
+    NoTruncateOption,
+    PairOption,
     check_writable,
     console,
     load,
@@ -26,10 +28,7 @@ NOT_A_DISTRIBUTION = (
 
 def attention(
     text: Annotated[str, typer.Argument(help="The text to analyse.")],
-    pair: Annotated[
-        str | None,
-        typer.Option("--pair", help="Second text of a pair: [CLS] TEXT [SEP] PAIR [SEP]."),
-    ] = None,
+    pair: PairOption = None,
     model: ModelOption = "minilm",
     layer: Annotated[
         int | None, typer.Option("--layer", "-l", help="Layer, 1..L as printed.")
@@ -45,9 +44,7 @@ def attention(
             "--variant", help="'paper' (project off LN(T)) or 'row-stochastic' (off LN([T,1]))."
         ),
     ] = "paper",
-    no_truncate: Annotated[
-        bool, typer.Option("--no-truncate", help="Fail instead of truncating.")
-    ] = False,
+    no_truncate: NoTruncateOption = False,
     json_out: JsonOption = None,
 ) -> None:
     """Null-space dimensions and raw vs effective attention per layer; with --layer, --head and

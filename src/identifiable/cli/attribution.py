@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from identifiable.cli.common import JsonOption, ModelOption, console, load, write_json
+from identifiable.cli.common import JsonOption, ModelOption, PairOption, console, load, write_json
 
 MemoryOption = Annotated[
     int,
@@ -17,7 +17,7 @@ MemoryOption = Annotated[
 
 def attribution(
     text: Annotated[str, typer.Argument(help="The text to attribute.")],
-    pair: Annotated[str | None, typer.Option("--pair", help="Second text of a pair.")] = None,
+    pair: PairOption = None,
     model: ModelOption = "minilm",
     probes: Annotated[
         int | None,

@@ -21,6 +21,13 @@ ModelOption = Annotated[
         "--model", "-m", help="'minilm' (embedded default), a local model directory or a hub id."
     ),
 ]
+PairOption = Annotated[
+    str | None,
+    typer.Option("--pair", help="Second text of a pair, encoded as [CLS] TEXT [SEP] PAIR [SEP]."),
+]
+NoTruncateOption = Annotated[
+    bool, typer.Option("--no-truncate", help="Fail instead of truncating texts that are too long.")
+]
 JsonOption = Annotated[
     Path | None, typer.Option("--json", help="Also write the results to this JSON file.")
 ]

@@ -10,6 +10,8 @@ from rich.table import Table
 from identifiable.cli.common import (
     JsonOption,
     ModelOption,
+    NoTruncateOption,
+    PairOption,
     check_writable,
     console,
     load,
@@ -41,14 +43,9 @@ def models() -> None:
 
 def trace(
     text: Annotated[str, typer.Argument(help="The text to trace.")],
-    pair: Annotated[
-        str | None,
-        typer.Option("--pair", help="Second text of a pair: [CLS] TEXT [SEP] PAIR [SEP]."),
-    ] = None,
+    pair: PairOption = None,
     model: ModelOption = "minilm",
-    no_truncate: Annotated[
-        bool, typer.Option("--no-truncate", help="Fail instead of truncating long texts.")
-    ] = False,
+    no_truncate: NoTruncateOption = False,
     json_out: JsonOption = None,
 ) -> None:
     """Trace one forward pass and check that the captured pieces reproduce the model."""

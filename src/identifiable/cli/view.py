@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from identifiable.cli.common import ModelOption, console, err_console, load
+from identifiable.cli.common import ModelOption, PairOption, console, err_console, load
 from identifiable.errors import IdentifiableError
 
 
@@ -24,9 +24,7 @@ def _rows(value: str | None) -> list[int] | None:
 
 def view(
     text: Annotated[str, typer.Argument(help="The text to look at.")],
-    pair: Annotated[
-        str | None, typer.Option("--pair", help="Second text: [CLS] TEXT [SEP] PAIR [SEP].")
-    ] = None,
+    pair: PairOption = None,
     model: ModelOption = "minilm",
     out: Annotated[Path, typer.Option("--out", "-o", help="The HTML file to write.")] = Path(
         "attention.html"
