@@ -169,10 +169,9 @@ class Model:
     def fingerprint(self) -> str:
         """Stable id of config + weights, for keying caches."""
         h = hashlib.sha256(self.hf_model.config.to_json_string().encode())
+        params = list(self.hf_model.parameters())
         with torch.no_grad():
-            for p in list(self.hf_model.parameters())[
-                :: max(1, len(list(self.hf_model.parameters())) // 16)
-            ]:
+            for p in params[:: max(1, len(params) // 16)]:  # ~16 tensors sampled
                 h.update(p.detach().float().cpu().flatten()[:4096].numpy().tobytes())
         return h.hexdigest()[:16]
 

@@ -149,12 +149,6 @@ def target_positions(tokens: Sequence[str], special: dict[str, str]) -> dict[str
     }
 
 
-def _pearson(x: torch.Tensor, y: torch.Tensor) -> float:
-    x, y = x - x.mean(), y - y.mean()
-    den = float(torch.sqrt((x * x).sum() * (y * y).sum()))
-    return float((x * y).sum()) / den if den > 0 else float("nan")
-
-
 def attention_tables(
     model: Any, shard: Sequence[Item], first: int, advance: Advance
 ) -> dict[str, pd.DataFrame]:
@@ -165,6 +159,7 @@ def attention_tables(
     value = mean over query tokens of the summed weight on the target keys (SPEC §2).
     """
     from identifiable.attention import compute_head_factors, iter_effective_attention
+    from identifiable.attention.stats import attention_to, pearson_from_sums, pearson_sums
 
     by_length, by_layer, to_tokens = [], [], []
     factors = None
@@ -178,24 +173,23 @@ def attention_tables(
             else torch.ones(n, n, dtype=torch.bool)
         )
         targets = target_positions(tr.tokens, tr.special_tokens)
-        raws, effs, dims = [], [], []
+        pooled, dims = torch.zeros(6, dtype=torch.float64), []
         for le in iter_effective_attention(tr, "paper", factors=factors):
-            raw, eff = le.raw[:, visible], le.effective[:, visible]
-            raws.append(raw.flatten())
-            effs.append(eff.flatten())
+            sums = pearson_sums(le.raw, le.effective, visible)  # float64, shared with Fig. 1
+            pooled += sums
             dims.append(le.dim[:, -1].double())
-            by_layer.append((seq, n, le.layer + 1, _pearson(raw.flatten(), eff.flatten())))
+            by_layer.append((seq, n, le.layer + 1, pearson_from_sums(sums)))
             for kind, mat in (("raw", le.raw), ("effective", le.effective)):
                 for target, pos in targets.items():
                     if not pos:
                         continue
-                    values = mat[:, :, pos].sum(-1).mean(-1)  # [H]
+                    keys = torch.zeros(n, dtype=torch.bool)
+                    keys[pos] = True
+                    values = attention_to(mat, keys)  # [H]
                     to_tokens.extend(
                         (seq, le.layer + 1, h, kind, target, float(v)) for h, v in enumerate(values)
                     )
-        by_length.append(
-            (seq, n, _pearson(torch.cat(raws), torch.cat(effs)), float(torch.cat(dims).mean()))
-        )
+        by_length.append((seq, n, pearson_from_sums(pooled), float(torch.cat(dims).mean())))
         advance(1)
     return {
         "by_length": pd.DataFrame(
