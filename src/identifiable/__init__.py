@@ -26,8 +26,8 @@ _EXPORTS: dict[str, str] = {
     "token_identifiability": "identifiable.experiments.tokens",
     "TokenIdentifiabilityResult": "identifiable.experiments.tokens",
     "ProbeConfig": "identifiable.tokens",
-    "reproduce": "identifiable.experiments.reproduce",
-    "build_viewer": "identifiable.report",
+    "reproduce": "identifiable.reproduction",
+    "build_viewer": "identifiable.viewer",
     "viewer_html": "identifiable.report",
     "hidden_token_attribution": "identifiable.attribution",
     "HTAResult": "identifiable.attribution",
@@ -46,11 +46,12 @@ if TYPE_CHECKING:  # static types for the public API; runtime imports stay lazy
     from identifiable.attribution import HTAResult, hidden_token_attribution
     from identifiable.corpus import Corpus, load_corpus
     from identifiable.errors import IdentifiableError
-    from identifiable.experiments.reproduce import reproduce
     from identifiable.experiments.tokens import TokenIdentifiabilityResult, token_identifiability
     from identifiable.models import Model, Trace, load_model
-    from identifiable.report import build_viewer, viewer_html
+    from identifiable.report import viewer_html
+    from identifiable.reproduction import reproduce
     from identifiable.tokens import ProbeConfig
+    from identifiable.viewer import build_viewer
 
 __all__ = [  # noqa: RUF022 - grouped by paper section, not alphabetically
     "__version__",

@@ -153,7 +153,7 @@ def finished_run(
     tiny_bert: Any, corpus: list[Any], tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
     """One complete smoke-budget reproduction on the tiny BERT, shared by the report tests."""
-    from identifiable.experiments.reproduce import reproduce
+    from identifiable.reproduction import reproduce
 
     out = tmp_path_factory.mktemp("run") / "report"
     reproduce(tiny_bert, corpus, out, budget="smoke", progress=False)

@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from identifiable.report import claims, stages
+from identifiable.experiments import attribution as stages
+from identifiable.report import claims
 
 
 def by_length(long_r: float) -> pd.DataFrame:

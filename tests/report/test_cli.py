@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from identifiable.experiments.reproduce import reproduce
+from identifiable.reproduction import reproduce
 
 pytestmark = pytest.mark.integration
 

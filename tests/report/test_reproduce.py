@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 
 from identifiable.errors import IdentifiableError
-from identifiable.experiments.reproduce import reproduce
-from identifiable.report import files, stages
+from identifiable.experiments import stages
+from identifiable.reproduction import reproduce
+from identifiable.store import files
 
 FIGURES = [
     "fig1a_pearson_by_length",
@@ -76,12 +77,12 @@ def test_interrupted_run_resumes_to_identical_outputs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     out = tmp_path / "report"
-    real = stages.attribution_tables
+    real = stages.attribution_shard_tables
 
     def killed(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt  # as if the run were stopped during the last stage
 
-    monkeypatch.setattr(stages, "attribution_tables", killed)
+    monkeypatch.setattr(stages, "attribution_shard_tables", killed)
     with pytest.raises(KeyboardInterrupt):
         reproduce(tiny_bert, corpus, out, budget="smoke", progress=False)
     assert not (out / "index.html").exists()
@@ -93,7 +94,7 @@ def test_interrupted_run_resumes_to_identical_outputs(
         raise AssertionError("a finished shard was computed again")
 
     monkeypatch.setattr(stages, "attention_tables", must_not_rerun)
-    monkeypatch.setattr(stages, "attribution_tables", real)
+    monkeypatch.setattr(stages, "attribution_shard_tables", real)
     result = reproduce(tiny_bert, corpus, out, budget="smoke", progress=False, resume=True)
     assert result.timings["attention_s"] == 0.0 and result.timings["tokens_s"] == 0.0
     assert outputs(out) == outputs(finished_run)

@@ -10,9 +10,9 @@ import pytest
 import torch
 from playwright.sync_api import expect
 
-from identifiable.report.files import atomic_write_text
 from identifiable.report.viewer import viewer_html
 from identifiable.report.viewer_data import IntervalRow
+from identifiable.store.files import atomic_write_text
 
 pytestmark = pytest.mark.browser
 

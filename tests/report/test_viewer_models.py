@@ -12,8 +12,8 @@ import pytest
 
 from identifiable.attention import effective_attention
 from identifiable.errors import IdentifiableError
-from identifiable.report.viewer import viewer_html_for_trace
 from identifiable.report.viewer_data import decode_head
+from identifiable.viewer import viewer_html_for_trace
 
 TEXT = (
     "The river rose after the storm, and the old bridge closed.",

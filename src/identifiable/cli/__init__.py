@@ -15,7 +15,16 @@ import typer
 
 from identifiable.errors import IdentifiableError
 
-COMMAND_MODULES = ("trace", "attention", "tokens", "attribution", "reproduce", "view")
+COMMAND_MODULES = (
+    "trace",
+    "attention",
+    "tokens",
+    "attribution",
+    "mixing",
+    "certify",
+    "reproduce",
+    "view",
+)
 
 app = typer.Typer(
     name="identifiable",

@@ -54,7 +54,7 @@ def check_writable(path: Path | None) -> None:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Write to a temporary file beside `path`, then rename: never a half-written file."""
-    from identifiable.report.files import atomic_write_bytes
+    from identifiable.store.files import atomic_write_bytes
 
     atomic_write_bytes(path, data)
 

@@ -43,7 +43,7 @@ def reproduce(
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars.")] = False,
 ) -> None:
     """Run the paper's four experiment families; write OUT/index.html, figures, tables, summary.json."""
-    from identifiable.experiments.reproduce import reproduce as run
+    from identifiable.reproduction import reproduce as run
 
     result = run(
         model,

@@ -51,8 +51,8 @@ def view(
     max_mb: Annotated[float, typer.Option("--max-mb", help="Page size limit in MB.")] = 9.0,
 ) -> None:
     """Write a self-contained page: raw, effective and null attention per head, intervals per row."""
-    from identifiable.report.files import atomic_write_text
-    from identifiable.report.viewer import viewer_html_for_trace
+    from identifiable.store.files import atomic_write_text
+    from identifiable.viewer import viewer_html_for_trace
 
     if not text.strip():
         raise IdentifiableError(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from identifiable.attention.stats import (
     token_categories,
 )
 from identifiable.errors import IdentifiableError
+from identifiable.experiments.pipeline import Advance, Item
 from identifiable.models.trace import Trace
 
 TextOrPair = str | tuple[str, str]
@@ -222,6 +223,73 @@ def default_texts(
 
 
 def _atomic(path: Path, data: bytes) -> Path:
-    from identifiable.report.files import atomic_write_bytes
+    from identifiable.store.files import atomic_write_bytes
 
     return atomic_write_bytes(path, data)
+
+
+# ---- the reproduction stage (shard → partial tables) ----------------------------
+
+PUNCT = {".", ","}
+
+
+def target_positions(tokens: Sequence[str], special: dict[str, str]) -> dict[str, list[int]]:
+    """Key positions of [CLS] (or BOS), [SEP] (or EOS) and '.'/',' in one sequence."""
+    cls = special.get("cls") or special.get("bos")
+    sep = special.get("sep") or special.get("eos")
+    bare = [t.lstrip("Ġ▁") for t in tokens]
+    return {
+        "CLS": [i for i, t in enumerate(tokens) if cls is not None and t == cls],
+        "SEP": [i for i, t in enumerate(tokens) if sep is not None and t == sep and t != cls],
+        "PUNCT": [i for i, t in enumerate(bare) if t in PUNCT],
+    }
+
+
+def attention_tables(
+    model: Any, shard: Sequence[Item], first: int, advance: Advance
+) -> dict[str, pd.DataFrame]:
+    """Per sequence: r(raw, effective) pooled and per layer, null dims, attention to targets.
+
+    Tables: by_length (seq, length, pearson_r, null_dim_mean);
+    by_layer (seq, length, layer, pearson_r); to_tokens (seq, layer, head, kind, target, value),
+    value = mean over query tokens of the summed weight on the target keys (SPEC §2).
+    """
+    by_length, by_layer, to_tokens = [], [], []
+    factors = None
+    for k, tr in enumerate(model.trace_many(list(shard), batch_size=8)):
+        seq = first + k
+        factors = factors or compute_head_factors(tr)
+        n = tr.n_tokens
+        visible = (
+            torch.ones(n, n, dtype=torch.bool).tril()
+            if tr.is_causal
+            else torch.ones(n, n, dtype=torch.bool)
+        )
+        targets = target_positions(tr.tokens, tr.special_tokens)
+        pooled, dims = torch.zeros(6, dtype=torch.float64), []
+        for le in iter_effective_attention(tr, "paper", factors=factors):
+            sums = pearson_sums(le.raw, le.effective, visible)  # float64, shared with Fig. 1
+            pooled += sums
+            dims.append(le.dim[:, -1].double())
+            by_layer.append((seq, n, le.layer + 1, pearson_from_sums(sums)))
+            for kind, mat in (("raw", le.raw), ("effective", le.effective)):
+                for target, pos in targets.items():
+                    if not pos:
+                        continue
+                    keys = torch.zeros(n, dtype=torch.bool)
+                    keys[pos] = True
+                    values = attention_to(mat, keys)  # [H]
+                    to_tokens.extend(
+                        (seq, le.layer + 1, h, kind, target, float(v)) for h, v in enumerate(values)
+                    )
+        by_length.append((seq, n, pearson_from_sums(pooled), float(torch.cat(dims).mean())))
+        advance(1)
+    return {
+        "by_length": pd.DataFrame(
+            by_length, columns=["seq", "length", "pearson_r", "null_dim_mean"]
+        ),
+        "by_layer": pd.DataFrame(by_layer, columns=["seq", "length", "layer", "pearson_r"]),
+        "to_tokens": pd.DataFrame(
+            to_tokens, columns=["seq", "layer", "head", "kind", "target", "value"]
+        ),
+    }

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from identifiable.attribution.stats import (
     top_contributor,
 )
 from identifiable.errors import IdentifiableError
+from identifiable.experiments.pipeline import Advance, Item
 
 DISTANCE_NORMALISATION = (
     "per token: summed contribution of the group's positions / number of those positions; "
@@ -286,3 +287,65 @@ def run_attribution_experiment(
     tables = attribution_tables(stream, max_offset=max_offset)
     tables.meta.update({"model": model.info.name, "seed": seed})
     return tables
+
+
+# ---- the reproduction stage (shard → partial tables) ----------------------------
+
+ATTRIBUTION_COLUMNS = {
+    "own": ["seq", "layer", "position", "own", "own_is_top", "special"],
+    "groups": ["seq", "layer", "group", "per_position_sum", "tokens"],
+    "offsets": ["seq", "layer", "offset", "total"],
+    "specials": ["seq", "layer", "share_sum", "queries"],
+}
+
+
+def reduce_attribution(seq: int, c: torch.Tensor, special: torch.Tensor) -> dict[str, list[tuple]]:
+    """Rows of the attribution tables for one sequence, with `identifiable.attribution.stats`.
+
+    c: `[L, n, n]` contributions; special: `[n]` bool. Tables (see ATTRIBUTION_COLUMNS), all
+    of which add up over sequences exactly as `experiments.attribution` aggregates them:
+    own: c^l_{i,i} and whether the own input is the top contributor (ties count as top);
+    groups: Σ over tokens of (the group's summed contribution / its number of positions), and
+    how many tokens have the group at all; offsets: Σ_i c[l, i, i+offset], offsets −60…60;
+    specials: Σ over non-special tokens of the share from special inputs, and their number.
+    """
+    c, special = c.double(), special.bool()
+    n_layers, n = c.shape[0], c.shape[1]
+    own, is_top = own_contribution(c), own_is_top(c)
+    sums, counts = distance_group_sums(c)  # [L, n, G], [n, G]
+    per_pos = torch.where(counts > 0, sums / counts.clamp_min(1), 0.0).sum(1)  # [L, G]
+    with_group = (counts > 0).sum(0)  # [G]
+    totals, _ = relative_position_totals(c, 60)  # [L, 121]
+    shares = special_share(c, special)[:, ~special]  # [L, non-special queries]
+    span = min(60, n - 1)
+    rows: dict[str, list[tuple]] = {name: [] for name in ATTRIBUTION_COLUMNS}
+    for layer in range(n_layers):
+        rows["own"] += [
+            (seq, layer + 1, i, float(own[layer, i]), bool(is_top[layer, i]), bool(special[i]))
+            for i in range(n)
+        ]
+        rows["groups"] += [
+            (seq, layer + 1, label, float(per_pos[layer, g]), int(with_group[g]))
+            for g, (label, _, _) in enumerate(DISTANCE_GROUPS)
+        ]
+        rows["offsets"] += [
+            (seq, layer + 1, off, float(totals[layer, off + 60])) for off in range(-span, span + 1)
+        ]
+        rows["specials"].append((seq, layer + 1, float(shares[layer].sum()), int(shares.shape[1])))
+    return rows
+
+
+def attribution_shard_tables(
+    model: Any, shard: Sequence[Item], first: int, probes: int | None, seed: int, advance: Advance
+) -> dict[str, pd.DataFrame]:
+    """Hidden Token Attribution of each sequence (probe seed `seed + s` for sequence s),
+    reduced by `reduce_attribution`."""
+    rows: dict[str, list[tuple]] = {name: [] for name in ATTRIBUTION_COLUMNS}
+    for k, item in enumerate(shard):
+        res = hidden_token_attribution(model, item, probes, seed=seed + first + k)
+        for name, new in reduce_attribution(first + k, res.contributions, res.special).items():
+            rows[name] += new
+        advance(1)
+    return {
+        name: pd.DataFrame(rows[name], columns=cols) for name, cols in ATTRIBUTION_COLUMNS.items()
+    }

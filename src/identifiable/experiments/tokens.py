@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from identifiable.errors import IdentifiableError
+from identifiable.experiments.pipeline import Advance, Item
 from identifiable.tokens.cache import cache_paths, corpus_fingerprint, load_pairs, save_pairs
 from identifiable.tokens.evaluate import Candidates, Kind, evaluate_pairs
 from identifiable.tokens.extract import STORAGE_DTYPES, TokenPairs, collect_token_pairs
@@ -58,7 +59,7 @@ class TokenIdentifiabilityResult:
         """Write every table as CSV and Parquet plus settings.json, each atomically."""
         import json
 
-        from identifiable.report.files import atomic_write_text, write_table
+        from identifiable.store.files import atomic_write_text, write_table
 
         out = Path(out_dir)
         paths: list[Path] = []
@@ -279,3 +280,28 @@ def _evaluate_with_progress(pairs: TokenPairs, progress: bool, **kwargs: Any):
     with Progress(transient=True) as bar:
         task = bar.add_task("fitting probes", total=n)
         return evaluate_pairs(pairs, on_layer=lambda _layer: bar.advance(task), **kwargs)
+
+
+# ---- the reproduction stage (one shard: probes are fitted on all tokens at once) ----
+
+
+def token_tables(
+    model: Any, items: Sequence[Item], budget: Any, seed: int, cache_dir: Path, advance: Advance
+) -> dict[str, pd.DataFrame]:
+    """Tables per_layer, cross_layer, control of `identifiable.experiments.tokens` (layers 1-based)."""
+    from identifiable.tokens.evaluate import evaluate_pairs
+    from identifiable.tokens.probes import ProbeConfig
+
+    # Extracted hidden states are cached by the tokens package itself, so a run killed
+    # while fitting probes does not trace the corpus again.
+    pairs, _ = extract(model, list(items), max_tokens=budget.token_max_tokens, cache_dir=cache_dir)
+    config = (
+        ProbeConfig(max_steps=budget.probe_max_steps) if budget.probe_max_steps else ProbeConfig()
+    )
+    ev = evaluate_pairs(pairs, seed=seed, probe_config=config, on_layer=lambda _layer: advance(1))
+    return {
+        "per_layer": ev.per_layer.reset_index(drop=True),
+        "cross_layer": ev.cross_layer.reset_index(drop=True),
+        "control": ev.control.reset_index(drop=True),
+        "counts": pd.DataFrame({"n_tokens": [pairs.n_tokens], "n_sequences": [pairs.n_sequences]}),
+    }

@@ -1,9 +1,10 @@
-"""Reproduction report and offline attention viewer: self-contained HTML pages.
+"""Rendering: the reproduction report and the offline attention viewer as self-contained HTML.
 
-Public entry points: `build_viewer` / `viewer_html` (one text, interactive page) and,
-in `identifiable.experiments.reproduce`, `reproduce` (the whole paper, one folder).
+This floor only renders tables and tensors it is given; it imports nothing above it.
+`identifiable.viewer.build_viewer` runs a model and renders a viewer page;
+`identifiable.reproduction.reproduce` runs the whole paper into one folder.
 """
 
-from identifiable.report.viewer import build_viewer, viewer_html, viewer_html_for_trace
+from identifiable.report.viewer import viewer_html
 
-__all__ = ["build_viewer", "viewer_html", "viewer_html_for_trace"]
+__all__ = ["viewer_html"]

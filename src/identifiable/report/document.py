@@ -17,9 +17,10 @@ from typing import Any
 import pandas as pd
 
 from identifiable.report import claims, figures
-from identifiable.report.files import atomic_write_text, write_figure, write_table
+from identifiable.report.files import write_figure
 from identifiable.report.html import Markup, h, page, png_img, table_html
 from identifiable.report.paper import PAPER_LABEL
+from identifiable.store.files import atomic_write_text, write_table
 
 PACKAGES = (
     "identifiable",

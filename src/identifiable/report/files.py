@@ -1,115 +1,15 @@
-"""Atomic output files: every file appears whole or not at all.
-
-A run killed mid-write, or a full disk, must never leave a half-written
-`index.html` (or table, or figure) that looks finished. Each writer renders the
-bytes in memory, writes them to a hidden temporary file in the target folder,
-fsyncs, then `os.replace`s it over the target (atomic on POSIX within one
-filesystem). Any OS error becomes an `IdentifiableError` that says what to do.
-"""
+"""Figure files of the report: PNG and SVG, reproducible byte for byte, written atomically."""
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import io
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from identifiable.errors import IdentifiableError
+from identifiable.store.files import atomic_write_bytes
 
 if TYPE_CHECKING:
-    import pandas as pd
     from matplotlib.figure import Figure
-
-_CHUNK = 1 << 20
-
-
-def _file_mode() -> int:
-    """0o666 less the process umask: what a plain open() would give (mkstemp uses 0o600)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def _raw_write(fd: int, data: memoryview) -> int:
-    """One `write(2)`; a seam so tests can simulate a full disk."""
-    return os.write(fd, data)
-
-
-def _explain(err: OSError, path: Path) -> IdentifiableError:
-    if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return IdentifiableError(
-            f"disk full while writing {path}: free some space, then rerun the same command "
-            "with --resume (finished parts are kept)"
-        )
-    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return IdentifiableError(f"cannot write {path}: permission denied; choose another --out")
-    return IdentifiableError(f"cannot write {path}: {err.strerror or err}")
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write `data` to `path` atomically (temp file in the same folder + rename)."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as err:
-        raise _explain(err, path) from None
-    try:
-        try:
-            os.fchmod(fd, _file_mode())
-            view = memoryview(data)
-            while view:
-                written = _raw_write(fd, view[:_CHUNK])
-                view = view[written:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError as err:
-        Path(tmp).unlink(missing_ok=True)
-        raise _explain(err, path) from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    """UTF-8 text version of `atomic_write_bytes`."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(_CHUNK), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def table_bytes(df: pd.DataFrame) -> tuple[bytes, bytes]:
-    """(CSV, Parquet) encodings of a table, rendered in memory."""
-    csv = df.to_csv(index=False, float_format="%.6g").encode("utf-8")
-    buf = io.BytesIO()
-    df.to_parquet(buf, index=False)
-    return csv, buf.getvalue()
-
-
-def write_table(df: pd.DataFrame, stem: str | Path) -> list[Path]:
-    """Write `stem.csv` and `stem.parquet`; returns the two paths."""
-    stem = Path(stem)
-    csv, parquet = table_bytes(df)
-    return [
-        atomic_write_bytes(stem.with_suffix(".csv"), csv),
-        atomic_write_bytes(stem.with_suffix(".parquet"), parquet),
-    ]
 
 
 def figure_bytes(fig: Figure) -> tuple[bytes, bytes]:

@@ -1,30 +1,24 @@
 """The offline attention viewer: one self-contained HTML page for one text.
 
 `viewer_html` turns plain tensors into the page (testable without a model);
-`build_viewer` runs a model and the attention analysis and calls it.
+`identifiable.viewer.build_viewer` runs a model and the attention analysis and calls it
+(report/ renders only, so it imports nothing above it).
 What is stored and why the page stays small is explained in `viewer_data`.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from identifiable.errors import IdentifiableError
 from identifiable.report.html import data_script, h, page
 from identifiable.report.viewer_data import (
     IntervalRow,
-    choose_rows,
     encode_heads,
     interval_json,
-    spread_order,
 )
-
-if TYPE_CHECKING:
-    from identifiable.models.trace import Trace
 
 DEFAULT_MAX_BYTES = 9_000_000
 DEFAULT_MAX_ROWS = 16
@@ -174,115 +168,6 @@ def _map(kind: str, caption: str) -> Any:
         h("canvas", id=f"map-{kind}", width="300", height="300", data_kind=kind),
         h("figcaption", caption),
         class_="map",
-    )
-
-
-def build_viewer(
-    model: Any,
-    text: str | tuple[str, str],
-    *,
-    layer: int = 0,
-    head: int = 0,
-    rows: Sequence[int] | None = None,
-    max_rows: int = DEFAULT_MAX_ROWS,
-    variant: str = "paper",
-    max_bytes: int = DEFAULT_MAX_BYTES,
-) -> str:
-    """Trace `text` with `model` and build the viewer page for it."""
-    trace: Trace = model.trace(text)
-    return viewer_html_for_trace(
-        trace,
-        layer=layer,
-        head=head,
-        rows=rows,
-        max_rows=max_rows,
-        variant=variant,
-        max_bytes=max_bytes,
-    )
-
-
-def viewer_html_for_trace(
-    trace: Trace,
-    *,
-    layer: int = 0,
-    head: int = 0,
-    rows: Sequence[int] | None = None,
-    max_rows: int = DEFAULT_MAX_ROWS,
-    variant: str = "paper",
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
-) -> str:
-    """The viewer page for a trace.
-
-    Intervals and witnesses (one LP per key and bound, so costly for long texts) are
-    computed for `rows` of the chosen head, or for up to `max_rows` rows spread over the
-    text, in an order that keeps them spread, until `interval_seconds` have passed
-    (at least one row is always done). The page lists the rows covered.
-    """
-    from identifiable import attention
-
-    if max_bytes < 1_000_000:
-        raise IdentifiableError(
-            f"the page size limit must be at least 1 MB, got {max_bytes / 1e6:.2f} MB"
-        )
-    trace.check_layer(layer)
-    trace.check_head(head)
-    for r in rows or ():
-        trace.check_row(r)
-    factors = attention.compute_head_factors(trace)
-    result = attention.effective_attention(trace, variant=variant, factors=factors)  # type: ignore[arg-type]
-    chosen = choose_rows(trace.n_tokens, rows, max_rows)
-    deadline = time.perf_counter() + interval_seconds
-    intervals: list[IntervalRow] = []
-    for r in chosen if rows else spread_order(chosen):
-        if intervals and time.perf_counter() > deadline:
-            break
-        intervals.append(_interval_row(trace, layer, head, r, factors))
-    done = sorted(iv.row for iv in intervals)
-    note = (
-        f"Intervals were precomputed for layer {layer}, head {head}, rows {_ranges(done)}"
-        + (f" (stopped after {interval_seconds:g} s)" if len(done) < len(chosen) else "")
-        + ". For another head or row run: identifiable view TEXT --layer L --head H --rows I,J"
-    )
-    return viewer_html(
-        tokens=trace.tokens,
-        raw=trace.attentions,
-        effective=result.effective,
-        null_dims=_null_dims(result),
-        head_dim=trace.head_dim,
-        intervals=intervals,
-        layer=layer,
-        head=head,
-        is_causal=trace.is_causal,
-        model_name=trace.model_name,
-        variant=variant,
-        max_bytes=max_bytes,
-        interval_note=note,
-    )
-
-
-def _null_dims(result: Any) -> torch.Tensor:
-    """`[L, H]` null-space dimension per head for the variant shown (causal: the last row's)."""
-    ns = result.null_space
-    dims = ns.dim if result.variant == "paper" else ns.dim_stochastic
-    return dims[..., -1]
-
-
-def _interval_row(trace: Trace, layer: int, head: int, row: int, factors: Any) -> IntervalRow:
-    from identifiable import attention
-
-    iv = attention.attention_intervals(trace, layer, head, row, factors=factors)
-    wit = attention.witness(trace, layer, head, row, factors=factors)
-    note = "" if wit.exists else f"No witness: {wit.reason}."
-    return IntervalRow(
-        layer,
-        head,
-        row,
-        iv.raw.numpy(),
-        iv.lower.numpy(),
-        iv.upper.numpy(),
-        None if wit.weights is None else wit.weights.numpy(),
-        note,
     )
 
 

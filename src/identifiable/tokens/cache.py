@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from identifiable.errors import IdentifiableError
-from identifiable.report.files import atomic_write_text, sha256_file
+from identifiable.store.files import atomic_write_text, sha256_file
 from identifiable.tokens.extract import TokenPairs
 
 FORMAT_VERSION = 1

@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 
 from identifiable.errors import IdentifiableError
-from identifiable.report.files import atomic_write_bytes, atomic_write_text, sha256_bytes
+from identifiable.store.files import atomic_write_bytes, atomic_write_text, sha256_bytes
 
 CACHE_DIR = ".cache"
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from identifiable.errors import IdentifiableError
-from identifiable.report.cache import CacheCorruptWarning, RunCache
+from identifiable.store.cache import CacheCorruptWarning, RunCache
 
 
 def _tables() -> dict[str, pd.DataFrame]:

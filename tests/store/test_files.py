@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from identifiable.errors import IdentifiableError
-from identifiable.report import files
+from identifiable.report import files as report_files
+from identifiable.store import files
 
 
 def test_atomic_write_replaces_content(tmp_path: Path) -> None:
@@ -79,7 +80,7 @@ def test_figures_are_byte_reproducible() -> None:
         ax = fig.add_subplot()
         ax.plot([0, 1], [1, 0], label="x")
         ax.legend()
-        return files.figure_bytes(fig)
+        return report_files.figure_bytes(fig)
 
     png1, svg1 = render()
     png2, svg2 = render()

@@ -1,0 +1,146 @@
+"""`reproduce`: run the paper's experiment stages and write the report folder.
+
+This is the top floor: it runs the stages of `identifiable.experiments.stages` and hands
+their tables to `identifiable.report`, which renders them.
+
+A run killed at any point and restarted with the same arguments (`resume=True`)
+reuses every finished shard and writes byte-identical outputs (on the same machine and
+torch thread count, which fix the order of float reductions): shards are fixed by
+the settings (never by where a run stopped), every random choice is seeded from
+(seed, stage, shard), and output files carry no timestamps. Timings go to
+DIR/.cache/timings.json, not into the outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from identifiable.errors import IdentifiableError
+from identifiable.experiments.pipeline import (
+    progress_bars,
+    resolve_corpus,
+    resolve_model,
+    run_stage,
+)
+from identifiable.experiments.stages import Budget, resolve_budget, stages
+from identifiable.report.document import write_report
+from identifiable.store.cache import CACHE_DIR, RunCache
+from identifiable.store.files import atomic_write_text
+
+OUTPUTS = ("index.html", "summary.json", "figures", "tables")
+
+
+@dataclass
+class Reproduction:
+    """What a run produced: the folder, its files, the summary and per-stage seconds."""
+
+    out_dir: Path
+    files: list[Path]
+    summary: dict[str, Any]
+    timings: dict[str, float]
+
+
+# ---- output folder ----------------------------------------------------------------
+
+
+# ---- output folder ----------------------------------------------------------------
+
+
+def prepare_out_dir(out: Path, *, resume: bool, force: bool) -> None:
+    """Refuse a non-empty or unwritable folder unless resuming or forced; clear it when forced."""
+    if out.exists() and not out.is_dir():
+        raise IdentifiableError(f"--out {out} is a file; choose a folder")
+    if out.is_dir() and any(out.iterdir()):
+        ours = (out / CACHE_DIR / "settings.json").is_file()
+        if force:
+            for name in (*OUTPUTS, CACHE_DIR):
+                target = out / name
+                if target.is_dir():
+                    shutil.rmtree(target)
+                elif target.exists():
+                    target.unlink()
+        elif not resume:
+            raise IdentifiableError(
+                f"output folder {out} is not empty: pass --resume to continue the run there, "
+                "--force to start over, or choose another --out"
+            )
+        elif not ours:
+            raise IdentifiableError(
+                f"cannot resume in {out}: it holds no identifiable run; use --force or another --out"
+            )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise IdentifiableError(
+            f"cannot write to output folder {out}: {err.strerror or err}; choose another --out"
+        ) from None
+
+
+def reproduce(
+    model: Any = "minilm",
+    corpus: Any = "wikipedia-sample",
+    out: str | Path = "reproduction",
+    *,
+    budget: str | Budget = "quick",
+    resume: bool = False,
+    force: bool = False,
+    seed: int = 0,
+    device: str = "cpu",
+    progress: bool = True,
+) -> Reproduction:
+    """Run the reproduction and write DIR/index.html, figures, tables and summary.json.
+
+    Args:
+        model: a name for `load_model` ("minilm", a local folder, a hub id) or a Model.
+        corpus: a name for `load_corpus` (texts are formatted as pairs [CLS] a [SEP] b [SEP]
+            of up to `budget.max_tokens` tokens) or a list of texts / pairs.
+        out: the output folder; must be empty unless `resume` or `force`.
+        budget: "quick" (default, ≤ 5 min on 2 CPU cores), "full", "smoke" or a `Budget`.
+        resume: continue an interrupted run with the same arguments.
+        force: delete a previous run's outputs and cache in `out` first.
+        seed: seeds every random choice (pairs, probes, splits, attribution probes).
+        device: where a model given by name runs ("cpu", "cuda"); results do not depend on it
+            beyond float rounding, so it is not part of the resume settings.
+    """
+    t_start = time.perf_counter()
+    plan = resolve_budget(budget)
+    out = Path(out)
+    prepare_out_dir(out, resume=resume, force=force)
+    with progress_bars(progress) as bars:
+        task = bars.add_task("loading model and corpus", total=None)
+        m = resolve_model(model, device)
+        items, corpus_info = resolve_corpus(corpus, m, plan, seed)
+        bars.update(task, total=1, completed=1)
+        settings = {
+            "model": m.info.name,
+            "model_fingerprint": m.fingerprint,
+            "architecture": m.info.architecture,
+            "corpus": corpus_info,
+            "budget": asdict(plan),
+            "seed": seed,
+            "format": 2,
+        }
+        cache = RunCache(out, settings)
+        cache.check_resumable()
+        cache.start()
+        timings: dict[str, float] = {"load_s": time.perf_counter() - t_start}
+        results: dict[str, dict[str, pd.DataFrame]] = {}
+        for stage in stages(m, items, plan, seed, out / CACHE_DIR):
+            results[stage.name], timings[f"{stage.name}_s"] = run_stage(cache, stage, bars)
+        task = bars.add_task("writing report", total=None)
+        files, summary = write_report(out, m, results, settings)
+        bars.update(task, total=1, completed=1)
+    timings["total_s"] = time.perf_counter() - t_start
+    atomic_write_text(out / CACHE_DIR / "timings.json", json.dumps(timings, indent=2))
+    return Reproduction(out, files, summary, timings)
