@@ -24,11 +24,19 @@ from typing import Any
 import pandas as pd
 
 from identifiable.errors import IdentifiableError
+from identifiable.experiments.distributed import (
+    barrier,
+    broadcast,
+    check_same_run,
+    join,
+    local_device,
+    stop_cleanly,
+)
 from identifiable.experiments.pipeline import (
     progress_bars,
     resolve_corpus,
     resolve_model,
-    run_stage,
+    run_stages,
 )
 from identifiable.experiments.stages import Budget, resolve_budget, stages
 from identifiable.report.document import write_report
@@ -112,35 +120,53 @@ def reproduce(
         seed: seeds every random choice (pairs, probes, splits, attribution probes).
         device: where a model given by name runs ("cpu", "cuda"); results do not depend on it
             beyond float rounding, so it is not part of the resume settings.
+
+    Under `torchrun` (or any initialised `torch.distributed` process group) call this on
+    every rank with the same arguments: the ranks share the shards of every stage through
+    the cache in `out`, rank 0 writes the report, and every rank returns the same summary
+    (only rank 0's `files` are listed). See `identifiable.experiments.distributed`.
     """
     t_start = time.perf_counter()
     plan = resolve_budget(budget)
     out = Path(out)
-    prepare_out_dir(out, resume=resume, force=force)
-    with progress_bars(progress) as bars:
-        task = bars.add_task("loading model and corpus", total=None)
-        m = resolve_model(model, device)
-        items, corpus_info = resolve_corpus(corpus, m, plan, seed)
-        bars.update(task, total=1, completed=1)
-        settings = {
-            "model": m.info.name,
-            "model_fingerprint": m.fingerprint,
-            "architecture": m.info.architecture,
-            "corpus": corpus_info,
-            "budget": asdict(plan),
-            "seed": seed,
-            "format": 2,
-        }
-        cache = RunCache(out, settings)
-        cache.check_resumable()
-        cache.start()
-        timings: dict[str, float] = {"load_s": time.perf_counter() - t_start}
-        results: dict[str, dict[str, pd.DataFrame]] = {}
-        for stage in stages(m, items, plan, seed, out / CACHE_DIR):
-            results[stage.name], timings[f"{stage.name}_s"] = run_stage(cache, stage, bars)
-        task = bars.add_task("writing report", total=None)
-        files, summary = write_report(out, m, results, settings)
-        bars.update(task, total=1, completed=1)
-    timings["total_s"] = time.perf_counter() - t_start
-    atomic_write_text(out / CACHE_DIR / "timings.json", json.dumps(timings, indent=2))
+    world = join(device)
+    with stop_cleanly(world):
+        if world.is_main:
+            prepare_out_dir(out, resume=resume, force=force)
+        barrier(world, "out-ready")
+        with progress_bars(progress and world.is_main) as bars:
+            task = bars.add_task("loading model and corpus", total=None)
+            m = resolve_model(model, local_device(device))
+            items, corpus_info = resolve_corpus(corpus, m, plan, seed)
+            bars.update(task, total=1, completed=1)
+            settings = {
+                "model": m.info.name,
+                "model_fingerprint": m.fingerprint,
+                "architecture": m.info.architecture,
+                "corpus": corpus_info,
+                "budget": asdict(plan),
+                "seed": seed,
+                "format": 2,
+            }
+            cache = RunCache(out, settings)
+            check_same_run(world, cache.key)
+            if world.is_main:
+                cache.check_resumable()
+                cache.start()
+            barrier(world, "cache-ready")
+            timings: dict[str, float] = {"load_s": time.perf_counter() - t_start}
+            done = run_stages(cache, stages(m, items, plan, seed, out / CACHE_DIR), bars, world)
+            if done is None:  # not rank 0: rank 0 reduces and renders
+                summary = json.loads(broadcast(world, "summary", None))
+                timings["total_s"] = time.perf_counter() - t_start
+                return Reproduction(out, [], summary, timings)
+            results: dict[str, dict[str, pd.DataFrame]] = {}
+            for name, (tables, seconds) in done.items():
+                results[name], timings[f"{name}_s"] = tables, seconds
+            task = bars.add_task("writing report", total=None)
+            files, summary = write_report(out, m, results, settings)
+            bars.update(task, total=1, completed=1)
+        timings["total_s"] = time.perf_counter() - t_start
+        atomic_write_text(out / CACHE_DIR / "timings.json", json.dumps(timings, indent=2))
+        broadcast(world, "summary", json.dumps(summary, default=str))
     return Reproduction(out, files, summary, timings)

@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 
 from identifiable.errors import IdentifiableError
+from identifiable.experiments.distributed import SINGLE, World, barrier, claims, work_order
 from identifiable.store.cache import RunCache
 
 Item = str | tuple[str, str]
@@ -47,7 +48,8 @@ class Stage:
 
     `compute(shard, index, advance)` maps shard `index` to partial tables; `reduce`
     merges the partial tables of every shard (in shard order) into the final tables.
-    `weights` (one per shard) drive the progress bar.
+    `weights` (one per shard) drive the progress bar; `cost` (one per shard, default the
+    weights) orders the shared work queue of a distributed run, most expensive first.
     """
 
     name: str
@@ -56,6 +58,12 @@ class Stage:
     weights: list[int]
     compute: Callable[[Sequence[Item], int, Advance], Tables]
     reduce: Callable[[Sequence[Tables]], Tables] = field(default=concat_reduce)
+    cost: list[float] | None = None
+
+    @property
+    def costs(self) -> list[float]:
+        """Relative cost of each shard, for scheduling across ranks (default: the weights)."""
+        return [float(c) for c in (self.cost or self.weights)]
 
 
 def resolve_model(model: Any, device: str = "cpu") -> Any:
@@ -115,26 +123,61 @@ def short_items(model: Any, items: Sequence[Item], max_tokens: int, count: int) 
 # ---- running stages ------------------------------------------------------------
 
 
-def run_stage(cache: RunCache, stage: Stage, progress: Any) -> tuple[Tables, float]:
-    """Run (or load) every shard of a stage, then reduce the partial tables.
+def run_stages(
+    cache: RunCache, stages: Sequence[Stage], progress: Any, world: World = SINGLE
+) -> dict[str, tuple[Tables, float]] | None:
+    """Run (or load from the cache) every shard of every stage, then reduce each stage.
 
-    Returns the tables and the seconds spent computing (0 when all shards were cached).
+    One process computes every shard in stage order. Under `torch.distributed` every rank
+    claims shards from a shared work queue (see `experiments.distributed`) and writes them
+    to the shared cache; after a barrier rank 0 reads all shards back, in shard order, and
+    reduces. Returns {stage name: (tables, seconds this rank spent computing it)} on rank 0,
+    None on the other ranks.
     """
-    task = progress.add_task(stage.label, total=sum(stage.weights))
-    parts: list[Tables] = []
-    seconds = 0.0
-    for index, shard in enumerate(stage.shards):
-        cached = cache.load(stage.name, index)
+    tasks = [progress.add_task(s.label, total=sum(s.weights)) for s in stages]
+    flat = [(si, k) for si, s in enumerate(stages) for k in range(len(s.shards))]
+    order = (
+        work_order([stages[si].costs[k] for si, k in flat])
+        if world.distributed
+        else list(range(len(flat)))
+    )
+    parts: dict[tuple[int, int], Tables] = {}
+    seconds = [0.0] * len(stages)
+    for slot in claims(world, order):
+        si, k = flat[slot]
+        stage = stages[si]
+        cached = cache.load(stage.name, k)
         if cached is None:
             start = time.perf_counter()
-            tables = stage.compute(shard, index, lambda k: progress.advance(task, k))
-            seconds += time.perf_counter() - start
-            cache.save(stage.name, index, tables, {"items": len(shard)})
+            tables = stage.compute(
+                stage.shards[k], k, lambda n, t=tasks[si]: progress.advance(t, n)
+            )
+            seconds[si] += time.perf_counter() - start
+            cache.save(stage.name, k, tables, {"items": len(stage.shards[k])})
         else:
             tables = cached[0]
-        progress.update(task, completed=sum(stage.weights[: index + 1]))
-        parts.append(tables)
-    return stage.reduce(parts), seconds
+            progress.advance(tasks[si], stage.weights[k])
+        parts[(si, k)] = tables
+    barrier(world, "shards-done")
+    if not world.is_main:
+        return None
+    results: dict[str, tuple[Tables, float]] = {}
+    for si, stage in enumerate(stages):
+        shard_tables = []
+        for k in range(len(stage.shards)):
+            if (si, k) not in parts:  # computed by another rank: read it from the shared cache
+                loaded = cache.load(stage.name, k)
+                if loaded is None:
+                    raise IdentifiableError(
+                        f"shard {k} of stage '{stage.name}' is missing from the cache after "
+                        "every rank finished; the ranks must share one --out folder "
+                        "(a shared filesystem on several nodes); rerun with --resume"
+                    )
+                parts[(si, k)] = loaded[0]
+            shard_tables.append(parts[(si, k)])
+        progress.update(tasks[si], completed=sum(stage.weights))
+        results[stage.name] = (stage.reduce(shard_tables), seconds[si])
+    return results
 
 
 class _Quiet:
