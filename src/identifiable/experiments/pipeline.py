@@ -193,10 +193,63 @@ class _Quiet:
         pass
 
 
+class _Lines:
+    """Progress for logs (stderr is not a terminal): one line per step, with rate and ETA,
+    at most one a second per task except the last, so batch-job logs show where a run is."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.tasks: dict[int, dict[str, Any]] = {}
+
+    def add_task(self, label: str, total: float | None = None, **_: Any) -> int:
+        self.tasks[len(self.tasks)] = {
+            "label": label,
+            "total": total,
+            "done": 0.0,
+            "start": time.monotonic(),
+            "shown": -1.0,
+        }
+        return len(self.tasks) - 1
+
+    def advance(self, task: int, k: float = 1) -> None:
+        self.update(task, completed=self.tasks[task]["done"] + k)
+
+    def update(
+        self, task: int, *, completed: float | None = None, total: float | None = None
+    ) -> None:
+        t = self.tasks[task]
+        if total is not None:
+            t["total"] = total
+        if completed is None or (completed == t["done"] and t["shown"] >= 0):
+            return
+        t["done"] = completed
+        now = time.monotonic()
+        finished = t["total"] is not None and completed >= t["total"]
+        if not finished and now - t["shown"] < 1.0:
+            return
+        t["shown"] = now
+        elapsed = now - t["start"]
+        if t["total"]:
+            eta = elapsed / completed * (t["total"] - completed) if completed else float("nan")
+            line = (
+                f"{t['label']}: {completed:g}/{t['total']:g} "
+                f"({100 * completed / t['total']:.0f}%) elapsed {elapsed:.0f} s, eta {eta:.0f} s"
+            )
+        else:
+            line = f"{t['label']}: done in {elapsed:.0f} s"
+        print(line, file=self.stream, flush=True)
+
+
 @contextmanager
 def progress_bars(enabled: bool) -> Iterator[Any]:
+    """Progress of a run on stderr: rich bars on a terminal, one line per step in a log."""
     if not enabled:
         yield _Quiet()
+        return
+    import sys
+
+    if not sys.stderr.isatty():
+        yield _Lines(sys.stderr)
         return
     from rich.console import Console
     from rich.progress import (
