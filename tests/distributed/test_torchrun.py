@@ -124,6 +124,7 @@ def _shard_stamps(root: Path, name: str) -> dict[str, int]:
 
 KILLER = """
 import os, signal, sys
+import torch.distributed as dist
 import identifiable.experiments.stages as stages
 
 real = stages.attribution_shard_tables
@@ -134,8 +135,10 @@ def killed_on_rank_1(*args, **kwargs):
     return real(*args, **kwargs)
 
 stages.attribution_shard_tables = killed_on_rank_1
-from identifiable.cli import main
-main(sys.argv[1:])
+# the Python API under a process group the caller initialised itself
+dist.init_process_group("gloo")
+import identifiable
+identifiable.reproduce("tiny-bert", "corpus.txt", "killed", budget="smoke", progress=False)
 """
 
 
@@ -143,7 +146,7 @@ def test_killed_rank_then_resume_on_one_rank_gives_identical_outputs(
     workdir: Path, single: dict[str, bytes]
 ) -> None:
     (workdir / "killer.py").write_text(KILLER, "utf-8")
-    proc = _torchrun(2, ["killer.py", *_args("killed")], workdir)
+    proc = _torchrun(2, ["killer.py"], workdir)
     assert proc.returncode != 0
     out = workdir / "killed"
     assert not (out / "index.html").exists()
@@ -159,3 +162,33 @@ def test_killed_rank_then_resume_on_one_rank_gives_identical_outputs(
     files = _outputs(out)
     assert sorted(files) == sorted(single)
     assert [n for n in single if files[n] != single[n]] == []
+
+
+def test_an_unreachable_rendezvous_is_one_line(workdir: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = _env() | {
+        "WORLD_SIZE": "2",
+        "RANK": "1",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "IDENTIFIABLE_DIST_TIMEOUT": "3",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "identifiable", *_args("nowhere")],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert f"cannot join the process group at 127.0.0.1:{port}" in lines[0]
+    assert not (workdir / "nowhere").exists()

@@ -50,6 +50,7 @@ from typing import Any
 from identifiable.errors import IdentifiableError
 
 DEFAULT_TIMEOUT_S = 1800.0
+TIMEOUT_ENV = "IDENTIFIABLE_DIST_TIMEOUT"  # seconds; for the rendezvous and every wait
 _POLL_S = 0.05
 
 
@@ -90,12 +91,29 @@ def local_device(device: str) -> str:
     return device
 
 
-def join(device: str = "cpu", *, timeout_s: float = DEFAULT_TIMEOUT_S) -> World:
+def default_timeout() -> float:
+    """Seconds a rank waits for the others (rendezvous included): $IDENTIFIABLE_DIST_TIMEOUT,
+    else 30 minutes (probe fitting on rank 0 can keep the others waiting that long)."""
+    raw = os.environ.get(TIMEOUT_ENV)
+    if raw is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise IdentifiableError(f"{TIMEOUT_ENV}={raw!r} is not a positive number of seconds")
+    return value
+
+
+def join(device: str = "cpu", *, timeout_s: float | None = None) -> World:
     """The world this process belongs to, creating the process group under torchrun.
 
     Without torchrun and without an initialised group this is one process (rank 0 of 1).
     """
     import torch.distributed as dist
+
+    timeout_s = default_timeout() if timeout_s is None else timeout_s
 
     if not dist.is_available():
         return SINGLE
@@ -114,9 +132,8 @@ def join(device: str = "cpu", *, timeout_s: float = DEFAULT_TIMEOUT_S) -> World:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
         try:
-            dist.init_process_group(
-                backend, timeout=datetime.timedelta(seconds=min(timeout_s, 600.0))
-            )
+            with _native_stderr_held():
+                dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
         except Exception as err:  # c10d raises RuntimeError, DistStoreError, TimeoutError, ...
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise IdentifiableError(
@@ -132,6 +149,33 @@ def join(device: str = "cpu", *, timeout_s: float = DEFAULT_TIMEOUT_S) -> World:
     box = [uuid.uuid4().hex if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
     return World(dist.get_rank(), size, store, str(box[0]), timeout_s)
+
+
+@contextmanager
+def _native_stderr_held() -> Iterator[None]:
+    """Hold what native code writes to file descriptor 2 during the rendezvous.
+
+    c10d logs a failed connection with a C++ stack trace straight to fd 2; the user should
+    see one line saying what to do instead. On success the held text is replayed.
+    """
+    import tempfile
+
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as held:
+        saved = os.dup(2)
+        ok = False
+        try:
+            os.dup2(held.fileno(), 2)
+            yield
+            ok = True
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if ok:
+                held.seek(0)
+                data = held.read()
+                if data:
+                    os.write(2, data)
 
 
 # ---- fingerprints --------------------------------------------------------------------
