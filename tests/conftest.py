@@ -26,6 +26,104 @@ if os.environ.get("CI"):
 ARCHITECTURES = ["bert", "roberta", "distilbert", "electra", "gpt2", "llama"]
 CAUSAL = {"gpt2", "llama"}
 
+# Families added by issue 9 (tested in tests/models/test_families.py): model_type →
+# extra config. Windows are small (4 keys) so that short texts exercise key sets.
+_LLAMA_LIKE = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "max_position_embeddings": 128,
+    "head_dim": 16,
+}
+_IDS = {"pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102}
+FAMILY_CONFIGS: dict[str, dict] = {
+    "albert": {
+        "embedding_size": 32,
+        "hidden_size": 64,
+        "num_hidden_layers": 3,  # one shared layer, run three times
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "max_position_embeddings": 128,
+        **_IDS,
+    },
+    "gpt_neox": {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "max_position_embeddings": 128,
+        **_IDS,
+    },
+    "opt": {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "ffn_dim": 128,
+        "word_embed_proj_dim": 64,
+        "max_position_embeddings": 128,
+        **_IDS,
+    },
+    "gpt_neo": {
+        "hidden_size": 64,
+        "num_layers": 2,
+        "num_heads": 4,
+        "intermediate_size": 128,
+        "attention_types": [[["global", "local"], 1]],
+        "window_size": 4,
+        "max_position_embeddings": 128,
+        **_IDS,
+    },
+    "bloom": {"hidden_size": 64, "n_layer": 2, "n_head": 4, **_IDS},
+    "falcon": {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "multi_query": True,
+        "new_decoder_architecture": False,
+        "max_position_embeddings": 128,
+        **_IDS,
+    },
+    "phi3": {**_LLAMA_LIKE, **_IDS},
+    "gemma": {**_LLAMA_LIKE, **_IDS},
+    "gemma2": {**_LLAMA_LIKE, "sliding_window": 4, **_IDS},  # layers: sliding, full
+    "gemma3_text": {
+        **_LLAMA_LIKE,
+        "sliding_window": 4,
+        "layer_types": ["sliding_attention", "full_attention"],
+        **_IDS,
+    },
+    "qwen3": {**_LLAMA_LIKE, **_IDS},
+    "olmo2": {**_LLAMA_LIKE, **_IDS},
+    "mixtral": {**_LLAMA_LIKE, "num_local_experts": 4, "sliding_window": 4, **_IDS},
+    "deberta-v2": {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "max_position_embeddings": 128,
+        "relative_attention": True,
+        "pos_att_type": ["p2c", "c2p"],
+        "pad_token_id": 0,
+    },
+    "modernbert": {
+        "hidden_size": 64,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "max_position_embeddings": 128,
+        "local_attention": 4,  # layers: global, local (|i − j| ≤ 2), local
+        "global_attn_every_n_layers": 3,
+        "pad_token_id": 0,
+        "bos_token_id": 101,
+        "eos_token_id": 102,
+        "cls_token_id": 101,
+        "sep_token_id": 102,
+    },
+}
+FAMILIES = list(FAMILY_CONFIGS)
+
 
 def tiny_config(arch: str):
     """A 2-layer, 4-head, width-64 (head width 16) config for `arch`."""
@@ -91,6 +189,8 @@ def tiny_config(arch: str):
             pad_token_id=0,
             **common,
         )
+    if arch in FAMILY_CONFIGS:
+        return AutoConfig.for_model(arch, **FAMILY_CONFIGS[arch], **common)
     raise ValueError(arch)
 
 

@@ -54,7 +54,7 @@ def synthetic_trace(
 
 
 def exact_rank(x: torch.Tensor, width: int) -> int:
-    """Rank by SVD with the SPEC tolerance σ_max · max(n, width) · eps(float64)."""
+    """Rank by SVD with the rank tolerance σ_max · max(n, width) · eps(float64)."""
     s = torch.linalg.svdvals(x.double())
     if s.numel() == 0 or s[0] == 0:
         return 0

@@ -18,7 +18,7 @@ from identifiable.errors import IdentifiableError
 
 
 def check_invariants(trace, tol: float = 1e-9) -> None:
-    """Every SPEC invariant, on every head, for both variants."""
+    """Every invariant of docs/definitions.md, on every head, for both variants."""
     a = trace.attentions.double()
     v, h = trace.values.double(), trace.out_proj.double()
     t = v @ h  # [L, H, n, d]

@@ -1,4 +1,4 @@
-"""Null spaces and effective attention of a `Trace` (SPEC.md sections 1-2).
+"""Null spaces and effective attention of a `Trace` (docs/definitions.md#null-spaces).
 
 Layer by layer, in float64 whatever the trace's dtype, batched over heads:
 V' = V F (see `linalg.head_factors`) has the singular values and column space
@@ -21,6 +21,7 @@ from torch import Tensor
 
 from identifiable.attention.causal import prefix_coordinates, project_rows_causal
 from identifiable.attention.checks import check_finite, check_shapes
+from identifiable.attention.keysets import keyset_groups, keyset_ranks, project_rows_keysets
 from identifiable.attention.linalg import (
     _column_basis,
     add_ones,
@@ -40,8 +41,8 @@ class HeadFactors:
 
     Attributes:
         factor: `[L, H, d_v, k]` float64 F with sing(V F) = sing(V H).
-        full_row_rank: `[L, H]` bool; True where col(T) = col(V) (the SPEC's
-            efficient route). Where False, V F is still exact for T.
+        full_row_rank: `[L, H]` bool; True where col(T) = col(V) (the
+            route that never forms T). Where False, V F is still exact for T.
         well_conditioned: `[L, H]` bool, κ(H) < 1e3: encoders then use V
             itself whenever V is well-conditioned too (same column space and
             rank, one small matrix product fewer).
@@ -171,10 +172,13 @@ def iter_effective_attention(
         raw = trace.attentions[layer]
         check_finite(raw, "attention", layer=layer)
         rank, dim, dim_s, bases = _layer_dims(trace, layer, factors)
-        basis = bases[0] if variant == "paper" else bases[1]
-        if trace.is_causal:
-            eff = project_rows_causal(raw, *basis)
+        route, data = bases
+        if route == "keysets":
+            eff = project_rows_keysets(raw, data, stochastic=variant != "paper")
+        elif route == "causal":
+            eff = project_rows_causal(raw, *data[0 if variant == "paper" else 1])
         else:
+            basis = data[0] if variant == "paper" else data[1]
             # Head by head, so that only one head's float64 copy of A exists at a time.
             full = (dim if variant == "paper" else dim_s)[:, 0] == 0
             eff = torch.empty(raw.shape, dtype=torch.float64)
@@ -213,17 +217,27 @@ def effective_attention(
 def _layer_dims(
     trace: Trace, layer: int, factors: HeadFactors
 ) -> tuple[Tensor, Tensor, Tensor, tuple]:
-    """Ranks and dims `[H, n]` of one layer plus the projection data of both variants."""
+    """Ranks and dims `[H, n]` of one layer plus the projection data of both variants.
+
+    The route follows the layer's key mask (`Trace.keys_seen`): all keys →
+    one basis per head; keys ≤ i → the prefix machinery of `causal.py`; any
+    other sets (windows, local attention) → `keysets.py`.
+    """
     check_finite(trace.values[layer], "values (E·W_V)", layer=layer)
     v = trace.values[layer].double()
     factor = factors.factor[layer]
     n_h, n, _ = v.shape
-    if not trace.is_causal:
+    mask = trace.keys_seen(layer)
+    if bool(mask.all()):
         q, rank = _encoder_basis(v, factor, factors.well_conditioned[layer])
         qa, rank_a = add_ones(q, rank)
         r = rank[:, None].expand(n_h, n)
-        return r, n - r, n - rank_a[:, None].expand(n_h, n), (q, qa)
+        return r, n - r, n - rank_a[:, None].expand(n_h, n), ("all", (q, qa))
     vp = v @ factor
+    if not torch.equal(mask, torch.ones_like(mask).tril()):
+        groups = keyset_groups(vp, mask)
+        rank, dim, dim_s = keyset_ranks(groups, n_h, n)
+        return rank, dim, dim_s, ("keysets", groups)
     k = vp.shape[-1]
     smax = torch.linalg.matrix_norm(vp, ord=2) if k else vp.new_zeros(n_h)
     scale = torch.where(smax > 0, smax, torch.ones_like(smax))  # T = 0 still has [T, 1] of rank 1
@@ -231,7 +245,7 @@ def _layer_dims(
     c, pr = prefix_coordinates(vp, smax)
     ca, pra = prefix_coordinates(torch.cat([vp, ones], dim=-1), scale)
     seen = torch.arange(1, n + 1, device=vp.device)
-    return pr, seen - pr, seen - pra, ((c, pr), (ca, pra))
+    return pr, seen - pr, seen - pra, ("causal", ((c, pr), (ca, pra)))
 
 
 def _encoder_basis(v: Tensor, factor: Tensor, well_h: Tensor) -> tuple[Tensor, Tensor]:

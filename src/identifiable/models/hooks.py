@@ -55,14 +55,21 @@ class HookSet:
         self.remove()
 
 
-def replace_hidden_input(value: torch.Tensor) -> Callable[..., Any]:
+def replace_hidden_input(
+    value: torch.Tensor, *, first_call_only: bool = False
+) -> Callable[..., Any]:
     """A pre-hook (with kwargs) that feeds `value` to a layer in place of its hidden states.
 
     Layers take the hidden states as the first positional argument or as the
-    keyword `hidden_states`, depending on the model class.
+    keyword `hidden_states`, depending on the model class. With `first_call_only`,
+    later calls of the same module (a layer shared across depths, ALBERT) run unchanged.
     """
+    calls = [0]
 
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        calls[0] += 1
+        if first_call_only and calls[0] > 1:
+            return None
         if args:
             return (value, *args[1:]), kwargs
         return args, {**kwargs, "hidden_states": value}

@@ -10,7 +10,6 @@ import torch
 
 from identifiable.errors import IdentifiableError
 from identifiable.models.model import Model
-from identifiable.models.specs import spec_for
 
 DEFAULT_MODEL = "minilm"
 
@@ -47,13 +46,28 @@ def load_model(
     Args:
         name_or_path: "minilm" (the embedded all-MiniLM-L6-v2), a local model
             directory, or a Hugging Face hub id (needs the network or the local cache).
-        device: torch device for the forward pass; traces are returned on the CPU.
-        dtype: weights dtype (default: as stored, usually float32).
+        device: "cpu", "cuda", "cuda:N", "mps" or "auto" (the first available of
+            cuda, mps, cpu); traces are returned on the CPU.
+        dtype: weights dtype (default: as stored, usually float32). float16 and
+            bfloat16 trace too; `Trace.verify()` then uses a tolerance that
+            follows the dtype (see `Trace.tolerance`).
         trust_remote_code: allow custom modelling code from the hub (off by default).
 
     Safetensors weights only; attention is always the eager implementation so that
-    attention probabilities are returned.
+    attention probabilities are returned. A fine-tuned checkpoint of a task-head
+    model (`*ForSequenceClassification`, `*ForMaskedLM`, …) loads its base model.
+    Without tokenizer files in the directory, the model traces token ids only.
     """
+    from identifiable.models.devices import resolve_device
+
+    if isinstance(name_or_path, Path):
+        name_or_path = str(name_or_path)
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise IdentifiableError(
+            f"load_model takes a model name, directory or hub id as a non-empty str, got "
+            f"{type(name_or_path).__name__} {name_or_path!r}; e.g. load_model('minilm')"
+        )
+    target = resolve_device(device)
     from transformers import AutoConfig, AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -83,9 +97,25 @@ def load_model(
             config = AutoConfig.from_pretrained(source, **kwargs)
         except Exception as exc2:
             raise _load_error(name_or_path, local, exc2) from None
-    spec_for(getattr(config, "model_type", "unknown"))  # fail early, naming the supported ones
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    native = getattr(config, "model_type", None) in CONFIG_MAPPING_NAMES
+    if getattr(config, "auto_map", None) and not native and not trust_remote_code:
+        raise IdentifiableError(
+            f"'{name_or_path}' needs its own modelling code (config.json has auto_map); "
+            "review it, then pass trust_remote_code=True (--trust-remote-code)"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    except Exception:
+        tokenizer = None  # token ids still trace; text asks for a tokenizer
+    if tokenizer is not None and (
+        len(tokenizer) < 2 or (local and not _has_tokenizer_files(source))
+    ):
+        # Without vocabulary files transformers builds a tokenizer of its special tokens
+        # only (every word becomes [UNK]): no tokenizer at all is the honest answer.
+        tokenizer = None
+    try:
         hf_model = AutoModel.from_pretrained(
             source,
             config=config,
@@ -96,8 +126,25 @@ def load_model(
         )
     except Exception as exc:
         raise _load_error(name_or_path, local, exc) from None
-    hf_model.to(device)
-    return Model(hf_model, tokenizer, name=name_or_path)
+    hf_model.to(target)
+    model = Model(hf_model, tokenizer, name=name_or_path)
+    if tokenizer is None and local and not _has_tokenizer_files(source):
+        model.tokenizer = None  # Model looks beside the weights again and would find the stub
+    return model
+
+
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tokenizer.model",
+)
+
+
+def _has_tokenizer_files(folder: str) -> bool:
+    return any((Path(folder) / name).is_file() for name in _TOKENIZER_FILES)
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import inspect
+import sys
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,10 +22,16 @@ from identifiable.models.hooks import (
     hidden_input,
     replace_hidden_input,
 )
-from identifiable.models.specs import ArchSpec, spec_for
+from identifiable.models.specs import ArchSpec, find_spec
 from identifiable.models.trace import Trace
 
 TextOrPair = str | tuple[str, str]
+ModelInput = Any
+"""What `trace` accepts: a text, a pair `(a, b)`, token ids (list[int] or a 1-D
+integer tensor), a tokenizer's `BatchEncoding` (or a mapping with "input_ids")
+of one sequence, or an `Encoding`."""
+
+_HALF = (torch.float16, torch.bfloat16)
 
 
 class TruncationWarning(UserWarning):
@@ -64,7 +71,7 @@ class Encoding:
 
 @dataclass(frozen=True)
 class _HeadWeights:
-    """One layer's W_V, b_V, W_O, b_O in the orientation of SPEC.md (x @ W)."""
+    """One layer's W_V, b_V, W_O, b_O in the orientation of docs/definitions.md (x @ W)."""
 
     w_v: torch.Tensor  # [d, H_kv·d_v]
     b_v: torch.Tensor  # [H_kv·d_v]
@@ -86,57 +93,161 @@ def _bias(module: nn.Module, size: int, like: torch.Tensor) -> torch.Tensor:
     return b if b is not None else torch.zeros(size, dtype=like.dtype, device=like.device)
 
 
-class Model:
-    """A traced view of a Hugging Face model. Build with `identifiable.load_model` or `Model.from_hf`."""
+def value_columns(
+    spec: ArchSpec, width: int, n_heads: int, head_dim: int
+) -> tuple[int, slice | list[int]]:
+    """(H_kv, the output columns of the value module that hold W_V, in key/value-head order).
 
-    def __init__(self, hf_model: nn.Module, tokenizer: Any, *, name: str = "") -> None:
+    Args:
+        width: output width of the value module (the fused width for fused QKV).
+    """
+    if spec.fused_qkv is not None:
+        chunks, index = spec.fused_qkv
+        part = width // chunks
+        return part // head_dim, slice(index * part, (index + 1) * part)
+    if spec.fused is None:
+        return width // head_dim, slice(0, width)
+    n_kv = (width // head_dim - n_heads) // 2  # fused width is (H + 2·H_kv)·d_v
+    if n_kv < 1 or (n_heads + 2 * n_kv) * head_dim != width or n_heads % n_kv:
+        raise IdentifiableError(
+            f"the fused QKV projection has width {width}, which is not (H + 2·H_kv)·d_v for "
+            f"H = {n_heads}, d_v = {head_dim}; the spec's fused layout does not fit this model."
+        )
+    if spec.fused == "qkv_blocks":
+        start = (n_heads + n_kv) * head_dim
+        return n_kv, slice(start, start + n_kv * head_dim)
+    group = n_heads // n_kv + 2  # per key/value head: its query heads, its key, its value
+    cols = [(g * group + group - 1) * head_dim + c for g in range(n_kv) for c in range(head_dim)]
+    return n_kv, cols
+
+
+def base_model_of(hf_model: nn.Module) -> nn.Module:
+    """The body of a task-head model (`*ForMaskedLM`, `*ForCausalLM`, `*ForSequenceClassification`,
+    `*ForTokenClassification`, `*ForQuestionAnswering`, …), or the model itself."""
+    base = getattr(hf_model, "base_model", None)
+    return base if isinstance(base, nn.Module) else hf_model
+
+
+def _resolve_tokenizer(hf_model: nn.Module, tokenizer: Any) -> Any:
+    """The given tokenizer, else the one saved beside the model's weights (or None)."""
+    if tokenizer is not None:
+        return tokenizer
+    from pathlib import Path
+
+    source = str(getattr(hf_model, "name_or_path", "") or "") or str(
+        getattr(hf_model.config, "_name_or_path", "") or ""
+    )
+    if not source or not Path(source).expanduser().is_dir():
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        found = AutoTokenizer.from_pretrained(str(Path(source).expanduser()), local_files_only=True)
+    except Exception:
+        return None
+    return found if len(found) >= 2 else None  # an empty tokenizer when no files exist
+
+
+class Model:
+    """A traced view of a Hugging Face model. Build with `identifiable.load_model` or `Model.from_hf`.
+
+    Task-head models are unwrapped to their base model (`hf_model`; the original
+    is `task_model`). Families outside the spec table are discovered by
+    introspection and accepted only when `verify()` proves the discovered spec
+    on a probe input (`identifiable.models.discover`).
+    """
+
+    def __init__(
+        self,
+        hf_model: nn.Module,
+        tokenizer: Any = None,
+        *,
+        name: str = "",
+        spec: ArchSpec | None = None,
+    ) -> None:
         config = hf_model.config
-        self.spec: ArchSpec = spec_for(config.model_type)
+        self.task_model = hf_model
         _ensure_eager(hf_model)
-        self.hf_model = hf_model.eval()
-        self.tokenizer = tokenizer
-        self.layers = list(get_submodule(hf_model, self.spec.layers))
+        hf_model.eval()
+        base = base_model_of(hf_model)
+        self.tokenizer = _resolve_tokenizer(hf_model, tokenizer)
+        self.discovery = None  # a `Discovery` when the spec was found by introspection
+        if spec is None:
+            spec = find_spec(config.model_type)
+        if spec is None:
+            from identifiable.models.discover import discover_spec
+
+            self.discovery = discover_spec(base, self.tokenizer)
+            spec = self.discovery.spec
+        self._setup(base, spec, name)
+
+    def _setup(self, base: nn.Module, spec: ArchSpec, name: str) -> None:
+        config = base.config
+        self.spec: ArchSpec = spec
+        self.hf_model = base.eval()
+        self.layers = _logical_layers(base, spec)
         n_heads = int(config.num_attention_heads)
-        n_kv = int(getattr(config, "num_key_value_heads", None) or n_heads)
         hidden = int(config.hidden_size)
         head_dim = int(getattr(config, "head_dim", None) or hidden // n_heads)
+        self._value_modules = [get_submodule(layer, spec.value) for layer in self.layers]
+        self._out_modules = [get_submodule(layer, spec.out_proj) for layer in self.layers]
+        width = _weight_in_out(self._value_modules[0], spec.weight_layout).shape[1]
+        n_kv, self._v_cols = value_columns(spec, width, n_heads, head_dim)
+        if n_kv < 1 or n_heads % n_kv:
+            raise IdentifiableError(
+                f"the value projection has width {width}, which gives {n_kv} key/value heads of "
+                f"width {head_dim} for {n_heads} query heads; the spec does not fit this model."
+            )
         self.info = ModelInfo(
             name=name or str(getattr(config, "_name_or_path", "")),
-            architecture=self.spec.name,
+            architecture=spec.name,
             model_type=config.model_type,
             n_layers=len(self.layers),
             n_heads=n_heads,
             n_kv_heads=n_kv,
             head_dim=head_dim,
             hidden_size=hidden,
-            max_positions=_max_positions(config, tokenizer, self.spec),
-            is_causal=self.spec.causal,
+            max_positions=_max_positions(config, self.tokenizer, spec),
+            is_causal=spec.causal,
             intermediate_size=int(
                 getattr(config, "intermediate_size", None)
                 or getattr(config, "n_inner", None)
+                or getattr(config, "ffn_dim", None)  # OPT
                 or getattr(config, "hidden_dim", None)  # DistilBERT
                 or 4 * hidden
             ),
         )
         self.kv_head_of = torch.arange(n_heads) // (n_heads // n_kv)
-        self._value_modules = [get_submodule(layer, self.spec.value) for layer in self.layers]
-        self._out_modules = [get_submodule(layer, self.spec.out_proj) for layer in self.layers]
         self._weights = [self._head_weights(i) for i in range(len(self.layers))]
+        self.windows = _layer_windows(config, spec, len(self.layers))
         # Segment ids only for models with more than one segment embedding (RoBERTa has one).
         self._accepts_token_types = (
-            "token_type_ids" in inspect.signature(hf_model.forward).parameters
+            "token_type_ids" in inspect.signature(base.forward).parameters
             and int(getattr(config, "type_vocab_size", 0) or 0) > 1
         )
         self.special_tokens = {
             role: tok
             for role in ("cls", "sep", "bos", "eos")
-            if (tok := getattr(tokenizer, f"{role}_token", None))
+            if (tok := getattr(self.tokenizer, f"{role}_token", None))
         }
 
     @classmethod
-    def from_hf(cls, hf_model: nn.Module, tokenizer: Any, *, name: str = "") -> Model:
-        """Wrap a model you loaded yourself (switched to eager attention if needed)."""
-        return cls(hf_model, tokenizer, name=name)
+    def from_hf(
+        cls,
+        hf_model: nn.Module,
+        tokenizer: Any = None,
+        *,
+        name: str = "",
+        spec: ArchSpec | None = None,
+    ) -> Model:
+        """Wrap a model you loaded yourself (switched to eager attention if needed).
+
+        Task-head models (`AutoModelForMaskedLM`, `…ForSequenceClassification`, …)
+        are traced through their base model. Without `tokenizer`, the one saved
+        in the model's directory is used when there is one; token-id inputs need none.
+        Pass `spec` to trace a family with your own `ArchSpec`.
+        """
+        return cls(hf_model, tokenizer, name=name, spec=spec)
 
     # ---- weights -------------------------------------------------------------
     def _head_weights(self, layer: int) -> _HeadWeights:
@@ -144,11 +255,7 @@ class Model:
         v_mod, o_mod = self._value_modules[layer], self._out_modules[layer]
         w_v = _weight_in_out(v_mod, spec.weight_layout)
         b_v = _bias(v_mod, w_v.shape[1], w_v)
-        if spec.fused_qkv is not None:
-            chunks, index = spec.fused_qkv
-            width = w_v.shape[1] // chunks
-            w_v = w_v[:, index * width : (index + 1) * width]
-            b_v = b_v[index * width : (index + 1) * width]
+        w_v, b_v = w_v[:, self._v_cols], b_v[self._v_cols]
         w_o = _weight_in_out(o_mod, spec.weight_layout)
         b_o = _bias(o_mod, w_o.shape[1], w_o)
         expected_v = (info.hidden_size, info.n_kv_heads * info.head_dim)
@@ -179,8 +286,9 @@ class Model:
     def encode(self, text: TextOrPair, *, truncate: bool = True) -> Encoding:
         """Tokenise a text or a pair `(a, b)` in the model's own format."""
         parts = _check_text(text)
+        tokenizer = self._need_tokenizer("encode text")
         max_len = self.info.max_positions
-        full = self.tokenizer(*parts, add_special_tokens=True, verbose=False)
+        full = tokenizer(*parts, add_special_tokens=True, verbose=False)
         n_full = len(full["input_ids"])
         enc = full
         if n_full > max_len:
@@ -189,9 +297,7 @@ class Model:
                     f"text has {n_full} tokens but the model takes at most {max_len}; "
                     "shorten it or allow truncation (drop --no-truncate)."
                 )
-            enc = self.tokenizer(
-                *parts, add_special_tokens=True, truncation=True, max_length=max_len
-            )
+            enc = tokenizer(*parts, add_special_tokens=True, truncation=True, max_length=max_len)
             warnings.warn(
                 f"text has {n_full} tokens; dropped {n_full - len(enc['input_ids'])} to fit the "
                 f"model's maximum of {max_len}",
@@ -202,41 +308,169 @@ class Model:
         tti = enc.get("token_type_ids")
         return Encoding(
             input_ids=ids,
-            tokens=self.tokenizer.convert_ids_to_tokens(enc["input_ids"]),
+            tokens=self._token_strings(ids),
             n_dropped=n_full - len(ids),
             token_type_ids=torch.tensor(tti, dtype=torch.long) if tti is not None else None,
         )
 
+    def encode_ids(
+        self,
+        input_ids: Any,
+        *,
+        token_type_ids: Any = None,
+        truncate: bool = True,
+    ) -> Encoding:
+        """An `Encoding` of token ids you made yourself (list[int] or a 1-D integer tensor).
+
+        The ids are used as given: no special tokens are added.
+        """
+        ids = _as_id_vector(input_ids, "input_ids")
+        vocab = int(getattr(self.hf_model.config, "vocab_size", 0) or 0)
+        if ids.numel() == 0:
+            raise IdentifiableError("input_ids is empty: give at least one token id")
+        if int(ids.min()) < 0 or (vocab and int(ids.max()) >= vocab):
+            raise IdentifiableError(
+                f"token ids must lie in 0..{vocab - 1} (the model's vocabulary); got "
+                f"{int(ids.min())}..{int(ids.max())}"
+            )
+        tti = None if token_type_ids is None else _as_id_vector(token_type_ids, "token_type_ids")
+        if tti is not None and tti.shape != ids.shape:
+            raise IdentifiableError(
+                f"token_type_ids has {tti.numel()} entries but input_ids has {ids.numel()}"
+            )
+        n_full, max_len = int(ids.numel()), self.info.max_positions
+        if n_full > max_len:
+            if not truncate:
+                raise IdentifiableError(
+                    f"{n_full} token ids but the model takes at most {max_len}; shorten them "
+                    "or allow truncation"
+                )
+            ids = ids[:max_len]
+            tti = None if tti is None else tti[:max_len]
+            warnings.warn(
+                f"{n_full} token ids; dropped the last {n_full - max_len} to fit the model's "
+                f"maximum of {max_len}",
+                TruncationWarning,
+                stacklevel=3,
+            )
+        return Encoding(ids, self._token_strings(ids), n_full - int(ids.numel()), tti)
+
+    def _encode_any(self, item: ModelInput, truncate: bool) -> Encoding:
+        """One sequence from any accepted input kind; ambiguous inputs are refused."""
+        if isinstance(item, Encoding):
+            return item
+        if isinstance(item, str):
+            return self.encode(item, truncate=truncate)
+        if isinstance(item, torch.Tensor):
+            return self.encode_ids(item, truncate=truncate)
+        if isinstance(item, Mapping):
+            return self._encode_mapping(item, truncate)
+        if isinstance(item, tuple | list):
+            if item and all(isinstance(x, str) for x in item):
+                if isinstance(item, tuple):
+                    return self.encode(item, truncate=truncate)
+                raise IdentifiableError(
+                    f"a list of {len(item)} texts is ambiguous: pass a pair as a tuple "
+                    "(text_a, text_b), or many texts to trace_many([...])"
+                )
+            if item and all(_is_int(x) for x in item):
+                return self.encode_ids(list(item), truncate=truncate)
+        raise IdentifiableError(
+            f"cannot trace a {type(item).__name__}: give a text, a pair (text_a, text_b), "
+            "token ids (list[int] or a 1-D tensor) or a tokenizer's BatchEncoding"
+        )
+
+    def _encode_mapping(self, enc: Mapping, truncate: bool) -> Encoding:
+        """A tokenizer's `BatchEncoding` (or dict) of one sequence; padding is removed."""
+        rows = _mapping_rows(enc)
+        if len(rows) != 1:
+            raise IdentifiableError(
+                f"this BatchEncoding holds {len(rows)} sequences; trace takes one, "
+                "trace_many takes a batch"
+            )
+        ids, tti = rows[0]
+        return self.encode_ids(ids, token_type_ids=tti, truncate=truncate)
+
+    def _token_strings(self, ids: torch.Tensor) -> list[str]:
+        if self.tokenizer is None:
+            return [f"<{i}>" for i in ids.tolist()]
+        return list(self.tokenizer.convert_ids_to_tokens(ids.tolist()))
+
+    def _need_tokenizer(self, what: str) -> Any:
+        if self.tokenizer is None:
+            raise IdentifiableError(
+                f"cannot {what}: the model has no tokenizer; pass one "
+                "(Model.from_hf(model, tokenizer)) or trace token ids instead"
+            )
+        return self.tokenizer
+
     # ---- tracing -------------------------------------------------------------
-    def trace(self, text: TextOrPair, *, truncate: bool = True) -> Trace:
-        """One forward pass of one sequence, captured as a `Trace` (no padding)."""
-        return self._trace_batch([self.encode(text, truncate=truncate)])[0]
+    def trace(self, text: ModelInput, *, truncate: bool = True) -> Trace:
+        """One forward pass of one sequence, captured as a `Trace` (no padding).
+
+        `text` is a text, a pair `(a, b)` (a tuple), token ids (list[int] or a
+        1-D integer tensor, used as given) or a tokenizer's `BatchEncoding` of one
+        sequence (padding positions dropped). A list of texts is refused: use a
+        tuple for a pair and `trace_many` for many texts.
+        """
+        return self._trace_batch([self._encode_any(text, truncate)])[0]
 
     def trace_many(
         self,
-        texts: Iterable[TextOrPair],
+        texts: Iterable[ModelInput] | Any,
         *,
         batch_size: int = 8,
         truncate: bool = True,
         progress: bool = False,
+        column: str | None = None,
+        pair_columns: tuple[str, str] | None = None,
     ) -> Iterator[Trace]:
         """Stream Traces in input order, batching with padding internally.
+
+        `texts` is an iterable of anything `trace` accepts, a `BatchEncoding` of
+        a batch, or a `datasets.Dataset` with `column=` (one text per row) or
+        `pair_columns=(a, b)` (a pair per row); a Dataset with a single text
+        column needs neither.
 
         Each result equals `trace(text)` up to float rounding (tested). Within a
         window of a few batches texts are sorted by length, so padding stays small.
         """
         if batch_size < 1:
             raise IdentifiableError(f"batch_size must be ≥ 1, got {batch_size}")
+        items = self._many_items(texts, column, pair_columns)
         window = batch_size * 4
-        bar = _progress(texts, progress)
+        bar = _progress(items, progress)
         buf: list[Encoding] = []
         for text in bar:
-            buf.append(self.encode(text, truncate=truncate))
+            buf.append(self._encode_any(text, truncate))
             if len(buf) == window:
                 yield from self._trace_window(buf, batch_size)
                 buf = []
         if buf:
             yield from self._trace_window(buf, batch_size)
+
+    def _many_items(
+        self, texts: Any, column: str | None, pair_columns: tuple[str, str] | None
+    ) -> Iterable[ModelInput]:
+        if _is_dataset(texts):
+            return _dataset_items(texts, column, pair_columns)
+        if column is not None or pair_columns is not None:
+            raise IdentifiableError(
+                "column= and pair_columns= apply to a datasets.Dataset; for other inputs "
+                "pass the texts themselves"
+            )
+        if isinstance(texts, str | bytes):
+            raise IdentifiableError(
+                "trace_many takes many texts (a list or other iterable); for one text use trace"
+            )
+        if isinstance(texts, Mapping):
+            if "input_ids" in texts:
+                return [{"input_ids": i, "token_type_ids": t} for i, t in _mapping_rows(texts)]
+            raise IdentifiableError(
+                "trace_many got a mapping, which iterates over its keys: pass a list of texts, "
+                "a BatchEncoding, or a datasets.Dataset with column="
+            )
+        return texts
 
     def _trace_window(self, encs: Sequence[Encoding], batch_size: int) -> Iterator[Trace]:
         order = sorted(range(len(encs)), key=lambda i: len(encs[i]))
@@ -248,11 +482,15 @@ class Model:
         for i in range(len(encs)):
             yield out.pop(i)
 
+    def _pad_id(self) -> int:
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        if pad is None:
+            pad = getattr(self.hf_model.config, "pad_token_id", None)
+        return 0 if pad is None else int(pad)
+
     def _batch_inputs(self, encs: Sequence[Encoding]) -> dict[str, torch.Tensor]:
         n_max = max(len(e) for e in encs)
-        pad = self.tokenizer.pad_token_id
-        pad = 0 if pad is None else int(pad)
-        ids = torch.full((len(encs), n_max), pad, dtype=torch.long)
+        ids = torch.full((len(encs), n_max), self._pad_id(), dtype=torch.long)
         mask = torch.zeros((len(encs), n_max), dtype=torch.long)
         tti = torch.zeros((len(encs), n_max), dtype=torch.long)
         for b, e in enumerate(encs):
@@ -265,18 +503,23 @@ class Model:
             inputs["token_type_ids"] = tti
         return {k: v.to(self.device) for k, v in inputs.items()}
 
+    def key_mask(self, n: int) -> torch.Tensor:
+        """`[L, n, n]` bool: which keys each query row of each layer may attend to.
+
+        Derived from the spec and the model's config, not from the attention
+        weights: all keys (encoders), keys ≤ i (decoders), narrowed to a window
+        on sliding-window/local layers (`windows`: i − j < w for decoders,
+        |i − j| ≤ w for encoders, as Hugging Face builds these masks). Each
+        trace checks that its attention is exactly 0 outside this mask.
+        """
+        return _key_masks(n, self.spec.causal, self.windows)
+
     def _trace_batch(self, encs: Sequence[Encoding]) -> list[Trace]:
         n_layers = self.info.n_layers
-        inputs_e: list[torch.Tensor | None] = [None] * n_layers
-        attn_out: list[torch.Tensor | None] = [None] * n_layers
-        layer_out: list[torch.Tensor | None] = [None] * n_layers
+        inputs_e: list[torch.Tensor] = []
+        attn_out: list[torch.Tensor] = []
+        layer_out: list[torch.Tensor] = []
         embedded: list[torch.Tensor] = []
-
-        def keep(store: list[Any], i: int, what: str) -> Any:
-            def hook(module: nn.Module, args: Any, output: Any = None) -> None:
-                store[i] = args[0] if what == "input" else first_tensor(output)
-
-            return hook
 
         with HookSet() as hooks, torch.no_grad():
             hooks.pre(
@@ -284,10 +527,14 @@ class Model:
                 lambda m, a, k: embedded.append(hidden_input(a, k)),
                 with_kwargs=True,
             )
-            for i in range(n_layers):
-                hooks.pre(self._value_modules[i], keep(inputs_e, i, "input"))
-                hooks.post(self._out_modules[i], keep(attn_out, i, "output"))
-                hooks.post(self.layers[i], keep(layer_out, i, "output"))
+            # One hook per distinct module, recording calls in order: a layer that
+            # runs several times (ALBERT shares its weights) is captured at each run.
+            for mod in _distinct(self._value_modules):
+                hooks.pre(mod, lambda m, a: inputs_e.append(a[0]))
+            for mod in _distinct(self._out_modules):
+                hooks.post(mod, lambda m, a, o: attn_out.append(first_tensor(o)))
+            for mod in _distinct(self.layers):
+                hooks.post(mod, lambda m, a, o: layer_out.append(first_tensor(o)))
             out = self.hf_model(**self._batch_inputs(encs), output_attentions=True)
         attentions = getattr(out, "attentions", None)
         if attentions is None or any(a is None for a in attentions):
@@ -295,6 +542,15 @@ class Model:
                 "the model returned no attention probabilities; load it with "
                 "attn_implementation='eager' (identifiable.load_model does this for you)."
             )
+        counts = {len(inputs_e), len(attn_out), len(layer_out), len(attentions)}
+        if counts != {n_layers}:
+            raise IdentifiableError(
+                f"{n_layers} layers, but the value projection ran {len(inputs_e)} times, the "
+                f"output projection {len(attn_out)}, the layers {len(layer_out)} and the model "
+                f"returned {len(attentions)} attention maps; the spec '{self.spec.name}' does "
+                "not match this model (see README 'Adding an architecture')."
+            )
+        model_dtype = inputs_e[0].dtype
         values = [self._values(i, inputs_e[i]) for i in range(n_layers)]  # [B, H, N, d_v]
         att = torch.stack(list(attentions), 1)  # [B, L, H, N, N]
         hidden = torch.stack([embedded[0], *layer_out], 1)  # [B, L+1, N, d]
@@ -305,14 +561,18 @@ class Model:
             [w.w_o.reshape(self.info.n_heads, self.info.head_dim, -1) for w in self._weights]
         )
         b_o = torch.stack([w.b_o for w in self._weights])
+        masks = self.key_mask(att.shape[-1]).to(att.device)  # [L, N, N]
         traces = []
         for b, e in enumerate(encs):
             n = len(e)
+            a_b = att[b, :, :, :n, :n]
+            mask = masks[:, :n, :n]
+            _check_key_mask(a_b, mask, self.spec.name)
             traces.append(
                 Trace(
                     tokens=list(e.tokens),
                     input_ids=e.input_ids.clone(),
-                    attentions=att[b, :, :, :n, :n].float().cpu().contiguous(),
+                    attentions=a_b.float().cpu().contiguous(),
                     values=vals[b, :, :, :n].float().cpu().contiguous(),
                     value_bias=b_v.float().cpu(),
                     out_proj=w_o.float().cpu(),
@@ -325,6 +585,8 @@ class Model:
                     model_name=self.info.name,
                     architecture=self.spec.name,
                     truncated=e.n_dropped,
+                    key_mask=mask.cpu().contiguous(),
+                    capture_dtype=str(model_dtype).removeprefix("torch."),
                 )
             )
         return traces
@@ -334,10 +596,12 @@ class Model:
         split = kv_rows.reshape(*kv_rows.shape[:-1], self.info.n_kv_heads, self.info.head_dim)
         return split[..., self.kv_head_of.to(split.device), :]
 
-    def _values(self, layer: int, e: torch.Tensor | None) -> torch.Tensor:
-        if e is None:
-            raise IdentifiableError(f"layer {layer}: the value projection never ran; spec mismatch")
-        v = e @ self._weights[layer].w_v  # [B, N, H_kv·d_v], bias-free by definition of T
+    def _values(self, layer: int, e: torch.Tensor) -> torch.Tensor:
+        w_v = self._weights[layer].w_v
+        # Half-precision models: E and W_V as the model holds them, multiplied in
+        # float32, so T is exact for the captured operands (analyses use float64).
+        work = torch.float32 if e.dtype in _HALF else e.dtype
+        v = e.to(work) @ w_v.to(work)  # [B, N, H_kv·d_v], bias-free by definition of T
         return self._per_query_head(v).permute(0, 2, 1, 3)  # [B, H, N, d_v]
 
     def vocabulary_embeddings(self) -> torch.Tensor:
@@ -377,8 +641,10 @@ class Model:
         ids = input_ids.to(self.device).reshape(1, -1).expand(x.shape[0], -1)
         outs: list[torch.Tensor] = []
         with HookSet() as hooks:
-            hooks.pre(self.layers[0], replace_hidden_input(x), with_kwargs=True)
-            for layer in self.layers:
+            hooks.pre(
+                self.layers[0], replace_hidden_input(x, first_call_only=True), with_kwargs=True
+            )
+            for layer in _distinct(self.layers):
                 hooks.post(layer, lambda m, a, o: outs.append(first_tensor(o)))
             self.hf_model(input_ids=ids, attention_mask=torch.ones_like(ids))
         result = torch.stack([x, *outs], dim=1)
@@ -386,6 +652,11 @@ class Model:
 
 
 def _check_text(text: TextOrPair) -> tuple[str, ...]:
+    if isinstance(text, list):
+        raise IdentifiableError(
+            "a list of texts is ambiguous: pass a pair as a tuple (text_a, text_b), "
+            "or many texts to trace_many([...])"
+        )
     parts = (text,) if isinstance(text, str) else tuple(text)
     if not parts or len(parts) > 2 or not all(isinstance(p, str) for p in parts):
         raise IdentifiableError("give a text (str) or a text pair (str, str)")
@@ -427,3 +698,183 @@ def _progress(texts: Iterable[TextOrPair], enabled: bool) -> Iterable[TextOrPair
 
     total = len(texts) if hasattr(texts, "__len__") else None  # type: ignore[arg-type]
     return track(texts, description="tracing", total=total, transient=True)
+
+
+# ---- layers, windows and key masks -------------------------------------------
+
+
+def _logical_layers(base: nn.Module, spec: ArchSpec) -> list[nn.Module]:
+    """The layers in the order the forward pass runs them (a shared layer appears once per run)."""
+    listed = list(get_submodule(base, spec.layers))
+    if spec.layer_groups is None:
+        return listed
+    n_runs = int(base.config.num_hidden_layers)
+    groups = [list(get_submodule(g, spec.layer_groups)) for g in listed]
+    # ALBERT: run i uses group ⌊i / (L / G)⌋, then every layer inside that group.
+    return [layer for i in range(n_runs) for layer in groups[int(i / (n_runs / len(groups)))]]
+
+
+def _layer_windows(config: Any, spec: ArchSpec, n_layers: int) -> list[int | None]:
+    """The attention window of each layer (None: the layer sees every key its row may see)."""
+    window = getattr(config, spec.window_attr, None)
+    types = getattr(config, spec.layer_types_attr, None)
+    if not isinstance(window, int) or window <= 0:
+        return [None] * n_layers
+    if isinstance(types, list | tuple) and len(types) == n_layers:
+        local = {"sliding_attention", "local"}
+        return [window if t in local else None for t in types]
+    return [window] * n_layers  # Mistral, Mixtral: one window for every layer
+
+
+def _key_masks(n: int, causal: bool, windows: Sequence[int | None]) -> torch.Tensor:
+    """`[L, n, n]` bool, see `Model.key_mask`."""
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    base = j <= i if causal else torch.ones(n, n, dtype=torch.bool)
+    masks = []
+    for w in windows:
+        if w is None:
+            masks.append(base)
+        elif causal:
+            masks.append(base & (i - j < w))
+        else:
+            masks.append((i - j).abs() <= w)
+    return torch.stack(masks) if masks else torch.zeros(0, n, n, dtype=torch.bool)
+
+
+def _check_key_mask(att: torch.Tensor, mask: torch.Tensor, name: str) -> None:
+    """The model's attention must be exactly 0 outside the key mask derived from its config."""
+    outside = att.masked_fill(mask[:, None], 0)
+    if bool(outside.any()):
+        layer = int(outside.flatten(1).any(-1).nonzero()[0])
+        raise IdentifiableError(
+            f"layer {layer} attends to keys outside the mask derived from the config (spec "
+            f"'{name}': causal, windows); the spec does not describe this model's masking."
+        )
+
+
+def _distinct(modules: Sequence[nn.Module]) -> list[nn.Module]:
+    seen: dict[int, nn.Module] = {}
+    for m in modules:
+        seen.setdefault(id(m), m)
+    return list(seen.values())
+
+
+# ---- inputs --------------------------------------------------------------------
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _as_id_vector(x: Any, what: str) -> torch.Tensor:
+    """A 1-D int64 tensor from a list of ints or an integer tensor (a batch of one allowed)."""
+    if isinstance(x, torch.Tensor):
+        t = x.detach().cpu()
+    elif isinstance(x, list | tuple) and all(_is_int(v) for v in x):
+        t = torch.tensor(list(x), dtype=torch.long)
+    else:
+        try:
+            t = torch.as_tensor(x)
+        except Exception:
+            raise IdentifiableError(
+                f"{what} must be a list of ints or a 1-D integer tensor, got {type(x).__name__}"
+            ) from None
+    if t.dim() == 2 and t.shape[0] == 1:
+        t = t[0]
+    if t.dim() != 1 or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise IdentifiableError(
+            f"{what} must be a list of ints or a 1-D integer tensor, got shape "
+            f"{tuple(t.shape)} of {t.dtype}"
+        )
+    return t.long()
+
+
+def _mapping_rows(enc: Mapping) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(ids, token types) per sequence of a BatchEncoding-like mapping, padding removed."""
+    if "input_ids" not in enc:
+        raise IdentifiableError(
+            "the mapping has no 'input_ids'; pass a tokenizer's BatchEncoding, token ids or text"
+        )
+
+    def rows(key: str) -> list[torch.Tensor] | None:
+        value = enc.get(key)
+        if value is None:
+            return None
+        t = value if isinstance(value, torch.Tensor) else None
+        if t is None:
+            lst = list(value)
+            nested = bool(lst) and isinstance(lst[0], list | tuple | torch.Tensor)
+            return [_as_id_vector(r, key) for r in lst] if nested else [_as_id_vector(lst, key)]
+        t = t.detach().cpu()
+        return [_as_id_vector(r, key) for r in t] if t.dim() == 2 else [_as_id_vector(t, key)]
+
+    ids = rows("input_ids") or []
+    masks = rows("attention_mask")
+    types = rows("token_type_ids")
+    out = []
+    for b, row in enumerate(ids):
+        keep = masks[b].bool() if masks is not None else torch.ones_like(row, dtype=torch.bool)
+        if keep.shape != row.shape:
+            raise IdentifiableError("attention_mask and input_ids have different shapes")
+        out.append((row[keep], None if types is None else types[b][keep]))
+    return out
+
+
+def _is_dataset(obj: Any) -> bool:
+    mod = sys.modules.get("datasets")
+    if mod is None:
+        return False
+    return isinstance(obj, mod.Dataset | mod.IterableDataset)
+
+
+def _dataset_items(
+    ds: Any, column: str | None, pair_columns: tuple[str, str] | None
+) -> Iterable[ModelInput]:
+    """Texts (or pairs) from the named columns of a `datasets.Dataset`."""
+    names = list(ds.column_names or [])
+    if column is not None and pair_columns is not None:
+        raise IdentifiableError("give column= (one text per row) or pair_columns=, not both")
+    if column is None and pair_columns is None:
+        features = getattr(ds, "features", None) or {}
+        texts = [
+            c for c in names if getattr(features.get(c), "dtype", "") in ("string", "large_string")
+        ]
+        if len(texts) != 1:
+            raise IdentifiableError(
+                f"say which column holds the texts: trace_many(ds, column=NAME) or "
+                f"pair_columns=(A, B); the dataset's columns are: {', '.join(names) or 'none'}"
+            )
+        column = texts[0]
+    wanted = [column] if column is not None else list(pair_columns or ())
+    if pair_columns is not None and len(wanted) != 2:
+        raise IdentifiableError(
+            "pair_columns= takes two column names, e.g. ('premise', 'hypothesis')"
+        )
+    missing = [c for c in wanted if c not in names]
+    if missing:
+        raise IdentifiableError(
+            f"column '{missing[0]}' is not in the dataset; its columns are: {', '.join(names)}"
+        )
+
+    def gen() -> Iterator[ModelInput]:
+        for row in ds.select_columns(wanted):
+            if column is not None:
+                yield row[column]
+            else:
+                yield (row[wanted[0]], row[wanted[1]])
+
+    return _Sized(gen(), len(ds)) if hasattr(ds, "__len__") else gen()
+
+
+class _Sized:
+    """An iterator with a length, so that the progress bar knows the total."""
+
+    def __init__(self, it: Iterator[Any], n: int) -> None:
+        self._it, self._n = it, n
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._it
+
+    def __len__(self) -> int:
+        return self._n

@@ -17,10 +17,20 @@ from typing import Literal
 
 from identifiable.errors import IdentifiableError
 
+FusedLayout = Literal["qkv_blocks", "per_kv_group"]
+"""Where W_V sits inside a fused QKV weight (output dimension, d_v = head width):
+
+- "qkv_blocks": [Q (H·d_v) | K (H_kv·d_v) | V (H_kv·d_v)] (GPT-2, Phi-3).
+- "per_kv_group": for each key/value head, its H/H_kv query heads, then its key,
+  then its value, d_v columns each (GPT-NeoX, BLOOM: H_kv = H, i.e. [q, k, v] per
+  head; Falcon: any H_kv, multi-query included).
+In both, the fused width is (H + 2·H_kv)·d_v, which gives H_kv.
+"""
+
 
 @dataclass(frozen=True)
 class ArchSpec:
-    """Where the pieces of SPEC.md §1 live in one family of models.
+    """Where the pieces of docs/definitions.md#notation live in one family of models.
 
     Attributes:
         name: short family name shown to users.
@@ -38,6 +48,16 @@ class ArchSpec:
             documents what E is; E is always read at the value projection's input.
         position_offset: positions the model reserves before the first token
             (RoBERTa counts from padding_idx + 1), subtracted from the maximum length.
+        fused: layout of a fused QKV projection whose blocks differ in size
+            (see `FusedLayout`); `fused_qkv` covers the equal-chunk case.
+        layer_groups: for models that reuse layers (ALBERT), the path inside each
+            entry of `layers` of the list of layers it runs; the logical layer i
+            runs group ⌊i·G/L⌋ (G groups, L = `config.num_hidden_layers`).
+        window_attr: config attribute with the sliding/local window size.
+        layer_types_attr: config attribute naming each layer's attention type
+            ("sliding_attention"/"local" layers use the window, others see all keys).
+        source: "table" for the entries below, "discovered" for specs found by
+            `identifiable.models.discover` and proved by `verify()` on a probe.
     """
 
     name: str
@@ -50,6 +70,11 @@ class ArchSpec:
     causal: bool = False
     norm: Literal["pre", "post"] = "post"
     position_offset: int = 0
+    fused: FusedLayout | None = None
+    layer_groups: str | None = None
+    window_attr: str = "sliding_window"
+    layer_types_attr: str = "layer_types"
+    source: Literal["table", "discovered"] = "table"
 
 
 SPECS: tuple[ArchSpec, ...] = (
@@ -102,11 +127,121 @@ SPECS: tuple[ArchSpec, ...] = (
         causal=True,
         norm="pre",
     ),
+    ArchSpec(
+        name="albert",
+        model_types=("albert",),
+        layers="encoder.albert_layer_groups",
+        layer_groups="albert_layers",
+        value="attention.value",
+        out_proj="attention.dense",
+    ),
+    ArchSpec(
+        name="gpt-neox",
+        model_types=("gpt_neox",),
+        layers="layers",
+        value="attention.query_key_value",
+        out_proj="attention.dense",
+        fused="per_kv_group",
+        causal=True,
+        norm="pre",
+    ),
+    ArchSpec(
+        name="opt",
+        model_types=("opt",),
+        layers="decoder.layers",
+        value="self_attn.v_proj",
+        out_proj="self_attn.out_proj",
+        causal=True,
+        norm="pre",
+        position_offset=2,
+    ),
+    ArchSpec(
+        name="gpt-neo",
+        model_types=("gpt_neo",),
+        layers="h",
+        value="attn.attention.v_proj",
+        out_proj="attn.attention.out_proj",
+        causal=True,
+        norm="pre",
+        window_attr="window_size",
+        layer_types_attr="attention_layers",
+    ),
+    ArchSpec(
+        name="bloom",
+        model_types=("bloom",),
+        layers="h",
+        value="self_attention.query_key_value",
+        out_proj="self_attention.dense",
+        fused="per_kv_group",
+        causal=True,
+        norm="pre",
+    ),
+    ArchSpec(
+        name="falcon",
+        model_types=("falcon",),
+        layers="h",
+        value="self_attention.query_key_value",
+        out_proj="self_attention.dense",
+        fused="per_kv_group",
+        causal=True,
+        norm="pre",
+    ),
+    ArchSpec(
+        name="phi3",
+        model_types=("phi3",),
+        layers="layers",
+        value="self_attn.qkv_proj",
+        out_proj="self_attn.o_proj",
+        fused="qkv_blocks",
+        causal=True,
+        norm="pre",
+    ),
+    ArchSpec(
+        name="deberta-v2",
+        model_types=("deberta-v2",),
+        layers="encoder.layer",
+        value="attention.self.value_proj",
+        out_proj="attention.output.dense",
+    ),
+    ArchSpec(
+        name="modernbert",
+        model_types=("modernbert",),
+        layers="layers",
+        value="attn.Wqkv",
+        out_proj="attn.Wo",
+        fused="qkv_blocks",
+        norm="pre",
+    ),
+    *(
+        ArchSpec(
+            name=name,
+            model_types=types,
+            layers="layers",
+            value="self_attn.v_proj",
+            out_proj="self_attn.o_proj",
+            causal=True,
+            norm="pre",
+        )
+        for name, types in (
+            ("gemma", ("gemma", "gemma2", "gemma3_text")),
+            ("qwen3", ("qwen3",)),
+            ("olmo2", ("olmo2",)),
+            ("mixtral", ("mixtral",)),
+        )
+    ),
 )
 
 
 def supported_model_types() -> list[str]:
     return sorted(t for s in SPECS for t in s.model_types)
+
+
+def find_spec(model_type: str) -> ArchSpec | None:
+    """The table's spec covering `config.model_type`, or None."""
+    for spec in SPECS:
+        if model_type in spec.model_types:
+            return spec
+    return None
 
 
 def spec_for(model_type: str) -> ArchSpec:

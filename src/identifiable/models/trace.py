@@ -4,13 +4,14 @@ Everything downstream (attention, tokens, attribution) reads only these tensors,
 never the Hugging Face model. Shapes use:
 L layers, H query heads, n real tokens (no padding), d model width, d_v head width.
 
-Notation follows SPEC.md: for layer l and head h,
+Notation follows docs/definitions.md#notation: for layer l and head h,
     head output = A (E W_V + 1 b_Vᵀ) H,    T = E W_V H  (bias-free),
 with `values[l, h]` = E W_V (n×d_v) and `out_proj[l, h]` = H (d_v×d).
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +45,13 @@ class Trace:
         model_name: where the model came from (hub id, path or "minilm").
         architecture: the spec name used to trace it (e.g. "bert", "gpt2", "llama").
         truncated: number of tokens dropped because the text was too long.
+        key_mask: `[L, n, n]` bool, the keys each query row of each layer may
+            attend to, derived from the spec and the config (all keys, keys ≤ i,
+            sliding/local windows); the attention is exactly 0 outside it. None
+            (traces built by hand) means all keys, or keys ≤ i when `is_causal`;
+            read it through `keys_seen(layer)`.
+        capture_dtype: the dtype the model computed in ("float32", "bfloat16",
+            …); the tensors above are float32 whatever it is. Sets `tolerance`.
     """
 
     tokens: list[str]
@@ -61,6 +69,8 @@ class Trace:
     model_name: str = ""
     architecture: str = ""
     truncated: int = 0
+    key_mask: torch.Tensor | None = None
+    capture_dtype: str = "float32"
 
     # ---- sizes -------------------------------------------------------------
     @property
@@ -104,36 +114,96 @@ class Trace:
             errs.append(torch.linalg.norm(rec - ref) / torch.linalg.norm(ref).clamp_min(1e-30))
         return torch.stack(errs)
 
-    def verify(self, rtol: float = 1e-4) -> torch.Tensor:
+    def keys_seen(self, layer: int) -> torch.Tensor:
+        """`[n, n]` bool: row i of `layer` may attend to key j (see `key_mask`)."""
+        self.check_layer(layer)
+        if self.key_mask is not None:
+            return self.key_mask[layer]
+        n = self.n_tokens
+        full = torch.ones(n, n, dtype=torch.bool)
+        return full.tril() if self.is_causal else full
+
+    @property
+    def tolerance(self) -> float:
+        """`verify()`'s default relative tolerance for this trace's capture dtype.
+
+        Rule: max(1e-4, eps · √d / 2), eps the machine epsilon of `capture_dtype`
+        and d the model width. A half-precision model rounds V, the head
+        outputs and W_O's output to eps/2 each; summing d rounded products lets
+        these grow like √d in the worst case the rule allows. float32 keeps the
+        fixed 1e-4 (its eps · √d / 2 is below 1e-5 for any d < 10⁴); bfloat16 at
+        d = 384 gets 7.7e-2, float16 9.6e-3. A wrong spec gives errors of order 1.
+        """
+        eps = _eps(self.capture_dtype)
+        return max(1e-4, eps * self.hidden_size**0.5 / 2)
+
+    def verify(self, rtol: float | None = None) -> torch.Tensor:
         """Prove the capture reproduces the model: raise if any layer's relative error > rtol.
 
+        `rtol` defaults to `tolerance` (which follows the capture dtype). When a
+        half-precision trace fails within 10× its tolerance the error names
+        rounding, not the spec, as the likely cause.
         Returns the per-layer relative errors `[L]`.
         """
+        tol = self.tolerance if rtol is None else float(rtol)
         errs = self.reconstruction_errors()
-        bad = [(i, float(e)) for i, e in enumerate(errs) if not (e <= rtol)]
+        bad = [(i, float(e)) for i, e in enumerate(errs) if not (e <= tol)]
         if bad:
             shown = ", ".join(f"layer {i}: {e:.2e}" for i, e in bad)
+            worst = max(e for _, e in bad)
+            half = self.capture_dtype != "float32" and _eps(self.capture_dtype) > 1e-6
+            if half and worst <= 10 * max(tol, self.tolerance):
+                raise IdentifiableError(
+                    f"trace does not reproduce the model's attention output within {tol:g} "
+                    f"({shown}): the model computes in {self.capture_dtype}, whose rounding "
+                    f"(eps {_eps(self.capture_dtype):.1e}) is the likely cause, not the spec; "
+                    "trace in float32 (dtype=torch.float32) to confirm, or use the dtype's "
+                    "default tolerance (verify() without rtol)."
+                )
             raise IdentifiableError(
                 f"trace does not reproduce the model's attention output ({shown}; "
-                f"tolerance {rtol:g}). The architecture spec for '{self.architecture}' "
+                f"tolerance {tol:g}). The architecture spec for '{self.architecture}' "
                 "probably reads E or W_V/W_O from the wrong place; see README 'Adding an architecture'."
             )
         return errs
 
     def check_layer(self, layer: int) -> None:
+        _check_integer("layer", layer)
         if not 0 <= layer < self.n_layers:
             raise IdentifiableError(
                 f"layer {layer} is out of range: valid layers are 0..{self.n_layers - 1}"
             )
 
     def check_head(self, head: int) -> None:
+        _check_integer("head", head)
         if not 0 <= head < self.n_heads:
             raise IdentifiableError(
                 f"head {head} is out of range: valid heads are 0..{self.n_heads - 1}"
             )
 
     def check_row(self, row: int) -> None:
+        _check_integer("row", row)
         if not 0 <= row < self.n_tokens:
             raise IdentifiableError(
                 f"row {row} is out of range: valid rows are 0..{self.n_tokens - 1}"
             )
+
+
+def _check_integer(name: str, value: object) -> None:
+    """An index must be an integer (numpy and torch integer scalars too), never a bool or float."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise IdentifiableError(
+            f"{name} must be an integer, got {type(value).__name__} {value!r}"
+        ) from None
+
+
+def _eps(dtype_name: str) -> float:
+    """Machine epsilon of a dtype named like "bfloat16" (float32's for unknown names)."""
+    dtype = getattr(torch, dtype_name, None)
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return float(torch.finfo(dtype).eps)
+    return float(torch.finfo(torch.float32).eps)

@@ -1,0 +1,146 @@
+"""Automatic discovery on families deliberately left out of the spec table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from identifiable.errors import IdentifiableError
+from identifiable.models import Model, find_spec
+
+LEFT_OUT = {
+    # family: (config, expected value module, expected output module, fused, causal)
+    "gptj": (
+        {"n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8, "n_positions": 128},
+        "attn.v_proj",
+        "attn.out_proj",
+        None,
+        True,
+    ),
+    "starcoder2": (
+        {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 128,
+            "sliding_window": 4,
+        },
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        None,
+        True,
+    ),
+    "phi": (
+        {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 128,
+        },
+        "self_attn.v_proj",
+        "self_attn.dense",
+        None,
+        True,
+    ),
+    "mpt": (
+        {"d_model": 64, "n_layers": 2, "n_heads": 4},
+        "attn.Wqkv",
+        "attn.out_proj",
+        "qkv_blocks",
+        True,
+    ),
+}
+
+
+def _tiny(model_type: str, config: dict):
+    from transformers import AutoConfig, AutoModel
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model(
+        model_type, vocab_size=30522, pad_token_id=0, bos_token_id=101, eos_token_id=102, **config
+    )
+    hf = AutoModel.from_config(cfg, attn_implementation="eager")
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return hf.eval()
+
+
+@pytest.mark.parametrize("family", sorted(LEFT_OUT))
+def test_discovered_spec_is_verified(family, bert_tokenizer):
+    config, value, out, fused, causal = LEFT_OUT[family]
+    assert find_spec(family) is None  # really not in the table
+    m = Model.from_hf(_tiny(family, config), bert_tokenizer)
+    d = m.discovery
+    assert d is not None and d.spec.source == "discovered"
+    assert (d.spec.value, d.spec.out_proj, d.spec.fused, d.spec.causal) == (
+        value,
+        out,
+        fused,
+        causal,
+    )
+    assert d.errors.max() < 1e-5 and d.tried[-1].endswith("verified")
+    tr = m.trace("The cat sat on the mat, and the dog sat on the log.")
+    assert tr.verify().max() < 1e-5
+    assert torch.equal(tr.attentions.ne(0).any(1), tr.key_mask)
+
+
+def test_discovered_window_comes_from_the_config(bert_tokenizer):
+    config = LEFT_OUT["starcoder2"][0]
+    m = Model.from_hf(_tiny("starcoder2", config), bert_tokenizer)
+    assert m.windows == [4, 4]
+
+
+def test_discovery_rejects_a_spec_that_does_not_verify(bert_tokenizer):
+    """Deberta-v2's first candidate pairs value_proj with query_proj: verify must refuse it."""
+    from identifiable.models.discover import discover_spec
+    from identifiable.models.model import base_model_of
+
+    hf = _tiny(
+        "deberta-v2",
+        {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 128,
+        },
+    )
+    d = discover_spec(base_model_of(hf), bert_tokenizer)
+    assert d.spec.out_proj == "attention.output.dense"
+    assert find_spec("deberta-v2").out_proj == d.spec.out_proj  # agrees with the table
+
+
+def test_undiscoverable_family_is_one_line(bert_tokenizer):
+    hf = _tiny("xlnet", {"d_model": 64, "n_layer": 2, "n_head": 4, "d_inner": 128})
+    with pytest.raises(IdentifiableError) as info:
+        Model.from_hf(hf, bert_tokenizer)
+    msg = str(info.value)
+    assert "\n" not in msg and "'xlnet' is not in the table" in msg
+    assert "tried" in msg or "found no" in msg
+    assert "ArchSpec" in msg and "spec=" in msg
+
+
+def test_cli_models_check(tmp_path, bert_tokenizer, capsys):
+    from identifiable.cli import main
+
+    config = LEFT_OUT["gptj"][0]
+    _tiny("gptj", config).save_pretrained(tmp_path / "gptj")
+    bert_tokenizer.save_pretrained(tmp_path / "gptj")
+    main(["models", "--check", str(tmp_path / "gptj")])  # returns normally on success
+    out = capsys.readouterr().out
+    assert "spec: gptj (discovered)" in out and "attn.v_proj" in out
+    assert "verified: max relative error" in out
+
+
+def test_cli_models_check_undiscoverable(tmp_path, capsys):
+    from identifiable.cli import main
+
+    _tiny("xlnet", {"d_model": 64, "n_layer": 2, "n_head": 4, "d_inner": 128}).save_pretrained(
+        tmp_path / "xl"
+    )
+    with pytest.raises(SystemExit) as info:
+        main(["models", "--check", str(tmp_path / "xl")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not in the table" in err and "Traceback" not in err
