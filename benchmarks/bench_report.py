@@ -12,8 +12,6 @@ artifacts/viewer-minilm-512.html.
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from pathlib import Path
 
@@ -32,6 +30,7 @@ def long_text(tokenizer, n_tokens: int) -> str:
 
 
 def measure(model, text: str, label: str, save: str | None = None) -> None:
+    from identifiable.report.viewer import read_viewer_data
     from identifiable.viewer import viewer_html_for_trace
 
     trace = model.trace(text)
@@ -42,7 +41,7 @@ def measure(model, text: str, label: str, save: str | None = None) -> None:
     if save:
         Path(save).parent.mkdir(exist_ok=True)
         Path(save).write_text(html, "utf-8")
-    data = json.loads(re.search(r'id="viewer-data">(.*?)</script>', html, re.S).group(1))
+    (data,) = read_viewer_data(html)
     size = len(html.encode("utf-8"))
     full = sum(1 for e in data["matrices"].values() if e["f"] == 1)
     block = max(e["f"] for e in data["matrices"].values())

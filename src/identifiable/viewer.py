@@ -64,6 +64,9 @@ def viewer_html_for_trace(
 ) -> str:
     """The viewer page for a trace.
 
+    The page opens on `layer`, `head` and, when `rows` are given, on the first of them, with
+    its intervals shown. The head grid is shaded by `head_distance`.
+
     Intervals and witnesses (one LP per key and bound, so costly for long texts) are
     computed for `rows` of the chosen head, or for up to `max_rows` rows spread over the
     text, in an order that keeps them spread, until `interval_seconds` have passed
@@ -90,9 +93,11 @@ def viewer_html_for_trace(
         intervals.append(_interval_row(trace, layer, head, r, factors))
     done = sorted(iv.row for iv in intervals)
     note = (
-        f"Intervals were precomputed for layer {layer}, head {head}, rows {_ranges(done)}"
+        f"Intervals were precomputed for layer {layer + 1} (of 1..{trace.n_layers}), head "
+        f"{head}, rows {_ranges(done)}"
         + (f" (stopped after {interval_seconds:g} s)" if len(done) < len(chosen) else "")
         + ". For another head or row run: identifiable view TEXT --layer L --head H --rows I,J"
+        f" (L in 1..{trace.n_layers} as printed, H and rows from 0)"
     )
     return viewer_html(
         tokens=trace.tokens,
@@ -103,12 +108,29 @@ def viewer_html_for_trace(
         intervals=intervals,
         layer=layer,
         head=head,
+        row=int(rows[0]) if rows else None,
+        head_distance=head_distance(trace.attentions, result.effective),
         is_causal=trace.is_causal,
         model_name=trace.model_name,
         variant=variant,
         max_bytes=max_bytes,
         interval_note=note,
     )
+
+
+def head_distance(raw: torch.Tensor, effective: torch.Tensor) -> torch.Tensor:
+    """`[L, H]` float64 ‖A − A_eff‖_F / ‖A‖_F per head, from raw, effective `[L, H, n, n]`.
+
+    0 where the head's attention is identifiable (effective = raw); it grows with the share
+    of the attention pattern that lies in the null space, so the viewer's head grid shades
+    heads by it. One layer at a time in float64, to bound memory on long texts.
+    """
+    out = torch.empty(raw.shape[:2], dtype=torch.float64)
+    for layer in range(raw.shape[0]):
+        a = raw[layer].double().flatten(-2)
+        diff = a - effective[layer].double().flatten(-2)
+        out[layer] = diff.norm(dim=-1) / a.norm(dim=-1).clamp_min(1e-300)
+    return out
 
 
 def _null_dims(result: Any) -> torch.Tensor:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +10,7 @@ import pytest
 
 from identifiable.attention import effective_attention
 from identifiable.errors import IdentifiableError
+from identifiable.report.viewer import read_viewer_data
 from identifiable.report.viewer_data import decode_head
 from identifiable.viewer import viewer_html_for_trace
 
@@ -22,11 +21,9 @@ TEXT = (
 
 
 def page_data(html: str) -> dict[str, Any]:
-    match = re.search(
-        r'<script type="application/json" id="viewer-data">(.*?)</script>', html, re.S
-    )
-    assert match, "data island missing"
-    return json.loads(match.group(1))
+    islands = read_viewer_data(html)
+    assert len(islands) == 1, "data island missing"
+    return islands[0]
 
 
 @pytest.mark.parametrize("arch", ["bert", "gpt2", "llama"])
@@ -52,6 +49,17 @@ def test_page_data_matches_the_analysis(tiny_model: Any, arch: str) -> None:
             <= data["matrices"][key]["eff"][1] / 2 + 1e-9
         )
     assert len(data["intervals"]) == 3
+    assert data["start_row"] is None  # no --rows: nothing preselected
+    # the head grid's shade: ‖A − A_eff‖_F / ‖A‖_F per head, against numpy
+    a_np = trace.attentions.double().numpy()
+    e_np = eff.effective.double().numpy()
+    expected = np.linalg.norm(a_np - e_np, axis=(2, 3)) / np.linalg.norm(a_np, axis=(2, 3))
+    assert np.allclose(data["distance"], expected, atol=1e-6)
+    dims = np.array(data["null_dims"])
+    # identifiable heads have A_eff = A; the others differ, and not all by the same amount
+    assert np.all(expected[dims == 0] < 1e-9)
+    assert (dims > 0).any() and np.all(expected[dims > 0] > 1e-6)
+    assert np.ptp(expected[dims > 0]) > 1e-3
     for key, iv in data["intervals"].items():
         layer, head, row = map(int, key.split(","))
         assert (layer, head) == (1, 2)
@@ -81,11 +89,14 @@ def test_causal_model_page_in_browser(tiny_model: Any, tmp_path: Path, open_page
     path.write_text(
         viewer_html_for_trace(trace, layer=0, head=1, rows=[4], interval_seconds=60), "utf-8"
     )
+    assert page_data(path.read_text("utf-8"))["start_row"] == 4
     loaded = open_page(path)
     page = loaded.page
-    page.click("#tokens span[data-index='4']")
-    rows = page.locator("#interval-panel table tr")
+    # --rows 4: the row is shown on load, without a click
+    assert "query 4" in page.inner_text("[data-part='interval-panel']")
+    assert page.locator(".idf-tokens span.idf-selected").get_attribute("data-index") == "4"
+    rows = page.locator("[data-part='interval-panel'] table tr")
     assert rows.count() == 1 + 5  # header + the 5 keys row 4 can see
-    page.click("#tokens span[data-index='6']")
-    assert "not precomputed" in page.inner_text("#interval-panel")
+    page.click(".idf-tokens span[data-index='6']")
+    assert "not precomputed" in page.inner_text("[data-part='interval-panel']")
     assert loaded.console_errors == [] and loaded.dialogs == [] and loaded.requests == []

@@ -1,4 +1,4 @@
-"""Pure linear algebra of attention identifiability (SPEC.md sections 1 and 2).
+"""Pure linear algebra of attention identifiability (docs/definitions.md#null-spaces).
 
 Shapes: B a batch of heads, n tokens, d_v head width, d model width, m the
 width of the matrix whose column space is used (d_v, or d_v + 1 with the
@@ -24,7 +24,7 @@ _EPS64 = torch.finfo(torch.float64).eps
 
 
 def rank_tolerance(sigma_max: Tensor, n: int, m: int) -> Tensor:
-    """SPEC tolerance σ_max · max(n, m) · eps(float64), broadcast like `sigma_max`."""
+    """Rank tolerance σ_max · max(n, m) · eps(float64), broadcast like `sigma_max`."""
     return sigma_max * max(n, m) * _EPS64
 
 
@@ -75,7 +75,7 @@ def column_basis(x: Tensor, *, width: int | None = None) -> tuple[Tensor, Tensor
 
 
 def _column_basis(x: Tensor, width: int | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Orthonormal basis of col(x) with the SPEC's rank tolerance.
+    """Orthonormal basis of col(x) with the rank tolerance of docs/definitions.md#rank-tolerance.
 
     Well-conditioned matrices (κ(x) < 1e3, far from the tolerance, so the SVD
     would find full rank too) take a cheaper route: one pass of Cholesky QR
@@ -137,7 +137,7 @@ def add_ones(basis: Tensor, rank: Tensor) -> tuple[Tensor, Tensor]:
     """Extend an orthonormal basis of col(T) to one of col([T, 1]).
 
     The ones column counts as a new direction when its distance from col(T),
-    relative to its own norm, exceeds max(n, k + 1) · eps: the SPEC tolerance
+    relative to its own norm, exceeds max(n, k + 1) · eps: the rank tolerance
     for [T, s·1] with s scaled so that ‖s·1‖ = σ_max(T).
 
     Args:

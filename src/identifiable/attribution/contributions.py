@@ -1,4 +1,4 @@
-"""From squared Jacobian block norms to contributions c^l_{i,j} (SPEC.md section 5).
+"""From squared Jacobian block norms to contributions c^l_{i,j} (docs/definitions.md#hta).
 
 c^l_{i,j} = ‖∂e^l_i/∂x_j‖_F / Σ_k ‖∂e^l_i/∂x_k‖_F, so every row sums to 1.
 """

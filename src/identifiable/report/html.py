@@ -103,7 +103,8 @@ def inline_style(*names: str) -> Markup:
     return Markup("<style>\n" + "\n".join(asset(n) for n in names) + "\n</style>")
 
 
-def _script_code(names: Iterable[str]) -> str:
+def script_code(names: Iterable[str]) -> str:
+    """The text of our own script assets, joined, checked to hold no closing script tag."""
     code = "\n" + "\n".join(asset(n) for n in names) + "\n"
     # Our own assets; still guard against an accidental closing tag in them.
     if "</script" in code.lower():
@@ -157,7 +158,7 @@ def page(
     and the tests check both). A mistake that would load something from outside
     fails loudly in the browser tests instead of silently needing the network.
     """
-    code = _script_code(scripts) if scripts else ""
+    code = script_code(scripts) if scripts else ""
     digest = base64.b64encode(hashlib.sha256(code.encode("utf-8")).digest()).decode("ascii")
     csp = (
         "default-src 'none'; img-src data:; style-src 'unsafe-inline'; "

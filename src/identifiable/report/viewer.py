@@ -4,16 +4,32 @@
 `identifiable.viewer.build_viewer` runs a model and the attention analysis and calls it
 (report/ renders only, so it imports nothing above it).
 What is stored and why the page stays small is explained in `viewer_data`.
+
+Three forms of the same viewer:
+
+* `viewer_html`: a complete page with its own Content-Security-Policy (for a file);
+* `viewer_iframe(page)`: that page inside a sandboxed `<iframe srcdoc>`, for notebooks and
+  other hosts. The frame keeps the page's CSP and styles to itself; this is the form to use
+  wherever the host's CSS or CSP is not ours;
+* `viewer_fragment`: the viewer as a `<div>` with scoped styles and an inline script, for a
+  host page that allows inline scripts. Every element id carries a prefix unique to the
+  instance and every CSS rule is scoped to the viewer's root, so several viewers can
+  share one page without touching each other or the host.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from identifiable.report.html import data_script, h, page
+from identifiable.report.html import Markup, h, inline_style, json_for_script, page, script_code
+from identifiable.report.html import raw as raw_markup
 from identifiable.report.viewer_data import (
     IntervalRow,
     encode_heads,
@@ -41,18 +57,119 @@ def viewer_html(
     intervals: Sequence[IntervalRow] = (),
     layer: int = 0,
     head: int = 0,
+    row: int | None = None,
+    head_distance: torch.Tensor | None = None,
     is_causal: bool = False,
     model_name: str = "",
     variant: str = "paper",
     max_bytes: int = DEFAULT_MAX_BYTES,
     interval_note: str = "",
 ) -> str:
-    """Build the viewer page.
+    """Build the viewer page (a complete HTML document with its own CSP).
 
     tokens: n strings (escaped in the page). raw, effective: `[L, H, n, n]`.
     null_dims: `[L, H]` ints, dim LN(T) per head (last row for causal heads).
-    intervals: precomputed rows (any heads). layer, head: initially shown head.
+    intervals: precomputed rows (any heads). layer, head: initially shown head;
+    row: query row shown on load (its intervals open at once), or None.
+    head_distance: `[L, H]` floats, how far effective attention is from raw attention per
+    head (the grid is shaded by it); None shades the grid by null-space dimension.
     """
+    title, root = _viewer_root(
+        tokens=tokens,
+        raw=raw,
+        effective=effective,
+        null_dims=null_dims,
+        head_dim=head_dim,
+        intervals=intervals,
+        layer=layer,
+        head=head,
+        row=row,
+        head_distance=head_distance,
+        is_causal=is_causal,
+        model_name=model_name,
+        variant=variant,
+        max_bytes=max_bytes,
+        interval_note=interval_note,
+        standalone=True,
+    )
+    return page(title, root, styles=["viewer.css"], scripts=["viewer.js"])
+
+
+def viewer_fragment(**kwargs: Any) -> str:
+    """The viewer as an HTML fragment for a host page: a root `<div>`, its scoped styles
+    and its inline script. Takes the arguments of `viewer_html`.
+
+    The fragment has no CSP of its own (a `<meta>` CSP only works in a document's head) and
+    needs a host that runs inline scripts; `viewer_iframe(viewer_html(...))` needs neither.
+    Each call gets ids with a fresh prefix, so the same data may be shown twice on one page.
+    """
+    _, root = _viewer_root(**kwargs, standalone=False)
+    code = script_code(["viewer.js"])
+    return str(inline_style("viewer.css") + root + raw_markup(f"<script>{code}</script>"))
+
+
+def viewer_iframe(page_html: str, *, height: int = 1000, title: str = "Attention viewer") -> str:
+    """`page_html` (a complete page such as `viewer_html` returns) inside a sandboxed iframe.
+
+    The page goes into `srcdoc`, attribute-escaped, so the frame needs no file and no network.
+    `sandbox="allow-scripts"` lets the viewer's own script run but gives the frame an opaque
+    origin: it cannot read the host page, its cookies or its storage, and the page's CSP
+    `<meta>` applies inside the frame. Use this form in notebooks (`IPython.display.HTML`).
+    height: the frame's height in CSS pixels (the page scrolls inside it).
+    """
+    if not page_html.lstrip().lower().startswith("<!doctype html"):
+        raise ValueError("viewer_iframe takes a complete HTML page, such as viewer_html returns")
+    return str(
+        h(
+            "iframe",
+            srcdoc=page_html,
+            sandbox="allow-scripts",
+            title=title,
+            referrerpolicy="no-referrer",
+            style=f"width: 100%; height: {int(height)}px; border: 1px solid #d7dce2;",
+            class_="idf-viewer-frame",
+        )
+    )
+
+
+def read_viewer_data(html: str) -> list[dict[str, Any]]:
+    """The data islands of every viewer in `html` (a page, fragment or host page), in order.
+
+    For tests and benchmarks: what the page's script reads. An iframe's page is inside an
+    escaped attribute and is not found here; pass the page itself.
+    """
+    return [
+        json.loads(m.group(1))
+        for m in re.finditer(
+            r'<script type="application/json" class="idf-viewer-data" id="[^"]*">(.*?)</script>',
+            html,
+            re.S,
+        )
+    ]
+
+
+_instances = itertools.count(1)
+
+
+def _viewer_root(
+    *,
+    tokens: Sequence[str],
+    raw: torch.Tensor,
+    effective: torch.Tensor,
+    null_dims: torch.Tensor,
+    head_dim: int,
+    intervals: Sequence[IntervalRow] = (),
+    layer: int = 0,
+    head: int = 0,
+    row: int | None = None,
+    head_distance: torch.Tensor | None = None,
+    is_causal: bool = False,
+    model_name: str = "",
+    variant: str = "paper",
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    interval_note: str = "",
+    standalone: bool,
+) -> tuple[str, Markup]:
     n_layers, n_heads, n = int(raw.shape[0]), int(raw.shape[1]), int(raw.shape[2])
     if raw.shape != effective.shape or raw.shape[2] != raw.shape[3] or len(tokens) != n:
         raise ValueError(
@@ -62,6 +179,12 @@ def viewer_html(
         raise ValueError(
             f"null_dims must be [L, H] = [{n_layers}, {n_heads}], got {tuple(null_dims.shape)}"
         )
+    if head_distance is not None and tuple(head_distance.shape) != (n_layers, n_heads):
+        raise ValueError(
+            f"head_distance must be [L, H] = [{n_layers}, {n_heads}], got {tuple(head_distance.shape)}"
+        )
+    if row is not None and not 0 <= row < n:
+        raise ValueError(f"row {row} is out of range: valid rows are 0..{n - 1}")
     heads, omitted = encode_heads(
         raw, effective, layer=layer, head=head, max_bytes=max_bytes, causal=is_causal
     )
@@ -75,14 +198,31 @@ def viewer_html(
         "causal": bool(is_causal),
         "variant": variant,
         "start": [int(layer), int(head)],
-        "null_dims": [[int(v) for v in row] for row in null_dims.tolist()],
+        "start_row": None if row is None else int(row),
+        "null_dims": [[int(v) for v in r] for r in null_dims.tolist()],
+        "distance": None
+        if head_distance is None
+        else [[round(float(v), 6) for v in r] for r in head_distance.tolist()],
         "matrices": heads,
         "omitted": [list(p) for p in omitted],
         "intervals": {f"{r.layer},{r.head},{r.row}": interval_json(r) for r in intervals},
         "interval_note": interval_note,
     }
+    # Ids: derived from the content (a page is byte-for-byte reproducible); a fragment adds
+    # a per-process counter so that two fragments of the same data still differ.
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()[:10]
+    uid = f"idv-{digest}" if standalone else f"idv-{digest}-{next(_instances)}"
     title = f"Attention viewer: {model_name}" if model_name else "Attention viewer"
-    body = [
+    grid_note = (
+        "Shade: how far effective attention is from raw attention in that head, "
+        "‖A − A_eff‖_F / ‖A‖_F (white = identical). Number: dim LN(T), how many independent "
+        "directions attention can move without changing the head's output (0 = identifiable)."
+        if head_distance is not None
+        else "dim LN(T): how many independent directions attention can move without changing "
+        "the head's output (0 = identifiable)."
+    )
+    root = h(
+        "div",
         h(
             "header",
             h("h1", title),
@@ -91,25 +231,25 @@ def viewer_html(
                 f"{n} tokens · {n_layers} layers × {n_heads} heads · head width d_v = {head_dim} "
                 f"(attention is not identifiable once a head sees more than {head_dim} tokens) · "
                 f"effective-attention variant: {variant}",
-                class_="meta",
+                class_="idf-meta",
             ),
-            h("p", NOT_A_DISTRIBUTION, class_="warning", id="not-distribution"),
+            h("p", NOT_A_DISTRIBUTION, class_="idf-warning", data_part="not-distribution"),
         ),
         _controls(),
         h(
             "div",
             h(
                 "section",
-                h("h2", "Null-space dimension per head"),
+                h("h2", "Heads: null-space dimension and raw–effective distance"),
                 h(
                     "p",
-                    "dim LN(T): how many independent directions attention can move without changing "
-                    "the head's output (0 = identifiable). Click a cell to show that head; italic cells "
-                    "are stored as coarse previews to keep the page small.",
-                    class_="note",
+                    grid_note + " Click a cell to show that head; italic cells are stored as "
+                    "coarse previews to keep the page small.",
+                    class_="idf-note",
                 ),
-                h("table", id="null-grid", class_="grid"),
-                id="overview",
+                h("table", class_="idf-grid", data_part="null-grid"),
+                h("p", class_="idf-note", data_part="grid-legend"),
+                class_="idf-overview",
             ),
             h(
                 "section",
@@ -118,56 +258,85 @@ def viewer_html(
                     _map("raw", "Raw attention A"),
                     _map("effective", "Effective attention A_eff"),
                     _map("null", "Null attention A − A_eff"),
-                    class_="maps",
+                    class_="idf-maps",
                 ),
+                _colour_bar(),
                 h(
                     "p",
-                    "Hover over a cell for its values; click a row to choose that query token.",
-                    class_="note",
+                    "Rows are query tokens, columns key tokens. Hover over a cell for its values "
+                    "and tokens; click a row to choose that query token.",
+                    class_="idf-note",
+                    data_part="axis-note",
                 ),
-                h("div", "\u00a0", id="hover", class_="readout"),
-                id="heatmaps",
+                h("div", "\u00a0", class_="idf-readout", data_part="hover"),
+                class_="idf-heatmaps",
             ),
-            class_="top",
+            class_="idf-top",
         ),
         h(
             "section",
             h("h2", "Tokens"),
-            h("p", "Click a token to choose it as the query row.", class_="note"),
-            h("div", id="tokens", class_="tokens"),
+            h("p", "Click a token to choose it as the query row.", class_="idf-note"),
+            h("div", class_="idf-tokens", data_part="tokens"),
         ),
         h(
             "section",
             h("h2", "Attention intervals and witness for the chosen row"),
             h(
                 "div",
-                h("p", "Click a query token to see its intervals.", class_="note"),
-                id="interval-panel",
+                h("p", "Click a query token to see its intervals.", class_="idf-note"),
+                data_part="interval-panel",
             ),
-            id="intervals",
         ),
-        data_script("viewer-data", data),
-    ]
-    return page(title, body, styles=["base.css", "viewer.css"], scripts=["viewer.js"])
+        Markup(
+            f'<script type="application/json" class="idf-viewer-data" id="{uid}-data">'
+            f"{json_for_script(data)}</script>"
+        ),
+        class_="idf-viewer",
+        id=uid,
+        data_standalone="1" if standalone else None,
+    )
+    return title, root
 
 
 def _controls() -> Any:
     return h(
         "section",
-        h("label", "Layer ", h("select", id="layer")),
-        h("label", "Head ", h("select", id="head")),
-        h("span", id="head-status", class_="note"),
-        id="controls",
-        class_="controls",
+        h("label", "Layer ", h("select", data_part="layer")),
+        h("label", "Head ", h("select", data_part="head")),
+        h("span", class_="idf-note", data_part="head-status"),
+        class_="idf-controls",
     )
 
 
 def _map(kind: str, caption: str) -> Any:
     return h(
         "figure",
-        h("canvas", id=f"map-{kind}", width="300", height="300", data_kind=kind),
+        h(
+            "div",
+            h("div", class_="idf-yaxis", data_part=f"yaxis-{kind}", aria_label="query tokens"),
+            h("canvas", width="300", height="300", data_kind=kind, data_part=f"map-{kind}"),
+            h("div", class_="idf-xaxis", data_part=f"xaxis-{kind}", aria_label="key tokens"),
+            class_="idf-plot",
+        ),
         h("figcaption", caption),
-        class_="map",
+        class_="idf-map",
+    )
+
+
+def _colour_bar() -> Any:
+    return h(
+        "div",
+        h("span", class_="idf-cb-lo", data_part="colourbar-lo"),
+        h("canvas", width="256", height="12", data_part="colourbar"),
+        h("span", class_="idf-cb-hi", data_part="colourbar-hi"),
+        h(
+            "span",
+            "shared colour scale of the three maps: blue above 0, red below 0, white at 0",
+            class_="idf-note",
+        ),
+        class_="idf-colourbar",
+        data_part="colourbar-box",
     )
 
 

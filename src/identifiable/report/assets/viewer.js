@@ -1,52 +1,24 @@
-// Offline attention viewer. Reads the JSON data island written by
-// identifiable.report.viewer; every input string is inserted with textContent,
-// never as HTML. Matrices are zlib-compressed uint8 codes, decoded on demand.
+// Offline attention viewer. Each viewer root (.idf-viewer) holds its own JSON data island,
+// written by identifiable.report.viewer; this script starts every root on the page that has
+// not been started yet, and looks elements up only inside their own root, so several viewers
+// can share one page. Every input string is inserted with textContent, never as HTML.
+// Matrices are zlib-compressed uint8 codes, decoded on demand.
 "use strict";
 (function () {
-  const D = JSON.parse(document.getElementById("viewer-data").textContent);
-  const n = D.n;
-  const cache = new Map();
-  const state = { layer: D.start[0], head: D.start[1], row: null, mats: null };
-  const $ = (id) => document.getElementById(id);
+  const KINDS = ["raw", "effective", "null"];
+  const fmt = (v) => (Math.abs(v) < 5e-5 ? "0.0000" : v.toFixed(4));
   const el = (tag, text, cls) => {
     const e = document.createElement(tag);
     if (text !== undefined && text !== null) e.textContent = String(text);
     if (cls) e.className = cls;
     return e;
   };
-  const fmt = (v) => (Math.abs(v) < 5e-5 ? "0.0000" : v.toFixed(4));
 
   async function inflate(b64) {
     const bin = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
     const stream = new Blob([bin]).stream().pipeThrough(new DecompressionStream("deflate"));
     return new Uint8Array(await new Response(stream).arrayBuffer());
   }
-
-  // Float64 matrices raw, effective, null (= raw - effective) for one head, or null if absent.
-  // f > 1 marks a preview: m×m means of f×f token blocks.
-  async function matrices(layer, head) {
-    const key = layer + "," + head;
-    if (cache.has(key)) return cache.get(key);
-    const entry = D.matrices[key];
-    if (!entry) return null;
-    const codes = await inflate(entry.blob);
-    const f = entry.f || 1;
-    const m = Math.ceil(n / f);
-    const mm = m * m;
-    const raw = new Float64Array(mm), eff = new Float64Array(mm), nul = new Float64Array(mm);
-    let top = 0;
-    for (let k = 0; k < mm; k++) {
-      raw[k] = entry.raw[0] + codes[k] * entry.raw[1];
-      eff[k] = entry.eff[0] + codes[mm + k] * entry.eff[1];
-      nul[k] = raw[k] - eff[k];
-      top = Math.max(top, Math.abs(raw[k]), Math.abs(eff[k]), Math.abs(nul[k]));
-    }
-    const mats = { raw, effective: eff, null: nul, max: top || 1, err: [entry.raw[1] / 2, entry.eff[1] / 2], f, m };
-    cache.set(key, mats);
-    return mats;
-  }
-
-  const masked = (i, j) => D.causal && j > i;
 
   // Diverging colours on one linear scale shared by the three maps: blue > 0, red < 0.
   function colour(v, m) {
@@ -55,264 +27,384 @@
     return c.map((x) => Math.round(255 + (x - 255) * t));
   }
 
-  function draw(kind) {
-    const canvas = $("map-" + kind);
-    const ctx = canvas.getContext("2d");
-    ctx.setTransform(1, 0, 0, 1, 0, 0);
-    ctx.clearRect(0, 0, canvas.width, canvas.height);
-    const mats = state.mats;
-    if (!mats) {
-      ctx.fillStyle = "#f4f6f8";
-      ctx.fillRect(0, 0, canvas.width, canvas.height);
-      ctx.fillStyle = "#5b6673";
-      ctx.font = "13px sans-serif";
-      ctx.fillText("head not embedded in this page", 40, canvas.height / 2);
-      return;
+  // Sequential shade for the head grid: white (0) to dark teal (1).
+  function shade(t) {
+    const c = [14, 92, 99];
+    return c.map((x) => Math.round(255 + (x - 255) * Math.max(0, Math.min(1, t))));
+  }
+
+  function start(root) {
+    root.dataset.init = "1";
+    const D = JSON.parse(root.querySelector("script.idf-viewer-data").textContent);
+    const n = D.n;
+    const cache = new Map();
+    const state = { layer: D.start[0], head: D.start[1], row: D.start_row ?? null, mats: null };
+    const part = (name) => root.querySelector('[data-part="' + name + '"]');
+    const parts = (sel) => root.querySelectorAll(sel);
+    const masked = (i, j) => D.causal && j > i;
+
+    // Float64 matrices raw, effective, null (= raw - effective) for one head, or null if absent.
+    // f > 1 marks a preview: m×m means of f×f token blocks.
+    async function matrices(layer, head) {
+      const key = layer + "," + head;
+      if (cache.has(key)) return cache.get(key);
+      const entry = D.matrices[key];
+      if (!entry) return null;
+      const codes = await inflate(entry.blob);
+      const f = entry.f || 1;
+      const m = Math.ceil(n / f);
+      const mm = m * m;
+      const raw = new Float64Array(mm), eff = new Float64Array(mm), nul = new Float64Array(mm);
+      let top = 0;
+      for (let k = 0; k < mm; k++) {
+        raw[k] = entry.raw[0] + codes[k] * entry.raw[1];
+        eff[k] = entry.eff[0] + codes[mm + k] * entry.eff[1];
+        nul[k] = raw[k] - eff[k];
+        top = Math.max(top, Math.abs(raw[k]), Math.abs(eff[k]), Math.abs(nul[k]));
+      }
+      const mats = { raw, effective: eff, null: nul, max: top || 1, err: [entry.raw[1] / 2, entry.eff[1] / 2], f, m };
+      cache.set(key, mats);
+      return mats;
     }
-    const m = mats.m;
-    const off = document.createElement("canvas");
-    off.width = m;
-    off.height = m;
-    const octx = off.getContext("2d");
-    const img = octx.createImageData(m, m);
-    const vals = mats[kind];
-    for (let i = 0; i < m; i++) {
-      for (let j = 0; j < m; j++) {
-        const p = 4 * (i * m + j);
-        const rgb = masked(i, j) ? [225, 225, 225] : colour(vals[i * m + j], mats.max);
-        img.data[p] = rgb[0];
-        img.data[p + 1] = rgb[1];
-        img.data[p + 2] = rgb[2];
-        img.data[p + 3] = 255;
+
+    function draw(kind) {
+      const canvas = part("map-" + kind);
+      const ctx = canvas.getContext("2d");
+      ctx.setTransform(1, 0, 0, 1, 0, 0);
+      ctx.clearRect(0, 0, canvas.width, canvas.height);
+      const mats = state.mats;
+      if (!mats) {
+        ctx.fillStyle = "#f4f6f8";
+        ctx.fillRect(0, 0, canvas.width, canvas.height);
+        ctx.fillStyle = "#5b6673";
+        ctx.font = "13px sans-serif";
+        ctx.fillText("head not embedded in this page", 40, canvas.height / 2);
+        return;
+      }
+      const m = mats.m;
+      const off = document.createElement("canvas");
+      off.width = m;
+      off.height = m;
+      const octx = off.getContext("2d");
+      const img = octx.createImageData(m, m);
+      const vals = mats[kind];
+      for (let i = 0; i < m; i++) {
+        for (let j = 0; j < m; j++) {
+          const p = 4 * (i * m + j);
+          const rgb = masked(i, j) ? [225, 225, 225] : colour(vals[i * m + j], mats.max);
+          img.data[p] = rgb[0];
+          img.data[p + 1] = rgb[1];
+          img.data[p + 2] = rgb[2];
+          img.data[p + 3] = 255;
+        }
+      }
+      octx.putImageData(img, 0, 0);
+      ctx.imageSmoothingEnabled = false;
+      // A preview's last block may be partial: scale so that blocks line up with token positions.
+      const side = (canvas.width * m * mats.f) / n;
+      ctx.drawImage(off, 0, 0, side, side);
+      if (state.row !== null) {
+        const cell = canvas.height / n;
+        ctx.strokeStyle = "#f0a500";
+        ctx.lineWidth = 2;
+        ctx.strokeRect(1, state.row * cell, canvas.width - 2, Math.max(cell, 2));
       }
     }
-    octx.putImageData(img, 0, 0);
-    ctx.imageSmoothingEnabled = false;
-    // A preview's last block may be partial: scale so that blocks line up with token positions.
-    const side = (canvas.width * m * mats.f) / n;
-    ctx.drawImage(off, 0, 0, side, side);
-    if (state.row !== null) {
-      const cell = canvas.height / n;
-      ctx.strokeStyle = "#f0a500";
-      ctx.lineWidth = 2;
-      ctx.strokeRect(1, state.row * cell, canvas.width - 2, Math.max(cell, 2));
+
+    function drawColourBar() {
+      const canvas = part("colourbar");
+      const ctx = canvas.getContext("2d");
+      const w = canvas.width, hgt = canvas.height;
+      const max = state.mats ? state.mats.max : 1;
+      for (let x = 0; x < w; x++) {
+        const rgb = colour(((2 * x) / (w - 1) - 1) * max, max);
+        ctx.fillStyle = "rgb(" + rgb.join(",") + ")";
+        ctx.fillRect(x, 0, 1, hgt);
+      }
+      part("colourbar-lo").textContent = state.mats ? (-max).toFixed(3) : "";
+      part("colourbar-hi").textContent = state.mats ? "+" + max.toFixed(3) : "";
     }
-  }
 
-  function drawAll() {
-    ["raw", "effective", "null"].forEach(draw);
-  }
+    function drawAll() {
+      KINDS.forEach(draw);
+      drawColourBar();
+    }
 
-  function buildGrid() {
-    const table = $("null-grid");
-    const head = el("tr");
-    head.appendChild(el("th", "L \\ H"));
-    for (let k = 0; k < D.heads; k++) head.appendChild(el("th", k));
-    table.appendChild(head);
-    const omitted = new Set(D.omitted.map((p) => p[0] + "," + p[1]));
-    let dmax = 1;
-    D.null_dims.forEach((r) => r.forEach((v) => (dmax = Math.max(dmax, v))));
-    D.null_dims.forEach((r, layer) => {
-      const tr = el("tr");
-      tr.appendChild(el("th", layer + 1));
-      r.forEach((v, k) => {
-        const td = el("td", v);
-        td.dataset.layer = layer;
-        td.dataset.head = k;
-        const t = v / dmax;
-        td.style.background = "rgba(31, 95, 168, " + (0.08 + 0.6 * t).toFixed(3) + ")";
-        if (omitted.has(layer + "," + k)) {
-          td.classList.add("absent");
-          td.title = "null-space dim " + v + " (preview only: page size limit)";
-        } else {
-          td.title = "null-space dim " + v;
+    // Token labels on both axes of each map: every token when they fit (11 px apart at least),
+    // else every k-th; the hovered query and key are always labelled (see hover()).
+    function buildAxes() {
+      const px = 250 / n;
+      const stride = Math.max(1, Math.ceil(11 / px));
+      const label = (i, cls) => {
+        const s = el("span", D.tokens[i], cls);
+        s.dataset.index = i;
+        s.title = i + ": " + D.tokens[i];
+        return s;
+      };
+      KINDS.forEach((kind) => {
+        const ya = part("yaxis-" + kind), xa = part("xaxis-" + kind);
+        for (let i = 0; i < n; i += stride) {
+          const y = label(i, "idf-tick");
+          y.style.top = ((i + 0.5) * px).toFixed(1) + "px";
+          ya.appendChild(y);
+          const x = label(i, "idf-tick");
+          x.style.left = ((i + 0.5) * px).toFixed(1) + "px";
+          xa.appendChild(x);
         }
-        td.addEventListener("click", () => select(layer, k));
-        tr.appendChild(td);
+        ya.dataset.stride = stride;
+        xa.dataset.stride = stride;
       });
-      table.appendChild(tr);
-    });
-  }
-
-  function markGrid() {
-    document.querySelectorAll("#null-grid td").forEach((td) => {
-      const cur = +td.dataset.layer === state.layer && +td.dataset.head === state.head;
-      td.classList.toggle("current", cur);
-    });
-  }
-
-  function buildControls() {
-    const ls = $("layer"), hs = $("head");
-    for (let l = 0; l < D.layers; l++) ls.appendChild(new Option(String(l + 1), String(l)));
-    for (let k = 0; k < D.heads; k++) hs.appendChild(new Option(String(k), String(k)));
-    ls.addEventListener("change", () => select(+ls.value, state.head));
-    hs.addEventListener("change", () => select(state.layer, +hs.value));
-  }
-
-  function buildTokens() {
-    const box = $("tokens");
-    D.tokens.forEach((t, i) => {
-      const s = el("span", t);
-      s.dataset.index = i;
-      s.title = "token " + i;
-      s.addEventListener("click", () => chooseRow(i));
-      box.appendChild(s);
-    });
-  }
-
-  function markTokens() {
-    document.querySelectorAll("#tokens span").forEach((s) => {
-      const i = +s.dataset.index;
-      s.classList.toggle("selected", i === state.row);
-      s.classList.toggle("has-intervals", (state.layer + "," + state.head + "," + i) in D.intervals);
-    });
-  }
-
-  async function select(layer, head) {
-    state.layer = layer;
-    state.head = head;
-    $("layer").value = String(layer);
-    $("head").value = String(head);
-    state.mats = await matrices(layer, head);
-    const dim = D.null_dims[layer][head];
-    const rerun = "identifiable view TEXT --layer " + (layer + 1) + " --head " + head;
-    const mats = state.mats;
-    let status = "layer " + (layer + 1) + ", head " + head + ": null-space dimension " + dim;
-    if (!mats) status += " · matrices not embedded (page size limit). Run: " + rerun;
-    else {
-      status += " · colour scale ±" + mats.max.toFixed(3) + " (shared by the three maps)";
-      if (mats.f > 1) status += " · preview: means of " + mats.f + "×" + mats.f + " token blocks (page size limit); full resolution: " + rerun;
+      if (stride > 1) {
+        part("axis-note").textContent +=
+          " Every " + stride + "th token is labelled on the axes; hovering labels the others.";
+      }
     }
-    $("head-status").textContent = status;
-    markGrid();
-    markTokens();
-    drawAll();
-    renderPanel();
-  }
 
-  function cellAt(canvas, ev) {
-    const r = canvas.getBoundingClientRect();
-    const j = Math.floor(((ev.clientX - r.left) / r.width) * n);
-    const i = Math.floor(((ev.clientY - r.top) / r.height) * n);
-    return i >= 0 && i < n && j >= 0 && j < n ? [i, j] : null;
-  }
-
-  function hover(ev) {
-    const out = $("hover");
-    const c = cellAt(ev.currentTarget, ev);
-    if (!c || !state.mats) return;
-    const [i, j] = c;
-    const m = state.mats;
-    const bi = Math.floor(i / m.f), bj = Math.floor(j / m.f);
-    const k = bi * m.m + bj;
-    const span = (b) => b * m.f + "–" + Math.min(n - 1, (b + 1) * m.f - 1);
-    const lines = [
-      m.f > 1
-        ? "preview block: queries " + span(bi) + " → keys " + span(bj) + " (means)"
-        : "query " + i + " “" + D.tokens[i] + "” → key " + j + " “" + D.tokens[j] + "”",
-      masked(bi, bj)
-        ? "masked (causal: a query cannot see later keys)"
-        : "raw " + fmt(m.raw[k]) + " (±" + m.err[0].toPrecision(2) + ")   effective " + fmt(m.effective[k]) +
-          " (±" + m.err[1].toPrecision(2) + ")   null " + fmt(m.null[k]),
-    ];
-    out.textContent = lines.join("\n");
-  }
-
-  function chooseRow(i) {
-    state.row = i;
-    markTokens();
-    drawAll();
-    renderPanel();
-  }
-
-  function bar(lo, hi, a, w) {
-    const b = el("div", null, "bar");
-    const span = el("div", null, "span");
-    span.style.left = (100 * lo).toFixed(2) + "%";
-    span.style.width = Math.max(0.5, 100 * (hi - lo)).toFixed(2) + "%";
-    const mark = el("div", null, "mark");
-    mark.style.left = (100 * a).toFixed(2) + "%";
-    b.append(span, mark);
-    if (w !== null) {
-      const wit = el("div", null, "wit");
-      wit.style.left = (100 * w).toFixed(2) + "%";
-      b.append(wit);
+    function markCursor(i, j) {
+      KINDS.forEach((kind) => {
+        const px = 250 / n;
+        [["yaxis-", i, "top"], ["xaxis-", j, "left"]].forEach(([prefix, idx, side]) => {
+          const axis = part(prefix + kind);
+          let c = axis.querySelector(".idf-cursor");
+          if (idx === null) {
+            if (c) c.remove();
+            return;
+          }
+          if (!c) {
+            c = el("span", null, "idf-cursor");
+            axis.appendChild(c);
+          }
+          c.textContent = D.tokens[idx];
+          c.style[side] = ((idx + 0.5) * px).toFixed(1) + "px";
+        });
+      });
     }
-    return b;
-  }
 
-  function renderPanel() {
-    const panel = $("interval-panel");
-    panel.replaceChildren();
-    if (state.row === null) {
-      panel.appendChild(el("p", "Click a query token to see its intervals.", "note"));
-      return;
+    function buildGrid() {
+      const table = part("null-grid");
+      const head = el("tr");
+      head.appendChild(el("th", "L \\ H"));
+      for (let k = 0; k < D.heads; k++) head.appendChild(el("th", k));
+      table.appendChild(head);
+      const omitted = new Set(D.omitted.map((p) => p[0] + "," + p[1]));
+      let dmax = 0;
+      const value = D.distance ? (l, k) => D.distance[l][k] : (l, k) => D.null_dims[l][k];
+      D.null_dims.forEach((r, l) => r.forEach((_, k) => (dmax = Math.max(dmax, value(l, k)))));
+      const legend = part("grid-legend");
+      legend.textContent = D.distance
+        ? "Shade from white (‖A − A_eff‖_F / ‖A‖_F = 0) to dark (" + dmax.toFixed(3) + ", the largest here)."
+        : "Shade from white (dim 0) to dark (dim " + dmax + ").";
+      D.null_dims.forEach((r, layer) => {
+        const tr = el("tr");
+        tr.appendChild(el("th", layer + 1));
+        r.forEach((v, k) => {
+          const td = el("td", v);
+          td.dataset.layer = layer;
+          td.dataset.head = k;
+          const t = dmax > 0 ? value(layer, k) / dmax : 0;
+          td.style.background = "rgb(" + shade(t).join(",") + ")";
+          td.style.color = t > 0.55 ? "#fff" : "#1d232b";
+          let title = "layer " + (layer + 1) + ", head " + k + ": null-space dim " + v;
+          if (D.distance) title += ", ‖A − A_eff‖_F / ‖A‖_F = " + D.distance[layer][k].toFixed(4);
+          if (omitted.has(layer + "," + k)) {
+            td.classList.add("idf-absent");
+            title += " (preview only: page size limit)";
+          }
+          td.title = title;
+          td.addEventListener("click", () => select(layer, k));
+          tr.appendChild(td);
+        });
+        table.appendChild(tr);
+      });
     }
-    const i = state.row;
-    const key = state.layer + "," + state.head + "," + i;
-    const iv = D.intervals[key];
-    panel.appendChild(el("h3", "Layer " + (state.layer + 1) + ", head " + state.head + ", query " + i + " “" + D.tokens[i] + "”"));
-    if (!iv) {
-      panel.appendChild(el("p", "Intervals were not precomputed for this row.", "missing"));
-      if (D.interval_note) panel.appendChild(el("p", D.interval_note, "note"));
-      return;
-    }
-    // Causal rows: keys after the query cannot be attended and are left out.
-    const keys = iv.lo.map((_, j) => j).filter((j) => !masked(i, j));
-    keys.sort((a, b) => iv.weights[b] - iv.weights[a]);
-    const wide = keys.filter((j) => iv.hi[j] - iv.lo[j] > 0.1).length;
-    let text = "Any attention row within these intervals that satisfies the same constraints (non-negative, " +
-      "summing to 1) gives this head exactly the same output. " + wide + " of " + keys.length +
-      " keys have an interval wider than 0.1.";
-    if (iv.witness) {
-      const moved = Math.max(...keys.map((j) => Math.abs(iv.witness[j] - iv.weights[j])));
-      text += " The witness (red) is one such row; it changes a weight by up to " + fmt(moved) + ".";
-    }
-    panel.appendChild(el("p", text, "summary"));
-    if (iv.note) panel.appendChild(el("p", iv.note, "note"));
-    const legend = el("p", null, "legend");
-    legend.append("bar 0 … 1: ");
-    const addKey = (colourCss, text) => {
-      const sw = el("i");
-      sw.style.background = colourCss;
-      legend.append(sw, text);
-    };
-    addKey("#9fbfe3", "interval");
-    addKey("#1d232b", "raw weight");
-    addKey("#d1495b", "witness");
-    panel.appendChild(legend);
-    const table = el("table");
-    const head = el("tr");
-    ["key", "token", "raw a", "witness ã", "min", "max", ""].forEach((t) => head.appendChild(el("th", t)));
-    table.appendChild(head);
-    keys.forEach((j) => {
-      const tr = el("tr");
-      tr.append(el("td", j), el("td", D.tokens[j], "tok"), el("td", fmt(iv.weights[j])), el("td", iv.witness ? fmt(iv.witness[j]) : "–"),
-        el("td", fmt(iv.lo[j])), el("td", fmt(iv.hi[j])));
-      const td = el("td");
-      td.appendChild(bar(iv.lo[j], iv.hi[j], iv.weights[j], iv.witness ? iv.witness[j] : null));
-      tr.appendChild(td);
-      table.appendChild(tr);
-    });
-    panel.appendChild(table);
-  }
 
-  function init() {
+    function markGrid() {
+      parts("table.idf-grid td").forEach((td) => {
+        const cur = +td.dataset.layer === state.layer && +td.dataset.head === state.head;
+        td.classList.toggle("idf-current", cur);
+      });
+    }
+
+    function buildControls() {
+      const ls = part("layer"), hs = part("head");
+      for (let l = 0; l < D.layers; l++) ls.appendChild(new Option(String(l + 1), String(l)));
+      for (let k = 0; k < D.heads; k++) hs.appendChild(new Option(String(k), String(k)));
+      ls.addEventListener("change", () => select(+ls.value, state.head));
+      hs.addEventListener("change", () => select(state.layer, +hs.value));
+    }
+
+    function buildTokens() {
+      const box = part("tokens");
+      D.tokens.forEach((t, i) => {
+        const s = el("span", t);
+        s.dataset.index = i;
+        s.title = "token " + i;
+        s.addEventListener("click", () => chooseRow(i));
+        box.appendChild(s);
+      });
+    }
+
+    function markTokens() {
+      parts(".idf-tokens span").forEach((s) => {
+        const i = +s.dataset.index;
+        s.classList.toggle("idf-selected", i === state.row);
+        s.classList.toggle("idf-has-intervals", (state.layer + "," + state.head + "," + i) in D.intervals);
+      });
+    }
+
+    async function select(layer, head) {
+      state.layer = layer;
+      state.head = head;
+      part("layer").value = String(layer);
+      part("head").value = String(head);
+      state.mats = await matrices(layer, head);
+      const dim = D.null_dims[layer][head];
+      const rerun = "identifiable view TEXT --layer " + (layer + 1) + " --head " + head;
+      const mats = state.mats;
+      let status = "layer " + (layer + 1) + ", head " + head + ": null-space dimension " + dim;
+      if (D.distance) status += ", ‖A − A_eff‖_F / ‖A‖_F = " + D.distance[layer][head].toFixed(3);
+      if (!mats) status += " · matrices not embedded (page size limit). Run: " + rerun;
+      else {
+        status += " · colour scale ±" + mats.max.toFixed(3) + " (shared by the three maps)";
+        if (mats.f > 1) status += " · preview: means of " + mats.f + "×" + mats.f + " token blocks (page size limit); full resolution: " + rerun;
+      }
+      part("head-status").textContent = status;
+      markGrid();
+      markTokens();
+      drawAll();
+      renderPanel();
+    }
+
+    function cellAt(canvas, ev) {
+      const r = canvas.getBoundingClientRect();
+      const j = Math.floor(((ev.clientX - r.left) / r.width) * n);
+      const i = Math.floor(((ev.clientY - r.top) / r.height) * n);
+      return i >= 0 && i < n && j >= 0 && j < n ? [i, j] : null;
+    }
+
+    function hover(ev) {
+      const out = part("hover");
+      const c = cellAt(ev.currentTarget, ev);
+      if (!c) return;
+      const [i, j] = c;
+      markCursor(i, j);
+      if (!state.mats) return;
+      const m = state.mats;
+      const bi = Math.floor(i / m.f), bj = Math.floor(j / m.f);
+      const k = bi * m.m + bj;
+      const span = (b) => b * m.f + "–" + Math.min(n - 1, (b + 1) * m.f - 1);
+      const lines = [
+        m.f > 1
+          ? "preview block: queries " + span(bi) + " → keys " + span(bj) + " (means)"
+          : "query " + i + " “" + D.tokens[i] + "” → key " + j + " “" + D.tokens[j] + "”",
+        masked(bi, bj)
+          ? "masked (causal: a query cannot see later keys)"
+          : "raw " + fmt(m.raw[k]) + " (±" + m.err[0].toPrecision(2) + ")   effective " + fmt(m.effective[k]) +
+            " (±" + m.err[1].toPrecision(2) + ")   null " + fmt(m.null[k]),
+      ];
+      out.textContent = lines.join("\n");
+    }
+
+    function chooseRow(i) {
+      state.row = i;
+      markTokens();
+      drawAll();
+      renderPanel();
+    }
+
+    function bar(lo, hi, a, w) {
+      const b = el("div", null, "idf-bar");
+      const span = el("div", null, "idf-span");
+      span.style.left = (100 * lo).toFixed(2) + "%";
+      span.style.width = Math.max(0.5, 100 * (hi - lo)).toFixed(2) + "%";
+      const mark = el("div", null, "idf-mark");
+      mark.style.left = (100 * a).toFixed(2) + "%";
+      b.append(span, mark);
+      if (w !== null) {
+        const wit = el("div", null, "idf-wit");
+        wit.style.left = (100 * w).toFixed(2) + "%";
+        b.append(wit);
+      }
+      return b;
+    }
+
+    function renderPanel() {
+      const panel = part("interval-panel");
+      panel.replaceChildren();
+      if (state.row === null) {
+        panel.appendChild(el("p", "Click a query token to see its intervals.", "idf-note"));
+        return;
+      }
+      const i = state.row;
+      const key = state.layer + "," + state.head + "," + i;
+      const iv = D.intervals[key];
+      panel.appendChild(el("h3", "Layer " + (state.layer + 1) + ", head " + state.head + ", query " + i + " “" + D.tokens[i] + "”"));
+      if (!iv) {
+        panel.appendChild(el("p", "Intervals were not precomputed for this row.", "idf-missing"));
+        if (D.interval_note) panel.appendChild(el("p", D.interval_note, "idf-note"));
+        return;
+      }
+      // Causal rows: keys after the query cannot be attended and are left out.
+      const keys = iv.lo.map((_, j) => j).filter((j) => !masked(i, j));
+      keys.sort((a, b) => iv.weights[b] - iv.weights[a]);
+      const wide = keys.filter((j) => iv.hi[j] - iv.lo[j] > 0.1).length;
+      let text = "Any attention row within these intervals that satisfies the same constraints (non-negative, " +
+        "summing to 1) gives this head exactly the same output. " + wide + " of " + keys.length +
+        " keys have an interval wider than 0.1.";
+      if (iv.witness) {
+        const moved = Math.max(...keys.map((j) => Math.abs(iv.witness[j] - iv.weights[j])));
+        text += " The witness (red) is one such row; it changes a weight by up to " + fmt(moved) + ".";
+      }
+      panel.appendChild(el("p", text, "idf-summary"));
+      if (iv.note) panel.appendChild(el("p", iv.note, "idf-note"));
+      const legend = el("p", null, "idf-legend");
+      legend.append("bar 0 … 1: ");
+      const addKey = (colourCss, label) => {
+        const sw = el("i");
+        sw.style.background = colourCss;
+        legend.append(sw, label);
+      };
+      addKey("#9fbfe3", "interval");
+      addKey("#1d232b", "raw weight");
+      addKey("#d1495b", "witness");
+      panel.appendChild(legend);
+      const table = el("table");
+      const head = el("tr");
+      ["key", "token", "raw a", "witness ã", "min", "max", ""].forEach((t) => head.appendChild(el("th", t)));
+      table.appendChild(head);
+      keys.forEach((j) => {
+        const tr = el("tr");
+        tr.append(el("td", j), el("td", D.tokens[j], "idf-tok"), el("td", fmt(iv.weights[j])), el("td", iv.witness ? fmt(iv.witness[j]) : "–"),
+          el("td", fmt(iv.lo[j])), el("td", fmt(iv.hi[j])));
+        const td = el("td");
+        td.appendChild(bar(iv.lo[j], iv.hi[j], iv.weights[j], iv.witness ? iv.witness[j] : null));
+        tr.appendChild(td);
+        table.appendChild(tr);
+      });
+      panel.appendChild(table);
+    }
+
     buildControls();
     buildGrid();
     buildTokens();
-    ["raw", "effective", "null"].forEach((kind) => {
-      const c = $("map-" + kind);
+    buildAxes();
+    KINDS.forEach((kind) => {
+      const c = part("map-" + kind);
       c.addEventListener("mousemove", hover);
+      c.addEventListener("mouseleave", () => markCursor(null, null));
       c.addEventListener("click", (ev) => {
         const cell = cellAt(c, ev);
         if (cell) chooseRow(cell[0]);
       });
     });
-    select(state.layer, state.head).then(() => {
-      document.body.dataset.ready = "1";
+    return select(state.layer, state.head).then(() => {
+      root.dataset.ready = "1";
+      // A standalone page marks its body too, once every viewer in it is ready.
+      if (root.dataset.standalone && !document.querySelector(".idf-viewer:not([data-ready])")) {
+        document.body.dataset.ready = "1";
+      }
     });
   }
 
-  init();
+  document.querySelectorAll(".idf-viewer:not([data-init])").forEach(start);
 })();
