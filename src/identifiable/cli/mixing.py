@@ -1,0 +1,96 @@
+"""`identifiable mixing TEXT --method M`: one context-mixing method on one text."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from identifiable.cli.common import (
+    JsonOption,
+    ModelOption,
+    NoTruncateOption,
+    PairOption,
+    check_writable,
+    console,
+    load,
+    write_json,
+)
+from identifiable.errors import IdentifiableError
+
+
+def mixing(
+    text: Annotated[str, typer.Argument(help="The text to analyse.")],
+    method: Annotated[
+        str,
+        typer.Option(
+            "--method",
+            help="attention, rollout, flow, effective-rollout, norm, globenc, alti, "
+            "value-zeroing, grad-input, erasure or hta (see docs/mixing.md).",
+        ),
+    ] = "rollout",
+    pair: PairOption = None,
+    model: ModelOption = "minilm",
+    flow_budget: Annotated[
+        float | None,
+        typer.Option("--flow-budget", help="flow: seconds it may take (default 60)."),
+    ] = None,
+    probes: Annotated[
+        int | None, typer.Option("--probes", "-k", help="hta: estimate with K probes per token.")
+    ] = None,
+    second_norm: Annotated[
+        bool | None,
+        typer.Option(
+            "--second-norm/--first-norm-only",
+            help="globenc: also decompose through the second layer norm (post-LN models).",
+        ),
+    ] = None,
+    no_truncate: NoTruncateOption = False,
+    json_out: JsonOption = None,
+) -> None:
+    """Token-to-token mixing per layer by one method: each token's top source token.
+
+    Rolled-out methods show the rollout (input token → token after layer l); the others
+    show their layer maps. --json writes both maps in full.
+    """
+    from identifiable.mixing import context_mixing, get_method
+
+    spec = get_method(method)  # unknown method: one line listing the known ones, no loading
+    given = {"budget_s": flow_budget, "probes": probes, "second_norm": second_norm}
+    flags = {"budget_s": "--flow-budget", "probes": "--probes", "second_norm": "--second-norm"}
+    options: dict[str, Any] = {}
+    for key, value in given.items():
+        if value is None:
+            continue
+        if key not in spec.defaults:
+            raise IdentifiableError(f"{flags[key]} does not apply to --method {method}")
+        options[key] = value
+    check_writable(json_out)
+    m = load(model)
+    result = context_mixing(
+        m, (text, pair) if pair is not None else text, method, truncate=not no_truncate, **options
+    )
+    shown = result.global_map
+    kind = "rolled out" if result.rolled is not None else "per layer"
+    table = Table(
+        title=f"{m.info.name}: {method} ({kind}), {result.n_tokens} tokens, {result.seconds:.2f} s"
+    )
+    table.add_column("layer", justify="right")
+    table.add_column("top source of each token (token ← source, share of its row)")
+    for layer in range(result.n_layers):
+        cells = []
+        for i, tok in enumerate(result.tokens):
+            row = shown[layer, i]
+            j = int(row.argmax())
+            total = float(row.sum())
+            share = float(row[j]) / total if total > 0 else 0.0
+            cells.append(f"{tok if j == i else f'{tok}←{result.tokens[j]}'} {100 * share:.0f}%")
+        table.add_row(str(layer + 1), "  ".join(cells))
+    console.print(table)
+    if json_out is not None:
+        write_json(json_out, result.to_dict())
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(mixing)

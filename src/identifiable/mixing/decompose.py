@@ -1,0 +1,203 @@
+"""Norm-based decompositions of one attention block: Kobayashi et al. (2020), GlobEnc
+(Modarressi et al. 2022) and ALTI (Ferrando et al. 2022), on plain tensors.
+
+Shapes: H heads, n tokens, d model width, d_v head width. For layer l and head h,
+f_h(x_j) = (x_j W_V^h + b_V^h) W_O^h `[d]` is token j's transformed value and the
+attention output of token i is Σ_j Σ_h α^h_ij f_h(x_j) + b_O. With the residual the
+block's pre-norm sum is z_i = Σ_j z_ij + b_O, z_ij = Σ_h α^h_ij f_h(x_j) + δ_ij x_i.
+
+A LayerNorm is linear once its per-token divisor s_i = sqrt(var(z_i) + eps) is fixed:
+LN(z_i) = Σ_j P(z_ij)/s_i + P(b_O)/s_i + β with P(v) = γ ⊙ (v − mean(v)) (RMSNorm:
+P(v) = γ ⊙ v, β = 0). Every decomposition here therefore sums, with its `rest` (biases
+and, through a second norm, the FFN output), to the block output it decomposes; the
+tests check that against the model's own captured tensors.
+
+Norms are computed without materialising the `[n, n, d]` vectors: since P is linear,
+‖Σ_h α^h_ij P f_h(x_j) + δ_ij P x_i‖² = α_ijᵀ G_j α_ij (+ residual terms on the
+diagonal) with G_j = [⟨P f_h(x_j), P f_k(x_j)⟩]_hk, an `[H, H]` Gram matrix per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from identifiable.models.blocks import NormParams
+
+
+@dataclass(frozen=True)
+class BlockPieces:
+    """One layer's attention block, as a `Trace` and a `BlockCapture` give it.
+
+    Attributes:
+        attn: `[H, n, n]` attention probabilities α.
+        f: `[H, n, d]` f_h(x_j) = (x_j W_V^h + b_V^h) W_O^h.
+        out_bias: `[d]` b_O.
+        residual: `[n, d]` x_i, the residual entering the sum (the layer input).
+    """
+
+    attn: Tensor
+    f: Tensor
+    out_bias: Tensor
+    residual: Tensor
+
+
+def transformed_values(values: Tensor, value_bias: Tensor, out_proj: Tensor) -> Tensor:
+    """f_h(x_j) `[H, n, d]` from values `[H, n, d_v]` (bias-free), b_V `[H, d_v]`, W_O^h `[H, d_v, d]`."""
+    return torch.bmm(values + value_bias[:, None, :], out_proj)
+
+
+def mixed_vectors(attn: Tensor, f: Tensor) -> Tensor:
+    """`[n, n, d]` Σ_h α^h_ij f_h(x_j), indexed [i, j]: one batched product over j."""
+    by_key = torch.bmm(attn.permute(2, 1, 0), f.permute(1, 0, 2))  # [j, i, d]
+    return by_key.permute(1, 0, 2)
+
+
+def _project(norms: Sequence[NormParams], v: Tensor) -> Tensor:
+    """P_k ∘ … ∘ P_1 applied to the last axis (each norm with unit divisor, no β), in v's dtype."""
+    for norm in norms:
+        centre = v - v.mean(-1, keepdim=True) if norm.centred else v
+        v = norm.weight.to(v.dtype) * centre
+    return v
+
+
+def projected_parts_by_key(
+    p: BlockPieces,
+    norms: Sequence[NormParams] = (),
+    scales: Sequence[Tensor] = (),
+    *,
+    residual: bool = True,
+) -> Tensor:
+    """The `parts` of `decomposition`, transposed to `[j, i, d]` (contiguous) and computed
+    faster in the dtype of p.f: every P is linear, so it is applied to the H·n transformed
+    values and the n residuals first, and the `[n, n, d]` result is formed once by one
+    batched product."""
+    f = _project(norms, p.f)
+    parts = torch.bmm(p.attn.to(f.dtype).permute(2, 1, 0), f.permute(1, 0, 2).contiguous())
+    if residual:
+        idx = torch.arange(parts.shape[0])
+        parts[idx, idx] += _project(norms, p.residual.to(f.dtype))
+    divisor = torch.ones(parts.shape[1], dtype=f.dtype)
+    for s in scales:
+        divisor = divisor * s.to(f.dtype).reshape(-1)
+    if scales:
+        parts /= divisor[None, :, None]
+    return parts
+
+
+def decomposition(
+    p: BlockPieces,
+    norms: Sequence[NormParams] = (),
+    scales: Sequence[Tensor] = (),
+    extra: Sequence[Tensor | None] = (),
+    *,
+    residual: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Explicit per-token parts of the block output, and the unattributed rest.
+
+    Args:
+        p: the block.
+        norms: the normalisations the sum passes through, in order (none for the
+            attention output alone or a pre-norm residual stream).
+        scales: per norm, `[n]` the divisor s_i of its actual input.
+        extra: per norm, `[n, d]` what is added to the stream just before it apart from
+            the decomposed parts (the FFN output before a second norm), or None.
+        residual: add δ_ij x_i (False: the attention output alone, Kobayashi's map).
+    Returns:
+        parts `[n, n, d]` ([i, j]: the part of token i's output due to token j) and
+        rest `[n, d]`, such that parts.sum(1) + rest is the block output.
+    """
+    parts = mixed_vectors(p.attn, p.f)
+    if residual:
+        idx = torch.arange(parts.shape[0])
+        parts[idx, idx] += p.residual
+    rest = p.out_bias.expand(parts.shape[0], -1).clone()
+    for k, (norm, scale) in enumerate(zip(norms, scales, strict=True)):
+        add = extra[k] if k < len(extra) else None
+        if add is not None:
+            rest = rest + add
+        s = scale.reshape(-1, 1)
+        parts = norm.linear_part(parts, s[:, :, None])
+        rest = norm.linear_part(rest, s) + norm.bias
+    return parts, rest
+
+
+def part_norms(
+    p: BlockPieces,
+    norms: Sequence[NormParams] = (),
+    scales: Sequence[Tensor] = (),
+    *,
+    residual: bool = True,
+) -> Tensor:
+    """`[n, n]` ‖parts[i, j]‖₂ of `decomposition`, by per-token Gram matrices (float64)."""
+    a = p.attn.double().permute(2, 0, 1)  # [j, H, i]
+    f = _project(norms, p.f.contiguous()).double().permute(1, 0, 2)  # [j, H, d]
+    gram = torch.bmm(f, f.transpose(1, 2))  # [j, H, H]
+    sq = (a * torch.bmm(gram, a)).sum(1).T.contiguous()  # [i, j]
+    if residual:
+        x = _project(norms, p.residual.to(f.dtype))  # [n, d]
+        idx = torch.arange(x.shape[0])
+        cross = torch.einsum("ih,ihd,id->i", a[idx, :, idx], f, x)
+        sq[idx, idx] += 2 * cross + x.pow(2).sum(-1)
+    total = torch.ones(sq.shape[0], dtype=torch.float64)
+    for s in scales:
+        total = total * s.double().reshape(-1)
+    return sq.clamp_min(0).sqrt() / total[:, None]
+
+
+def alti_contributions(parts: Tensor, output: Tensor, *, by_key: bool = False) -> Tensor:
+    """ALTI's contributions from the L1 distance of each part to the output.
+
+    c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_ij‖₁), rows normalised to sum to 1, where T_ij =
+    parts[i, j] and y_i = output[i]. A part equal to the output scores ‖y_i‖₁, a part
+    farther from y_i than the zero vector scores 0.
+
+    Args:
+        parts: `[n, n, d]` indexed [i, j] (or [j, i] with by_key=True); output: `[n, d]`.
+    Returns:
+        `[n, n]` float64 indexed [i, j].
+    """
+    if by_key:
+        dist = (output[None, :, :] - parts).abs_().sum(-1).double().T
+    else:
+        dist = (output[:, None, :] - parts).abs().sum(-1).double()  # [n, n]
+    size = output.abs().sum(-1).double()[:, None]
+    c = (size - dist).clamp_min(0)
+    sums = c.sum(-1, keepdim=True)
+    return torch.where(sums > 0, c / torch.where(sums > 0, sums, 1.0), 0.0)
+
+
+def alti_map(
+    p: BlockPieces,
+    output: Tensor,
+    norms: Sequence[NormParams] = (),
+    scales: Sequence[Tensor] = (),
+    *,
+    chunk: int = 16,
+) -> Tensor:
+    """`alti_contributions(parts, output)` of the residual decomposition, `[n, n]` float64,
+    without ever holding all `[n, n, d]` parts: keys are processed `chunk` at a time, so
+    each block of parts is formed, measured and dropped while it is still in cache."""
+    f = _project(norms, p.f).permute(1, 0, 2).contiguous()  # [j, H, d]
+    x = _project(norms, p.residual.to(f.dtype))
+    attn = p.attn.to(f.dtype).permute(2, 1, 0).contiguous()  # [j, i, H]
+    y = output.to(f.dtype)
+    n = attn.shape[0]
+    divisor = torch.ones(n, dtype=f.dtype)
+    for s in scales:
+        divisor = divisor * s.to(f.dtype).reshape(-1)
+    inv = (1.0 / divisor)[None, :, None]
+    dist = torch.empty(n, n, dtype=torch.float64)  # [j, i]
+    for start in range(0, n, chunk):
+        keys = torch.arange(start, min(n, start + chunk))
+        parts = torch.bmm(attn[keys], f[keys])  # [c, i, d]
+        parts[torch.arange(len(keys)), keys] += x[keys]
+        parts.mul_(inv)
+        dist[keys] = parts.sub_(y[None]).abs_().sum(-1).double()
+    size = y.abs().sum(-1).double()[:, None]
+    c = (size - dist.T).clamp_min(0)
+    sums = c.sum(-1, keepdim=True)
+    return torch.where(sums > 0, c / torch.where(sums > 0, sums, 1.0), 0.0)
