@@ -1,15 +1,25 @@
 """Attention identifiability: null spaces, effective attention and certificates.
 
-Trace-level entry points (SPEC.md sections 1-3):
+Trace-level entry points (definitions in docs/definitions.md):
 - `null_space(trace)`: rank(T), dim LN(T), dim LN([T, 1]) per layer, head, row.
 - `effective_attention(trace, variant)`: A_eff and the null attention A − A_eff;
   `iter_effective_attention` streams one layer at a time.
 - `witness(trace, layer, head, row)`, `attention_intervals(...)`: certificates
   that a row's weights are not determined by the head's output.
-The linear algebra on plain tensors lives in `linalg`, `causal` and `certificates`.
+The linear algebra on plain tensors lives in `linalg`, `causal` and `certificates`;
+`tensors` runs these analyses on bare `[L, H, n, n]` attention, values and W_O tensors.
 """
 
-from identifiable.attention.certify import AttentionIntervals, Witness, attention_intervals, witness
+from identifiable.attention.certify import (
+    AttentionIntervals,
+    IntervalMap,
+    Witness,
+    attention_intervals,
+    interval_map,
+    witness,
+)
+from identifiable.attention import tensors
+from identifiable.attention.constrained import ConstrainedAttention, constrained_attention
 from identifiable.attention.effective import (
     VARIANTS,
     EffectiveAttention,
@@ -26,16 +36,21 @@ from identifiable.attention.effective import (
 __all__ = [
     "VARIANTS",
     "AttentionIntervals",
+    "ConstrainedAttention",
     "EffectiveAttention",
     "HeadFactors",
+    "IntervalMap",
     "LayerEffective",
     "NullSpace",
     "Variant",
     "Witness",
     "attention_intervals",
     "compute_head_factors",
+    "constrained_attention",
     "effective_attention",
+    "interval_map",
     "iter_effective_attention",
     "null_space",
+    "tensors",
     "witness",
 ]

@@ -1,4 +1,4 @@
-"""`witness` and `attention_intervals` for one head and query row of a `Trace`."""
+"""`witness` and `attention_intervals` for one row of a `Trace`; `interval_map` for whole heads."""
 
 from __future__ import annotations
 
@@ -8,10 +8,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from identifiable.attention.certificates import interval_lp, output_residual, witness_lp
+from identifiable.attention.certificates import (
+    MOVABLE_TOL,
+    interval_lp,
+    interval_simplex,
+    output_residual,
+    witness_lp,
+)
 from identifiable.attention.checks import check_finite
 from identifiable.attention.effective import HeadFactors
 from identifiable.attention.linalg import add_ones, column_basis, head_factors
+from identifiable.errors import IdentifiableError
 from identifiable.models.trace import Trace
 
 
@@ -132,3 +139,305 @@ def attention_intervals(
     lower, upper = torch.zeros_like(a), torch.zeros_like(a)
     lower[:seen], upper[:seen] = torch.from_numpy(np.asarray(lo)), torch.from_numpy(hi)
     return AttentionIntervals(layer, head, row, a, lower, upper, null_dim, solved)
+
+
+# ---- whole heads and models ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RowSet:
+    """The LP data of some rows of one head (one group of rows sharing their key-set size).
+
+    Attributes:
+        rows: query rows (0-based) in this set.
+        keys: `[R, n]` bool, each row's key set.
+        raw: `[R, n]` float64 raw weights (0 outside the key set).
+        aq: `[R, m, n]` (or `[1, m, n]` when all rows share their key set) Qᵀ with Q an
+            orthonormal basis of col([T, 1]) over the row's keys; m = rank([T, 1]).
+        paper_basis: `[R or 1, n, k]` orthonormal basis of col(T) over the row's keys
+            (zero columns allowed): the paper's effective row is a Q_T Q_Tᵀ.
+        null_dim: `[R]` dim LN([T, 1]) over the row's keys.
+    """
+
+    rows: np.ndarray
+    keys: np.ndarray
+    raw: np.ndarray
+    aq: np.ndarray
+    paper_basis: np.ndarray
+    null_dim: np.ndarray
+
+
+def layer_key_mask(trace: Trace, layer: int, key_mask: Tensor | None = None) -> Tensor:
+    """`[n, n]` bool: the keys each query row of `layer` may attend to.
+
+    Order of precedence: `key_mask` (`[n, n]` or `[L, n, n]`), the trace's own
+    `key_mask` (`[L, n, n]`, windowed models), then causal (row i sees keys ≤ i) or full.
+    """
+    n = trace.n_tokens
+    mask = key_mask if key_mask is not None else getattr(trace, "key_mask", None)
+    if mask is not None:
+        mask = torch.as_tensor(mask, dtype=torch.bool)
+        if mask.dim() == 3:
+            mask = mask[layer]
+        if tuple(mask.shape) != (n, n):
+            raise IdentifiableError(
+                f"key mask has shape {tuple(mask.shape)}, expected [n, n] or [L, n, n] with n = {n}"
+            )
+        return mask
+    full = torch.ones(n, n, dtype=torch.bool)
+    return full.tril() if trace.is_causal else full
+
+
+def head_rows(
+    trace: Trace,
+    layer: int,
+    head: int,
+    rows: list[int] | None = None,
+    *,
+    key_mask: Tensor | None = None,
+) -> list[RowSet]:
+    """Build the row problems of one head; raise naming layer and head on corrupt input.
+
+    A row whose raw weights are negative, do not sum to 1 over its key set, or put
+    weight outside it cannot come from a softmax over that key set: the LP would be
+    infeasible, so this is reported instead (numbers from a corrupt trace).
+    """
+    trace.check_layer(layer)
+    trace.check_head(head)
+    rows = list(range(trace.n_tokens)) if rows is None else [int(r) for r in rows]
+    for r in rows:
+        trace.check_row(r)
+    where = f"layer {layer} (CLI layer {layer + 1}), head {head}"
+    att = trace.attentions[layer, head].double()
+    values = trace.values[layer, head].double()
+    out_proj = trace.out_proj[layer, head].double()
+    check_finite(att[None], "attention", layer=layer)
+    check_finite(values[None], "values (E·W_V)", layer=layer)
+    check_finite(out_proj[None, None], "output projection (W_O)", layer=layer)
+    mask = layer_key_mask(trace, layer, key_mask)
+    factor = head_factors(out_proj)[0]
+    vf = values @ factor
+    n = trace.n_tokens
+    by_key_set: dict[bytes, list[int]] = {}
+    for r in rows:
+        a = att[r]
+        keys = mask[r]
+        outside = float(a[~keys].abs().sum())
+        total = float(a[keys].sum())
+        if float(a.min()) < -1e-6 or abs(total - 1.0) > 1e-3 or outside > 1e-6:
+            raise IdentifiableError(
+                f"{where}, row {r}: the attention row is not a distribution over its keys "
+                f"(min {float(a.min()):.3g}, sum {total:.6g}, weight outside the key set "
+                f"{outside:.3g}), so no valid row can match it (numerically infeasible): "
+                "the trace is corrupt; trace the text again"
+            )
+        by_key_set.setdefault(keys.numpy().tobytes(), []).append(r)
+    groups: dict[int, list[tuple[list[int], np.ndarray, np.ndarray, np.ndarray, int]]] = {}
+    for key_bytes, members in by_key_set.items():
+        key_set = np.frombuffer(key_bytes, dtype=bool)
+        idx = np.flatnonzero(key_set)
+        q_t, rank, _ = column_basis(vf[idx])
+        qa, rank_a = add_ones(q_t, rank)
+        basis = qa[:, torch.linalg.vector_norm(qa, dim=0) > 0].numpy()
+        aq = np.zeros((basis.shape[1], n))
+        aq[:, idx] = basis.T
+        pb = np.zeros((n, q_t.shape[1]))
+        pb[idx] = q_t.numpy()
+        groups.setdefault(aq.shape[0], []).append(
+            (members, key_set, aq, pb, idx.size - int(rank_a))
+        )
+    out = []
+    for sets in groups.values():
+        shared = len(sets) == 1
+        rs = [r for members, *_ in sets for r in members]
+        per_row = [(keys, aq, pb, nd) for members, keys, aq, pb, nd in sets for _ in members]
+        out.append(
+            RowSet(
+                rows=np.array(rs, dtype=np.int64),
+                keys=np.stack([p[0] for p in per_row]),
+                raw=np.where(np.stack([p[0] for p in per_row]), att[rs].numpy(), 0.0),
+                aq=sets[0][2][None] if shared else np.stack([p[1] for p in per_row]),
+                paper_basis=sets[0][3][None] if shared else np.stack([p[2] for p in per_row]),
+                null_dim=np.array([p[3] for p in per_row], dtype=np.int64),
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class IntervalMap:
+    """Attention intervals for whole heads: per key, the min and max weight that any
+    valid attention row (≥ 0, summing to 1 over the row's keys) with the same head
+    output can give it.
+
+    Shapes: L' = len(layers), H' = len(heads), R = len(rows), n tokens.
+
+    Attributes:
+        layers, heads, rows: what was computed (0-based).
+        raw, lower, upper: `[L', H', R, n]` float64; keys outside a row's key set are 0.
+        keys: `[L', R, n]` bool, each row's key set (causal, windowed or full).
+        null_dim: `[L', H', R]` int64, dim LN([T, 1]) over the row's keys.
+        lp_solved: `[L', H', R]` int64, LPs certified by the simplex per row.
+        pivots: `[L', H', R]` int64, simplex pivots per row.
+        fallbacks: number of LPs handed to HiGHS (the simplex could not certify them).
+        seconds: wall time of the computation.
+    """
+
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+    rows: tuple[int, ...]
+    raw: Tensor
+    lower: Tensor
+    upper: Tensor
+    keys: Tensor
+    null_dim: Tensor
+    lp_solved: Tensor
+    pivots: Tensor
+    fallbacks: int
+    seconds: float
+
+    @property
+    def width(self) -> Tensor:
+        """`[L', H', R, n]` upper − lower: 0 means the weight is identifiable."""
+        return self.upper - self.lower
+
+    @property
+    def lps_solved(self) -> int:
+        """LPs solved in all (certified by the simplex plus HiGHS fallbacks)."""
+        return int(self.lp_solved.sum()) + self.fallbacks
+
+    @property
+    def movable_mass(self) -> Tensor:
+        """`[L', H', R]` Σ_j (a_j − lower_j): an upper bound on the total variation
+        ½‖ã − a‖₁ of any valid row ã with the same head output."""
+        return (self.raw - self.lower).sum(-1)
+
+
+def _solve_head(args: tuple) -> list[tuple]:
+    """One head's row sets through `interval_simplex` (module-level: process pools)."""
+    sets, chains, what = args
+    out = []
+    for rs in sets:
+        n_rows = rs.rows.size
+        movable = np.zeros_like(rs.keys)
+        for i in range(n_rows):
+            aq = rs.aq[0 if rs.aq.shape[0] == 1 else i]
+            if rs.null_dim[i] > 0:
+                movable[i] = (1.0 - (aq**2).sum(0) > MOVABLE_TOL) & rs.keys[i]
+        k = chains or max(1, min(int(rs.keys.sum(1).max()) // 16, 128 // max(n_rows, 1)))
+        sol = interval_simplex(rs.aq, rs.raw, rs.keys, movable, chains_per_row=k, what=what)
+        out.append(
+            (rs.rows, sol.lower, sol.upper, sol.lp_solved, sol.pivots, int(sol.fallbacks.sum()))
+        )
+    return out
+
+
+def interval_map(
+    trace: Trace,
+    *,
+    layers: list[int] | None = None,
+    heads: list[int] | None = None,
+    rows: list[int] | None = None,
+    key_mask: Tensor | None = None,
+    workers: int = 1,
+    time_budget: float | None = None,
+    chains_per_row: int | None = None,
+) -> IntervalMap:
+    """Attention intervals of whole heads (default: every layer, head and row).
+
+    Each row's bounds come from `interval_simplex`: warm-started simplex chains,
+    all rows of a head stepped together, exact shortcuts, each LP certified (see
+    docs/certified_attention.md). Results equal per-key LPs (`interval_lp`).
+
+    Args:
+        layers, heads, rows: 0-based subsets (default all).
+        key_mask: `[n, n]` or `[L, n, n]` bool key sets (default: the trace's own
+            `key_mask` if it has one, else causal or full).
+        workers: processes, one head at a time each (1: in this process).
+        time_budget: seconds; when one measured row says the map needs more,
+            raise IdentifiableError saying how long it would take.
+        chains_per_row: simplex chains per row (default: enough to keep ~128 in step).
+    Raises: IdentifiableError for out-of-range indices, a corrupt trace (naming layer
+        and head) or a budget that is too small.
+    """
+    import time
+
+    start = time.perf_counter()
+    layers = list(range(trace.n_layers)) if layers is None else list(layers)
+    heads = list(range(trace.n_heads)) if heads is None else list(heads)
+    for layer in layers:
+        trace.check_layer(layer)
+    for head in heads:
+        trace.check_head(head)
+    row_list = list(range(trace.n_tokens)) if rows is None else [int(r) for r in rows]
+    for r in row_list:
+        trace.check_row(r)
+    jobs = [(lyr, h) for lyr in layers for h in heads]
+    problems = {
+        (lyr, h): (head_rows(trace, lyr, h, row_list, key_mask=key_mask), chains_per_row,
+                   f"layer {lyr} (CLI layer {lyr + 1}), head {h}")
+        for lyr, h in jobs
+    }  # fmt: skip
+    if time_budget is not None and jobs:
+        _check_budget(problems[jobs[0]], len(jobs) * len(row_list), workers, time_budget, start)
+    if workers > 1 and len(jobs) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            results = list(pool.map(_solve_head, [problems[j] for j in jobs]))
+    else:
+        results = [_solve_head(problems[j]) for j in jobs]
+    n = trace.n_tokens
+    shape = (len(layers), len(heads), len(row_list))
+    raw = torch.zeros(*shape, n, dtype=torch.float64)
+    lower, upper = torch.zeros_like(raw), torch.zeros_like(raw)
+    keys = torch.zeros(len(layers), len(row_list), n, dtype=torch.bool)
+    null_dim = torch.zeros(shape, dtype=torch.long)
+    lp_solved, pivots = torch.zeros_like(null_dim), torch.zeros_like(null_dim)
+    where = {r: i for i, r in enumerate(row_list)}
+    fallbacks = 0
+    for (lyr, h), result in zip(jobs, results, strict=True):
+        li, hi = layers.index(lyr), heads.index(h)
+        for rs, (rws, lo, up, solved, piv, fb) in zip(problems[(lyr, h)][0], result, strict=True):
+            idx = torch.tensor([where[int(r)] for r in rws])
+            raw[li, hi, idx] = torch.from_numpy(rs.raw)
+            lower[li, hi, idx], upper[li, hi, idx] = torch.from_numpy(lo), torch.from_numpy(up)
+            keys[li, idx] = torch.from_numpy(rs.keys.copy())
+            null_dim[li, hi, idx] = torch.from_numpy(rs.null_dim)
+            lp_solved[li, hi, idx] = torch.from_numpy(solved)
+            pivots[li, hi, idx] = torch.from_numpy(piv)
+            fallbacks += fb
+    return IntervalMap(
+        tuple(layers), tuple(heads), tuple(row_list), raw, lower, upper, keys, null_dim,
+        lp_solved, pivots, fallbacks, time.perf_counter() - start,
+    )  # fmt: skip
+
+
+def _check_budget(problem: tuple, n_rows: int, workers: int, budget: float, start: float) -> None:
+    """Time one row (the one with the most keys) and refuse a map that cannot fit."""
+    import time
+
+    sets = problem[0]
+    best = max(sets, key=lambda rs: int(rs.keys.sum(1).max()))
+    i = int(np.argmax(best.keys.sum(1)))
+    probe = RowSet(
+        best.rows[i : i + 1], best.keys[i : i + 1], best.raw[i : i + 1],
+        best.aq if best.aq.shape[0] == 1 else best.aq[i : i + 1],
+        best.paper_basis if best.paper_basis.shape[0] == 1 else best.paper_basis[i : i + 1],
+        best.null_dim[i : i + 1],
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    _solve_head(([probe], None, problem[2]))
+    per_row = time.perf_counter() - t0
+    # Rows of a head run together, which is cheaper per row than one row alone: a
+    # single-row probe over-estimates a whole head by a factor measured at ~2 on MiniLM
+    # (benchmarks/bench_certify.py, "probe_ratio").
+    estimate = (time.perf_counter() - start) + per_row * n_rows / 2 / max(workers, 1)
+    if estimate > budget:
+        raise IdentifiableError(
+            f"the interval map of {n_rows} rows needs about {estimate:.0f} s (one row took "
+            f"{per_row:.2f} s), more than the time budget of {budget:g} s: raise the budget "
+            "or choose one head with --layer and --head"
+        )

@@ -1,0 +1,170 @@
+"""Certified attention at scale: interval maps on MiniLM, old route vs new, side by side.
+
+One run, the same threads on both sides (default 1: torch, BLAS and OpenMP):
+- head: every row of one MiniLM head on a Wikipedia-sample pair of ~128 tokens.
+  new = `interval_map` (warm-started simplex chains); old = `attention_intervals`
+  (HiGHS per key, shortcuts by vertices found) on `--old-rows` rows spread over the
+  head, scaled to the whole head (say `--old-rows 0` for every row: ~3 minutes).
+- row512: one row of a 512-token text. new = `interval_map(rows=[r])`; old =
+  `attention_intervals` on the same row.
+- equality: on `--check-heads` sampled heads × `--check-rows` rows, every bound of
+  the new map against a plain `scipy.optimize.linprog` per key and sense on the raw
+  constraints x ≥ 0, Σx = Σa, xᵀV = aᵀV (HiGHS tolerances 1e-10; V = E·W_V; col(V H) = col(V) since MiniLM's
+  W_O blocks have full row rank), max |difference| reported (target ≤ 1e-7).
+- witnesses: every vertex that settled a bound on those rows, checked against
+  x ≥ 0, |Σx − Σa| and ‖(x − a) V H‖ / ‖a V H‖ (target ≤ 1e-9).
+
+Run: python benchmarks/bench_certify.py [--threads 1] [--old-rows 8] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+# HiGHS' default feasibility tolerance (1e-7) is the size of the target itself: the
+# reference LPs are solved to 1e-10 so that their own error does not dominate.
+_TIGHT = {"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--old-rows", type=int, default=8, help="0: run the old route on every row")
+    p.add_argument("--layer", type=int, default=3, help="1..6")
+    p.add_argument("--head", type=int, default=0)
+    p.add_argument("--check-heads", type=int, default=2)
+    p.add_argument("--check-rows", type=int, default=3)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
+    import numpy as np
+    import torch
+    from scipy.optimize import linprog
+
+    import identifiable
+    from identifiable.attention import attention_intervals, interval_map
+    from identifiable.attention.certificates import interval_simplex
+    from identifiable.attention.certify import _solve_head, head_rows
+
+    torch.set_num_threads(args.threads)
+    m = identifiable.load_model("minilm")
+    corpus = identifiable.load_corpus("wikipedia-sample", unit="pair", tokenizer=m.tokenizer,
+                                      max_tokens=128)  # fmt: skip
+    tr = next(t for t in (m.trace(item) for item in corpus) if t.n_tokens >= 120)
+    layer, head = args.layer - 1, args.head
+    n = tr.n_tokens
+    out: dict = {"threads": args.threads, "n": n, "layer": args.layer, "head": head}
+
+    # ---- whole head ------------------------------------------------------------------
+    t0 = time.perf_counter()
+    new = interval_map(tr, layers=[layer], heads=[head])
+    out["head_new_s"] = time.perf_counter() - t0
+    out["head_lps"], out["head_fallbacks"] = new.lps_solved, new.fallbacks
+    rows = (
+        list(range(n))
+        if args.old_rows == 0
+        else np.linspace(0, n - 1, args.old_rows).round().astype(int).tolist()
+    )
+    t0 = time.perf_counter()
+    diff = 0.0
+    for r in rows:
+        iv = attention_intervals(tr, layer, head, r)
+        diff = max(diff, float((iv.lower - new.lower[0, 0, r]).abs().max()),
+                   float((iv.upper - new.upper[0, 0, r]).abs().max()))  # fmt: skip
+    old = time.perf_counter() - t0
+    out["head_old_s"] = old * n / len(rows)
+    out["head_old_measured_rows"] = len(rows)
+    out["head_speedup"] = out["head_old_s"] / out["head_new_s"]
+    out["head_old_vs_new_max_diff"] = diff
+    # What the time-budget check would estimate for this head (one probe row).
+    sets = head_rows(tr, layer, head)
+    t0 = time.perf_counter()
+    _solve_head(([_one_row(sets, n - 1)], None, ""))
+    out["probe_row_s"] = time.perf_counter() - t0
+    out["probe_ratio"] = out["probe_row_s"] * n / out["head_new_s"]
+
+    # ---- one row at n = 512 ------------------------------------------------------------
+    text = " ".join(t for pair in corpus for t in pair)
+    long = m.trace(text)
+    row = long.n_tokens // 2
+    t0 = time.perf_counter()
+    one = interval_map(long, layers=[layer], heads=[head], rows=[row])
+    out["row512_n"] = long.n_tokens
+    out["row512_new_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    iv = attention_intervals(long, layer, head, row)
+    out["row512_old_s"] = time.perf_counter() - t0
+    out["row512_speedup"] = out["row512_old_s"] / out["row512_new_s"]
+    out["row512_max_diff"] = max(float((iv.lower - one.lower[0, 0, 0]).abs().max()),
+                                 float((iv.upper - one.upper[0, 0, 0]).abs().max()))  # fmt: skip
+
+    # ---- equality with plain linprog, witnesses ---------------------------------------
+    rng = np.random.default_rng(0)
+    worst_eq = worst_sum = worst_out = 0.0
+    worst_neg = 0.0
+    n_bounds = n_vertices = 0
+    for _ in range(args.check_heads):
+        lyr, hd = int(rng.integers(tr.n_layers)), int(rng.integers(tr.n_heads))
+        check = sorted(rng.choice(n, size=args.check_rows, replace=False).tolist())
+        imap = interval_map(tr, layers=[lyr], heads=[hd], rows=check)
+        v = tr.values[lyr, hd].double().numpy()
+        t = v @ tr.out_proj[lyr, hd].double().numpy()
+        eq = np.vstack([np.ones(n), v.T])
+        for i, r in enumerate(check):
+            a = tr.attentions[lyr, hd, r].double().numpy()
+            for j in range(n):
+                for sense, bound in ((1, imap.lower), (-1, imap.upper)):
+                    res = linprog(sense * np.eye(n)[j], A_eq=eq, b_eq=eq @ a, bounds=(0, None),
+                                  method="highs", options=_TIGHT)  # fmt: skip
+                    worst_eq = max(worst_eq, abs(res.x[j] - float(bound[0, 0, i, j])))
+                    n_bounds += 1
+        for rs in head_rows(tr, lyr, hd, check):
+            movable = np.zeros_like(rs.keys)
+            for i in range(rs.rows.size):
+                aq = rs.aq[0 if rs.aq.shape[0] == 1 else i]
+                movable[i] = (1 - (aq**2).sum(0) > 1e-9) & rs.keys[i]
+            sol = interval_simplex(rs.aq, rs.raw, rs.keys, movable, keep_vertices=True)
+            for (i, _, _), x in sol.vertices.items():
+                a = rs.raw[i]
+                worst_neg = max(worst_neg, float(-x.min()))
+                worst_sum = max(worst_sum, abs(x.sum() - a.sum()))
+                worst_out = max(
+                    worst_out, float(np.linalg.norm((x - a) @ t) / np.linalg.norm(a @ t))
+                )
+                n_vertices += 1
+    out.update({"equality_bounds": n_bounds, "equality_max_diff": worst_eq,
+                "witnesses": n_vertices, "witness_max_negative": worst_neg,
+                "witness_max_sum_error": worst_sum, "witness_max_output_residual": worst_out})  # fmt: skip
+    for k, val in out.items():
+        print(f"{k:32s} {val:.4g}" if isinstance(val, float) else f"{k:32s} {val}")
+    ok = (out["head_new_s"] <= 10 and out["row512_new_s"] <= 2 and worst_eq <= 1e-7
+          and max(worst_neg, worst_sum, worst_out) <= 1e-9)  # fmt: skip
+    print("targets met" if ok else "targets NOT met (see above)")
+    if args.json:
+        from identifiable.store.files import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps(out, indent=2))
+    sys.exit(0 if ok else 1)
+
+
+def _one_row(sets, row):
+    from identifiable.attention.certify import RowSet
+
+    for rs in sets:
+        hit = (rs.rows == row).nonzero()[0]
+        if hit.size:
+            i = int(hit[0])
+            return RowSet(rs.rows[i : i + 1], rs.keys[i : i + 1], rs.raw[i : i + 1],
+                          rs.aq if rs.aq.shape[0] == 1 else rs.aq[i : i + 1],
+                          rs.paper_basis if rs.paper_basis.shape[0] == 1 else rs.paper_basis[i : i + 1],
+                          rs.null_dim[i : i + 1])  # fmt: skip
+    raise ValueError(row)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Whole-head interval maps (warm-started simplex) against per-key HiGHS LPs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.optimize import linprog
+
+from attention.attn_helpers import TEXT_LONG, synthetic_trace
+from identifiable.attention import attention_intervals, interval_map
+from identifiable.attention.certificates import interval_simplex, movable_keys
+from identifiable.attention.linalg import add_ones, column_basis
+from identifiable.errors import IdentifiableError
+
+
+def _plain_bounds(a: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Independent reference: one scipy linprog per key and sense on the raw constraints
+    x ≥ 0, Σx = Σa, xᵀV = aᵀV (no orthonormal basis, no shortcuts)."""
+    n = a.size
+    eq = np.vstack([np.ones(n), v.T])
+    lo, hi = np.empty(n), np.empty(n)
+    for j in range(n):
+        for sense, out in ((1, lo), (-1, hi)):
+            res = linprog(sense * np.eye(n)[j], A_eq=eq, b_eq=eq @ a, bounds=(0, None),
+                          method="highs")  # fmt: skip
+            out[j] = res.x[j]
+    return lo, hi
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(3, 24), d_v=st.integers(1, 6), rows=st.integers(1, 5),
+       chains=st.integers(1, 4), seed=st.integers(0, 10_000))  # fmt: skip
+def test_simplex_matches_plain_linprog(n, d_v, rows, chains, seed):
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(n, d_v, generator=g, dtype=torch.float64)
+    a = torch.softmax(torch.randn(rows, n, generator=g, dtype=torch.float64) * 2, 1).numpy()
+    q, r, _ = column_basis(v)
+    qa, _ = add_ones(q, r)
+    basis = qa[:, torch.linalg.vector_norm(qa, dim=0) > 0].numpy()
+    if basis.shape[1] >= n:
+        return
+    movable = np.repeat(movable_keys(basis)[None], rows, 0)
+    sol = interval_simplex(basis.T[None], a, np.ones((rows, n), bool), movable,
+                           chains_per_row=chains, keep_vertices=True)  # fmt: skip
+    for i in range(rows):
+        lo, hi = _plain_bounds(a[i], v.numpy())
+        np.testing.assert_allclose(sol.lower[i], lo, atol=1e-8)
+        np.testing.assert_allclose(sol.upper[i], hi, atol=1e-8)
+    for (i, j, s), x in sol.vertices.items():  # every LP's vertex is a valid witness
+        assert (x >= 0).all() and abs(x.sum() - a[i].sum()) < 1e-9
+        assert np.abs((x - a[i]) @ v.numpy()).max() < 1e-9 * max(1.0, np.abs(v.numpy()).max())
+        assert x[j] == pytest.approx((sol.upper if s > 0 else sol.lower)[i, j], abs=1e-12)
+    assert (sol.lp_solved + sol.fallbacks <= 2 * n).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_map_equals_per_row_intervals(causal):
+    trace = synthetic_trace(n=13, d_v=4, causal=causal, seed=5)
+    m = interval_map(trace)
+    assert m.lower.shape == (2, 3, 13, 13) and m.lps_solved > 0
+    for layer in range(2):
+        for head in range(3):
+            for row in range(13):
+                iv = attention_intervals(trace, layer, head, row)
+                torch.testing.assert_close(m.lower[layer, head, row], iv.lower, atol=1e-9, rtol=0)
+                torch.testing.assert_close(m.upper[layer, head, row], iv.upper, atol=1e-9, rtol=0)
+                assert int(m.null_dim[layer, head, row]) == iv.null_dim
+    if causal:  # keys after the row never get weight
+        assert torch.count_nonzero(m.upper.triu(1)) == 0
+        assert torch.equal(m.keys[0], torch.ones(13, 13, dtype=torch.bool).tril())
+
+
+def test_window_mask_is_respected():
+    trace = synthetic_trace(n=14, d_v=3, seed=2)
+    idx = torch.arange(14)
+    window = (idx[:, None] - idx[None, :]).abs() <= 5
+    att = trace.attentions.masked_fill(~window, 0.0)
+    trace.attentions = att / att.sum(-1, keepdim=True)
+    m = interval_map(trace, layers=[0], heads=[1], key_mask=window)
+    assert torch.count_nonzero(m.upper[0, 0][~window]) == 0
+    assert torch.equal(m.keys[0], window)
+    for row in (0, 7, 13):  # independent check: LPs over the window's keys only
+        keys = window[row]
+        v = (trace.values[0, 1].double() @ trace.out_proj[0, 1].double())[keys].numpy()
+        lo, hi = _plain_bounds(trace.attentions[0, 1, row, keys].double().numpy(), v)
+        np.testing.assert_allclose(m.lower[0, 0, row, keys].numpy(), lo, atol=1e-8)
+        np.testing.assert_allclose(m.upper[0, 0, row, keys].numpy(), hi, atol=1e-8)
+    with pytest.raises(IdentifiableError, match="not a distribution over its keys"):
+        interval_map(
+            trace, layers=[0], heads=[1], key_mask=~window | torch.eye(14, dtype=torch.bool)
+        )
+
+
+def test_corrupt_trace_and_ranges_name_layer_and_head():
+    trace = synthetic_trace(n=8)
+    trace.attentions[1, 2, 3, 0] = -0.5
+    with pytest.raises(
+        IdentifiableError, match=r"layer 1 \(CLI layer 2\), head 2, row 3.*infeasible"
+    ):
+        interval_map(trace)
+    with pytest.raises(IdentifiableError, match=r"valid heads are 0\.\.2"):
+        interval_map(trace, heads=[3])
+    with pytest.raises(IdentifiableError, match=r"valid rows are 0\.\.7"):
+        interval_map(trace, rows=[8])
+
+
+def test_time_budget_too_small_says_what_it_needs():
+    trace = synthetic_trace(n=30, d_v=4, layers=2, heads=3)
+    with pytest.raises(IdentifiableError, match=r"needs about \d+ s .*time budget of 1e-06 s"):
+        interval_map(trace, time_budget=1e-6)
+    assert interval_map(trace, layers=[0], heads=[0], time_budget=600).lps_solved > 0
+
+
+def test_worker_processes_give_the_same_map():
+    trace = synthetic_trace(n=10, d_v=3, layers=1, heads=2)
+    one = interval_map(trace)
+    two = interval_map(trace, workers=2)
+    assert torch.equal(one.lower, two.lower) and torch.equal(one.upper, two.upper)
+
+
+def test_tiny_model_map_every_row(tiny_model):
+    trace = tiny_model("gpt2").trace(TEXT_LONG)
+    m = interval_map(trace, layers=[1], heads=[0])
+    w = m.width[0, 0]
+    assert (w >= -1e-12).all() and (m.movable_mass >= -1e-12).all()
+    early = trace.head_dim  # rows with ≤ d_v + 1 keys: nothing moves
+    assert float(w[: early - 1].abs().max()) < 1e-12 and float(w[early + 4 :].max()) > 1e-3
