@@ -13,9 +13,8 @@ DIR/.cache/timings.json, not into the outputs.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,7 +22,6 @@ from typing import Any
 
 import pandas as pd
 
-from identifiable.errors import IdentifiableError
 from identifiable.experiments.distributed import (
     barrier,
     broadcast,
@@ -40,8 +38,9 @@ from identifiable.experiments.pipeline import (
 )
 from identifiable.experiments.stages import Budget, resolve_budget, stages
 from identifiable.report.document import write_report
-from identifiable.store.cache import CACHE_DIR, RunCache
+from identifiable.store.cache import CACHE_DIR, RunCache, settings_key
 from identifiable.store.files import atomic_write_text
+from identifiable.store.outdir import OutputFolder
 
 OUTPUTS = ("index.html", "summary.json", "figures", "tables")
 
@@ -59,40 +58,11 @@ class Reproduction:
 # ---- output folder ----------------------------------------------------------------
 
 
-# ---- output folder ----------------------------------------------------------------
-
-
-def prepare_out_dir(out: Path, *, resume: bool, force: bool) -> None:
-    """Refuse a non-empty or unwritable folder unless resuming or forced; clear it when forced."""
-    if out.exists() and not out.is_dir():
-        raise IdentifiableError(f"--out {out} is a file; choose a folder")
-    if out.is_dir() and any(out.iterdir()):
-        ours = (out / CACHE_DIR / "settings.json").is_file()
-        if force:
-            for name in (*OUTPUTS, CACHE_DIR):
-                target = out / name
-                if target.is_dir():
-                    shutil.rmtree(target)
-                elif target.exists():
-                    target.unlink()
-        elif not resume:
-            raise IdentifiableError(
-                f"output folder {out} is not empty: pass --resume to continue the run there, "
-                "--force to start over, or choose another --out"
-            )
-        elif not ours:
-            raise IdentifiableError(
-                f"cannot resume in {out}: it holds no identifiable run; use --force or another --out"
-            )
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        raise IdentifiableError(
-            f"cannot write to output folder {out}: {err.strerror or err}; choose another --out"
-        ) from None
+def prepare_out_dir(out: Path, *, resume: bool, force: bool) -> OutputFolder:
+    """Check `out` (read-only) and return its `OutputFolder`; see `identifiable.store.outdir`."""
+    folder = OutputFolder(out, resume=resume, force=force)
+    folder.check()
+    return folder
 
 
 def reproduce(
@@ -116,24 +86,32 @@ def reproduce(
         out: the output folder; must be empty unless `resume` or `force`.
         budget: "quick" (default, ≤ 5 min on 2 CPU cores), "full", "smoke" or a `Budget`.
         resume: continue an interrupted run with the same arguments.
-        force: delete a previous run's outputs and cache in `out` first.
+        force: replace a previous run of ours in `out` (only files its manifest lists, and
+            only once the new run has finished; see `identifiable.store.outdir`).
         seed: seeds every random choice (pairs, probes, splits, attribution probes).
         device: where a model given by name runs ("cpu", "cuda"); results do not depend on it
             beyond float rounding, so it is not part of the resume settings.
 
     Under `torchrun` (or any initialised `torch.distributed` process group) call this on
     every rank with the same arguments: the ranks share the shards of every stage through
-    the cache in `out`, rank 0 writes the report, and every rank returns the same summary
+    the cache in the run's work folder (`OutputFolder.partial`, beside `out`), rank 0 writes the report, and every rank returns the same summary
     (only rank 0's `files` are listed). See `identifiable.experiments.distributed`.
     """
     t_start = time.perf_counter()
     plan = resolve_budget(budget)
     out = Path(out)
+    if isinstance(model, str | Path):
+        from identifiable.models.devices import resolve_device
+
+        resolve_device(device)  # an unknown or absent device fails before anything else
     world = join(device)
     with stop_cleanly(world):
+        # Read-only checks first; nothing is written or deleted before the model, corpus and
+        # device are valid. Rank 0 then locks the folder and works in a sibling folder that
+        # replaces `out` only when the report is complete.
+        folder = OutputFolder(out, resume=resume, force=force)
         if world.is_main:
-            prepare_out_dir(out, resume=resume, force=force)
-        barrier(world, "out-ready")
+            folder.check()
         with progress_bars(progress and world.is_main) as bars:
             task = bars.add_task("loading model and corpus", total=None)
             m = resolve_model(model, local_device(device))
@@ -148,25 +126,35 @@ def reproduce(
                 "seed": seed,
                 "format": 2,
             }
-            cache = RunCache(out, settings)
-            check_same_run(world, cache.key)
-            if world.is_main:
-                cache.check_resumable()
-                cache.start()
-            barrier(world, "cache-ready")
-            timings: dict[str, float] = {"load_s": time.perf_counter() - t_start}
-            done = run_stages(cache, stages(m, items, plan, seed, out / CACHE_DIR), bars, world)
-            if done is None:  # not rank 0: rank 0 reduces and renders
-                summary = json.loads(broadcast(world, "summary", None))
+            check_same_run(world, settings_key(settings))
+            owner = (
+                folder.run(lambda d: RunCache(d, settings).check_resumable())
+                if world.is_main
+                else contextlib.nullcontext(folder.partial)
+            )
+            with owner as work:
+                barrier(world, "out-ready")
+                cache = RunCache(work, settings)
+                if world.is_main:
+                    cache.start()
+                barrier(world, "cache-ready")
+                timings: dict[str, float] = {"load_s": time.perf_counter() - t_start}
+                stage_list = stages(m, items, plan, seed, work / CACHE_DIR)
+                t_stages = time.perf_counter()
+                done = run_stages(cache, stage_list, bars, world)
+                timings["stages_s"] = time.perf_counter() - t_stages  # the part that shards
+                if done is None:  # not rank 0: rank 0 reduces and renders
+                    summary = json.loads(broadcast(world, "summary", None))
+                    timings["total_s"] = time.perf_counter() - t_start
+                    return Reproduction(out, [], summary, timings)
+                results: dict[str, dict[str, pd.DataFrame]] = {}
+                for name, (tables, seconds) in done.items():
+                    results[name], timings[f"{name}_s"] = tables, seconds
+                task = bars.add_task("writing report", total=None)
+                files, summary = write_report(work, m, results, settings)
+                bars.update(task, total=1, completed=1)
                 timings["total_s"] = time.perf_counter() - t_start
-                return Reproduction(out, [], summary, timings)
-            results: dict[str, dict[str, pd.DataFrame]] = {}
-            for name, (tables, seconds) in done.items():
-                results[name], timings[f"{name}_s"] = tables, seconds
-            task = bars.add_task("writing report", total=None)
-            files, summary = write_report(out, m, results, settings)
-            bars.update(task, total=1, completed=1)
-        timings["total_s"] = time.perf_counter() - t_start
-        atomic_write_text(out / CACHE_DIR / "timings.json", json.dumps(timings, indent=2))
+                atomic_write_text(work / CACHE_DIR / "timings.json", json.dumps(timings, indent=2))
+            files = [out / f.relative_to(work) for f in files]  # `work` is now `out`
         broadcast(world, "summary", json.dumps(summary, default=str))
     return Reproduction(out, files, summary, timings)

@@ -21,7 +21,7 @@ from identifiable.report.viewer import (
     _ranges,
     viewer_html,
 )
-from identifiable.report.viewer_data import IntervalRow, choose_rows, spread_order
+from identifiable.report.viewer_data import IntervalRow, MixingMaps, choose_rows, spread_order
 
 if TYPE_CHECKING:
     from identifiable.models.trace import Trace
@@ -37,8 +37,14 @@ def build_viewer(
     max_rows: int = DEFAULT_MAX_ROWS,
     variant: str = "paper",
     max_bytes: int = DEFAULT_MAX_BYTES,
+    mixing: Sequence[str] = (),
 ) -> str:
-    """Trace `text` with `model` and build the viewer page for it."""
+    """Trace `text` with `model` and build the viewer page for it.
+
+    mixing: context-mixing methods (`identifiable.mixing.method_names()`) whose per-layer
+    maps the page offers in place of raw, effective and null attention.
+    """
+    maps = mixing_maps(model, text, mixing)
     trace: Trace = model.trace(text)
     return viewer_html_for_trace(
         trace,
@@ -48,7 +54,32 @@ def build_viewer(
         max_rows=max_rows,
         variant=variant,
         max_bytes=max_bytes,
+        mixing=maps,
     )
+
+
+def mixing_maps(
+    model: Any, text: str | tuple[str, str], methods: Sequence[str]
+) -> list[MixingMaps]:
+    """Each method's `global_map` (rolled out where the method defines it) for the viewer.
+
+    Unknown names fail in one line before any method runs."""
+    from identifiable.mixing import context_mixing, get_method
+
+    names = list(dict.fromkeys(methods))
+    for name in names:
+        get_method(name)
+    out = []
+    for name in names:
+        res = context_mixing(model, text, name)
+        if res.rolled is not None:
+            caption = "rolled out from the input to the chosen layer; rows: receiving token"
+        elif name in ("grad-input", "erasure", "hta"):
+            caption = "from input token j to token i at the chosen layer's output"
+        else:
+            caption = "the chosen layer alone; rows: receiving token"
+        out.append(MixingMaps(name, res.global_map, caption))
+    return out
 
 
 def viewer_html_for_trace(
@@ -61,6 +92,7 @@ def viewer_html_for_trace(
     variant: str = "paper",
     max_bytes: int = DEFAULT_MAX_BYTES,
     interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
+    mixing: Sequence[MixingMaps] = (),
 ) -> str:
     """The viewer page for a trace.
 
@@ -71,6 +103,7 @@ def viewer_html_for_trace(
     computed for `rows` of the chosen head, or for up to `max_rows` rows spread over the
     text, in an order that keeps them spread, until `interval_seconds` have passed
     (at least one row is always done). The page lists the rows covered.
+    mixing: per-layer maps of context-mixing methods (`mixing_maps`), selectable in the page.
     """
     from identifiable import attention
 
@@ -115,6 +148,7 @@ def viewer_html_for_trace(
         variant=variant,
         max_bytes=max_bytes,
         interval_note=note,
+        mixing=mixing,
     )
 
 

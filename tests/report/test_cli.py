@@ -96,7 +96,10 @@ def test_killed_run_resumes_to_the_same_outputs(
         str(out),
     ]
     proc = cli(*args, "--no-progress", wait=False)
-    first_shard = out / ".cache" / "attention" / "00000.json"
+    # a run in progress works in a sibling folder; --out only ever holds a finished report
+    first_shard = (
+        out.parent / f".{out.name}.identifiable-partial" / ".cache" / "attention" / "00000.json"
+    )
     deadline = time.monotonic() + 300
     while not first_shard.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -117,9 +117,8 @@ def test_disk_full_while_writing_index_leaves_no_page(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     out = tmp_path / "report"
-    shutil.copytree(
-        finished_run / ".cache", out / ".cache"
-    )  # every stage done: only the report is written
+    shutil.copytree(finished_run, out)  # every stage done: only the report is written
+    previous = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     real = files._raw_write
 
     def full_when_page(fd: int, data: memoryview) -> int:
@@ -130,8 +129,10 @@ def test_disk_full_while_writing_index_leaves_no_page(
     monkeypatch.setattr(files, "_raw_write", full_when_page)
     with pytest.raises(IdentifiableError, match="disk full"):
         reproduce(tiny_bert, corpus, out, budget="smoke", progress=False, resume=True)
-    assert not (out / "index.html").exists()
-    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+    # the previous report is intact, byte for byte, and no torn file is left anywhere
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == previous
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+    assert not [p for p in tmp_path.rglob("index.html") if out not in p.parents]
     monkeypatch.setattr(files, "_raw_write", real)
     reproduce(tiny_bert, corpus, out, budget="smoke", progress=False, resume=True)
     assert outputs(out) == outputs(finished_run)
@@ -150,11 +151,11 @@ def test_non_empty_folder_is_refused_and_force_starts_over(
     (out / "index.html").write_text("stale")
     (out / ".cache").mkdir()
     (out / ".cache" / "junk").write_text("x")
-    # --force removes our outputs and cache but never the user's other files; the run then
-    # fails on the bad corpus before writing anything.
-    with pytest.raises(IdentifiableError, match="corpus"):
-        reproduce(tiny_bert, [], out, budget="smoke", progress=False, force=True)
-    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    # --force only replaces a run of ours (one with a manifest): here it deletes nothing.
+    with pytest.raises(IdentifiableError, match=r"--force refused.*nothing was deleted"):
+        reproduce(tiny_bert, corpus, out, budget="smoke", progress=False, force=True)
+    assert sorted(p.name for p in out.iterdir()) == [".cache", "index.html", "notes.txt"]
+    assert (out / ".cache" / "junk").read_text() == "x"
 
 
 def test_out_is_a_file_or_unwritable(tiny_bert: Any, corpus: list[Any], tmp_path: Path) -> None:

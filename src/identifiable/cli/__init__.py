@@ -1,7 +1,15 @@
 """The `identifiable` command line.
 
-Each command lives in its own module with a `register(app)` function; errors a
-user can act on are `IdentifiableError`s, shown as one line with exit status 2.
+Each command lives in its own module with a `register(app)` function. What a user can
+get wrong ends with one line on stderr and exit status 2, never a traceback:
+
+- `IdentifiableError` (bad input, missing file, unusable folder): `error: …`;
+- usage errors (unknown command or option, missing or malformed argument, a bare
+  `identifiable`): a usage line, a hint and `Error: …`, at most three lines;
+- an argument that is not valid UTF-8 (the shell passed raw bytes): refused, naming the
+  argument and the byte position (texts are never silently altered).
+
+Ctrl-C exits with status 130 after one line (`reproduce` adds "rerun with --resume").
 """
 
 from __future__ import annotations
@@ -10,8 +18,10 @@ import importlib
 import os
 import sys
 import warnings
+from typing import Annotated
 
 import typer
+from typer._click import exceptions as click_exceptions
 
 from identifiable.errors import IdentifiableError
 
@@ -35,7 +45,29 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from identifiable import __version__
+
+        print(f"identifiable {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """How far can you trust what a Transformer's attention and hidden states seem to say?"""
+
+
 def _register_all() -> None:
+    if getattr(app, "_identifiable_registered", False):
+        return  # main() may run many times in one process (tests)
     for name in COMMAND_MODULES:
         try:
             module = importlib.import_module(f"identifiable.cli.{name}")
@@ -44,35 +76,85 @@ def _register_all() -> None:
                 continue  # command not part of this build
             raise
         module.register(app)
+    app._identifiable_registered = True  # type: ignore[attr-defined]
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
+def check_utf8(argv: list[str]) -> None:
+    """Refuse an argument the shell passed as bytes that are not UTF-8.
+
+    Python keeps such bytes as lone surrogates (PEP 383); tokenizers and JSON cannot
+    take them, and replacing them would analyse a text the user did not write.
+    """
+    for number, arg in enumerate(argv, start=1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = os.fsencode(arg)
+            try:
+                raw.decode("utf-8")
+                position, byte = 0, 0  # not reachable: fsencode gave back invalid bytes
+            except UnicodeDecodeError as exc:
+                position, byte = exc.start, raw[exc.start]
+            raise IdentifiableError(
+                f"argument {number} is not valid UTF-8 (byte 0x{byte:02x} at byte offset "
+                f"{position}); pass UTF-8 text, e.g. convert it with iconv"
+            ) from None
+
+
+def _usage(exc: click_exceptions.UsageError) -> None:
+    """At most three lines: usage, where to get help, what was wrong."""
+    ctx = exc.ctx
+    if isinstance(exc, click_exceptions.NoArgsIsHelpError):
+        message = "missing command."
+    else:
+        message = exc.format_message()
+    if ctx is not None:
+        print(ctx.get_usage().strip().splitlines()[0], file=sys.stderr)
+        print(f"Try '{ctx.command_path} --help' for help.", file=sys.stderr)
+    print(f"Error: {' '.join(message.split())}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `identifiable` script."""
+    from identifiable.cli.common import Interrupted
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.showwarning = _one_line_warning
-    _register_all()
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        rc = app(args=argv, standalone_mode=False)
+        check_utf8(args)
+        _register_all()
+        rc = app(args=args, prog_name="identifiable", standalone_mode=False)
     except IdentifiableError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         sys.exit(2)
+    except Interrupted as exc:
+        print(str(exc), file=sys.stderr)
+        sys.exit(130)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    except SystemExit:
-        raise
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
-            sys.exit(1)
-        raise
+    except click_exceptions.UsageError as exc:
+        _usage(exc)
+        sys.exit(2)
+    except click_exceptions.ClickException as exc:
+        print(f"Error: {' '.join(exc.format_message().split())}", file=sys.stderr)
+        sys.exit(2)
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        sys.exit(1)
+    except MemoryError:
+        print(
+            "error: out of memory; use a smaller input, a smaller --budget or a machine "
+            "with more memory",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    if rc == 130:  # typer turns Ctrl-C inside a command into exit code 130
+        print("interrupted", file=sys.stderr)
     if isinstance(rc, int) and rc:
         sys.exit(rc)

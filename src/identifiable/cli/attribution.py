@@ -7,7 +7,18 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from identifiable.cli.common import JsonOption, ModelOption, PairOption, console, load, write_json
+from identifiable.cli.common import (
+    JsonOption,
+    ModelOption,
+    PairOption,
+    check_writable,
+    console,
+    load,
+    write_json,
+)
+from identifiable.errors import IdentifiableError
+
+SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit integer
 
 MemoryOption = Annotated[
     int,
@@ -38,6 +49,11 @@ def attribution(
     from identifiable.attribution import hidden_token_attribution
     from identifiable.attribution.stats import own_is_top
 
+    if not 0 <= seed <= SEED_MAX:
+        raise IdentifiableError(f"--seed must be between 0 and 2**63-1, got {seed}")
+    if memory_budget < 1:
+        raise IdentifiableError(f"--memory-budget must be at least 1 MiB, got {memory_budget}")
+    check_writable(json_out)  # before the computation: a bad path costs nothing
     m = load(model)
     result = hidden_token_attribution(
         m,

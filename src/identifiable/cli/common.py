@@ -28,6 +28,18 @@ PairOption = Annotated[
 NoTruncateOption = Annotated[
     bool, typer.Option("--no-truncate", help="Fail instead of truncating texts that are too long.")
 ]
+MaxCorpusOption = Annotated[
+    int,
+    typer.Option(
+        "--max-corpus-mib",
+        min=1,
+        help="Refuse a corpus file that decompresses to more than this many MiB.",
+    ),
+]
+MaxLineOption = Annotated[
+    int,
+    typer.Option("--max-line-kib", min=1, help="Refuse a corpus line longer than this many KiB."),
+]
 JsonOption = Annotated[
     Path | None, typer.Option("--json", help="Also write the results to this JSON file.")
 ]
@@ -37,14 +49,17 @@ def load(model: str):
     """Load a model with a spinner; errors are already user-facing."""
     from identifiable.models import load_model
 
+    check_model_name(model)
     with err_console.status(f"loading {model} …"):
         return load_model(model)
 
 
-def check_writable(path: Path | None) -> None:
-    """Fail before any work when an output file could not be written."""
+def check_writable(path: Path | None, option: str = "--json") -> None:
+    """Fail before any work when an output file could not be written (nothing is created)."""
     if path is None:
         return
+    if Path(path).is_dir():
+        raise IdentifiableError(f"{option} {path} is a folder; give a file name")
     parent = Path(path).parent
     if not parent.is_dir():
         raise IdentifiableError(f"cannot write '{path}': directory '{parent}' does not exist")
@@ -56,8 +71,21 @@ def write_atomic(path: Path, data: bytes) -> None:
     """Write to a temporary file beside `path`, then rename: never a half-written file."""
     from identifiable.store.files import atomic_write_bytes
 
-    atomic_write_bytes(path, data)
+    check_writable(path)
+    atomic_write_bytes(path, data, parents=False, hint="choose another --json file")
 
 
 def write_json(path: Path, payload: Any) -> None:
     write_atomic(path, json.dumps(payload, indent=2, ensure_ascii=False).encode())
+
+
+class Interrupted(Exception):
+    """Ctrl-C inside a command that wants to say more than "interrupted" (exit 130)."""
+
+
+def check_model_name(model: str) -> None:
+    """Refuse an empty --model before anything loads (it would name the current folder)."""
+    if not model.strip():
+        raise IdentifiableError(
+            "--model is empty: pass 'minilm', a local model directory or a hub id"
+        )

@@ -7,7 +7,13 @@ from typing import Annotated
 
 import typer
 
-from identifiable.cli.common import ModelOption, console
+from identifiable.cli.common import (
+    MaxCorpusOption,
+    MaxLineOption,
+    ModelOption,
+    check_model_name,
+    console,
+)
 
 
 def reproduce(
@@ -31,30 +37,46 @@ def reproduce(
         ),
     ] = "quick",
     resume: Annotated[
-        bool, typer.Option("--resume", help="Continue an interrupted run in --out.")
+        bool, typer.Option("--resume", help="Continue an interrupted run into --out.")
     ] = False,
     force: Annotated[
-        bool, typer.Option("--force", help="Delete a previous run in --out and start over.")
+        bool,
+        typer.Option(
+            "--force",
+            help="Replace a previous run of ours in --out (only the files it wrote, and only "
+            "once the new run has finished).",
+        ),
     ] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seed of every random choice.")] = 0,
     device: Annotated[
-        str, typer.Option("--device", help="cpu, or cuda for --budget full on a GPU.")
+        str,
+        typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto (cuda for --budget full)."),
     ] = "cpu",
+    max_corpus_mib: MaxCorpusOption = 256,
+    max_line_kib: MaxLineOption = 1024,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars.")] = False,
 ) -> None:
     """Run the paper's four experiment families; write OUT/index.html, figures, tables, summary.json."""
+    from identifiable.cli.common import Interrupted
+    from identifiable.corpus import read_limits
     from identifiable.reproduction import reproduce as run
 
-    result = run(
-        model,
-        corpus,
-        out,
-        budget=budget,
-        resume=resume,
-        force=force,
-        seed=seed,
-        progress=not no_progress,
-    )
+    check_model_name(model)
+    try:
+        with read_limits(max_bytes=max_corpus_mib << 20, max_line_bytes=max_line_kib << 10):
+            result = run(
+                model,
+                corpus,
+                out,
+                budget=budget,
+                resume=resume,
+                force=force,
+                seed=seed,
+                device=device,
+                progress=not no_progress,
+            )
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted; rerun with --resume") from None
     s = result.summary
     console.print(
         f"{s['supported']} of {s['claims_tested']} tested claims supported · "

@@ -8,7 +8,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from identifiable.cli.common import ModelOption, console, err_console, load
+from identifiable.cli.common import (
+    MaxCorpusOption,
+    MaxLineOption,
+    ModelOption,
+    check_model_name,
+    console,
+    err_console,
+    load,
+)
 from identifiable.errors import IdentifiableError
 
 _COLUMNS = [
@@ -64,6 +72,8 @@ def tokens(
     batch_size: Annotated[
         int, typer.Option("--batch-size", help="Sequences per forward pass.")
     ] = 8,
+    max_corpus_mib: MaxCorpusOption = 256,
+    max_line_kib: MaxLineOption = 1024,
 ) -> None:
     """Can each token still be recovered from its hidden state, layer by layer? (paper Fig. 2)
 
@@ -71,6 +81,7 @@ def tokens(
     embeddings e^0 on training sequences, and reports how often the nearest e^0 of
     the same sequence is the token's own on test sequences, with 95 % intervals.
     """
+    from identifiable.corpus import read_limits
     from identifiable.experiments.tokens import (
         DEFAULT_MAX_TOKENS,
         QUICK_MAX_TOKENS,
@@ -82,19 +93,27 @@ def tokens(
     cap = (
         max_tokens if max_tokens is not None else QUICK_MAX_TOKENS if quick else DEFAULT_MAX_TOKENS
     )
+    if cap < 1:
+        raise IdentifiableError(f"--max-tokens must be at least 1, got {cap}")
+    if batch_size < 1:
+        raise IdentifiableError(f"--batch-size must be at least 1, got {batch_size}")
+    if out.exists() and not out.is_dir():
+        raise IdentifiableError(f"--out {out} is a file; give a folder for the tables")
     layer_list = _parse_layers(layers)
+    check_model_name(model)
     m = load(model)
-    result = token_identifiability(
-        m,
-        corpus,
-        max_tokens=cap,
-        candidates=candidates,  # type: ignore[arg-type]
-        layers=layer_list,
-        seed=seed,
-        cache_dir=cache_dir,
-        batch_size=batch_size,
-        progress=True,
-    )
+    with read_limits(max_bytes=max_corpus_mib << 20, max_line_bytes=max_line_kib << 10):
+        result = token_identifiability(
+            m,
+            corpus,
+            max_tokens=cap,
+            candidates=candidates,  # type: ignore[arg-type]
+            layers=layer_list,
+            seed=seed,
+            cache_dir=cache_dir,
+            batch_size=batch_size,
+            progress=True,
+        )
     paths = result.write(out)
     console.print(_table(result))
     s, t = result.settings, result.timings

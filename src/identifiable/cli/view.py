@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from identifiable.cli.common import ModelOption, PairOption, console, err_console, load
+from identifiable.cli.common import (
+    ModelOption,
+    PairOption,
+    check_model_name,
+    check_writable,
+    console,
+    err_console,
+    load,
+)
 from identifiable.errors import IdentifiableError
 
 
@@ -49,10 +58,19 @@ def view(
         str, typer.Option("--variant", help="Effective attention: paper or row-stochastic.")
     ] = "paper",
     max_mb: Annotated[float, typer.Option("--max-mb", help="Page size limit in MB.")] = 9.0,
+    mixing: Annotated[
+        str | None,
+        typer.Option(
+            "--mixing",
+            help="Context-mixing methods to offer in place of the attention maps, e.g. "
+            "globenc,alti (see identifiable mixing).",
+        ),
+    ] = None,
 ) -> None:
     """Write a self-contained page: raw, effective and null attention per head, intervals per row."""
+    from identifiable.mixing import get_method
     from identifiable.store.files import atomic_write_text
-    from identifiable.viewer import viewer_html_for_trace
+    from identifiable.viewer import mixing_maps, viewer_html_for_trace
 
     if not text.strip():
         raise IdentifiableError(
@@ -60,6 +78,21 @@ def view(
         )
     if out.exists() and out.is_dir():
         raise IdentifiableError(f"--out {out} is a folder; give a file name such as attention.html")
+    check_writable(out, "--out")
+    if max_rows < 1:
+        raise IdentifiableError(f"--max-rows must be at least 1, got {max_rows}")
+    if not math.isfinite(max_mb) or max_mb < 1:
+        raise IdentifiableError(f"--max-mb must be a number of at least 1 (MB), got {max_mb}")
+    if not math.isfinite(interval_seconds) or interval_seconds < 0:
+        raise IdentifiableError(
+            f"--interval-seconds must be a number of seconds ≥ 0, got {interval_seconds}"
+        )
+    if head < 0:
+        raise IdentifiableError(f"--head must be 0 or more, got {head}")
+    methods = [v.strip() for v in (mixing or "").split(",") if v.strip()]
+    for name in methods:  # an unknown method fails before the model loads
+        get_method(name)
+    check_model_name(model)
     m = load(model)
     trace = m.trace((text, pair) if pair is not None else text)
     if not 1 <= layer <= trace.n_layers:
@@ -68,6 +101,7 @@ def view(
             f"layer {layer} is out of range: valid layers are 1..{trace.n_layers}"
         )
     with err_console.status("computing effective attention and intervals …"):
+        maps = mixing_maps(m, (text, pair) if pair is not None else text, methods)
         html = viewer_html_for_trace(
             trace,
             layer=layer - 1,
@@ -77,6 +111,7 @@ def view(
             variant=variant,
             max_bytes=int(max_mb * 1e6),
             interval_seconds=interval_seconds,
+            mixing=maps,
         )
     atomic_write_text(out, html)
     console.print(f"wrote {out} ({len(html.encode()) / 1e6:.2f} MB, {trace.n_tokens} tokens)")

@@ -16,7 +16,7 @@ One entry point::
 `load_corpus(source="wikipedia-sample", *, unit=None, limit=None, seed=0,
 shuffle=False, tokenizer=None, max_tokens=None, min_tokens=None, buckets=None,
 per_bucket=None, format="auto", field="text", pair_fields=None, split="train",
-config=None) -> Corpus`
+config=None, max_bytes=None, max_line_bytes=None) -> Corpus`
 
 Sources:
 - `"wikipedia-sample"` (default): the 106 English Wikipedia articles (all
@@ -34,6 +34,12 @@ Sources:
   `record[field]`; `pair_fields=("a", "b")` yields ready-made pairs instead.
 - `"hf:NAME"`: a Hugging Face dataset (`config`, `split`), read like JSONL
   records; needs the optional `datasets` package (`identifiable[datasets]`).
+
+Read limits: a file may decompress to at most `max_bytes` (default 1 GiB) and a line
+of a text or JSON Lines file may hold at most `max_line_bytes` (default 1 MiB); past
+either, reading stops with an `IdentifiableError` (memory stays bounded, even for a
+decompression bomb). Raise them per call, or for a block of code with
+`with identifiable.corpus.read_limits(max_bytes=…, max_line_bytes=…):`.
 
 Units: "sentence", "paragraph", "document" (a whole article, line, block or
 record), "pair". Default: "sentence" for wiki sources, "document" for files and
@@ -64,6 +70,7 @@ Lower-level pieces: `load_documents` (Documents of paragraphs of sentences),
 
 from identifiable.corpus.core import CORPUS_VERSION, UNITS, Corpus, load_corpus, load_documents
 from identifiable.corpus.document import Document
+from identifiable.corpus.fileio import DEFAULT_LIMITS, ReadLimits, read_limits
 from identifiable.corpus.lengths import (
     DEFAULT_BUCKETS,
     bucket_by_length,
@@ -79,11 +86,13 @@ from identifiable.corpus.wikitext import clean_wikitext
 __all__ = [
     "CORPUS_VERSION",
     "DEFAULT_BUCKETS",
+    "DEFAULT_LIMITS",
     "FORMATS",
     "UNITS",
     "WIKIPEDIA_SAMPLE",
     "Corpus",
     "Document",
+    "ReadLimits",
     "bucket_by_length",
     "clean_wikitext",
     "iter_pairs",
@@ -91,6 +100,7 @@ __all__ = [
     "load_documents",
     "make_pairs",
     "parse_wiki_dump",
+    "read_limits",
     "split_sentences",
     "token_lengths",
     "tokenizer_fingerprint",

@@ -174,6 +174,8 @@ def load_corpus(
     pair_fields: Sequence[str] | None = None,
     split: str = "train",
     config: str | None = None,
+    max_bytes: int | None = None,
+    max_line_bytes: int | None = None,
 ) -> Corpus:
     """Load texts or text pairs; the package docstring documents every option.
 
@@ -194,7 +196,14 @@ def load_corpus(
     _check_options(unit, tokenizer, counted, per_bucket, pair_fields)
     pair_key = tuple(pair_fields) if pair_fields is not None else None
     data = read_source(
-        source, fmt=format, field=field, pair_fields=pair_key, split=split, config=config
+        source,
+        fmt=format,
+        field=field,
+        pair_fields=pair_key,
+        split=split,
+        config=config,
+        max_bytes=max_bytes,
+        max_line_bytes=max_line_bytes,
     )
     if not data.documents and not data.pairs:
         raise IdentifiableError(f"corpus {data.name!r} contains no text; pass a file with some")

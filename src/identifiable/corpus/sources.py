@@ -13,13 +13,13 @@ import importlib.util
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from identifiable.corpus.document import Document
-from identifiable.corpus.fileio import file_digest, peek, read_text
+from identifiable.corpus.fileio import ReadLimits, current_limits, file_digest, peek, read_text
 from identifiable.corpus.sentences import split_sentences
 from identifiable.corpus.wikidump import parse_wiki_dump
 from identifiable.errors import IdentifiableError
@@ -106,7 +106,8 @@ def _field(record: Mapping[str, Any], key: str, where: str) -> str:
     if key not in record:
         raise IdentifiableError(
             f"{where}: no field {key!r} (fields: {', '.join(map(str, record)) or 'none'}); "
-            "pass field=… (CLI: --field) or pair_fields=(A, B)"
+            "the text must be in a field named 'text', or pass load_corpus(field=…) "
+            "or pair_fields=(A, B) in Python"
         )
     value = record[key]
     if not isinstance(value, str):
@@ -158,6 +159,12 @@ def _jsonl_records(path: Path, text: str) -> Iterable[tuple[str, Any]]:
             raise IdentifiableError(
                 f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}; fix the file"
             ) from exc
+        except RecursionError:
+            raise IdentifiableError(
+                f"{path}: JSON nested too deeply to read; records must be flat objects"
+            ) from None
+        if not isinstance(records, list):
+            raise IdentifiableError(f"{path}: expected a JSON array of records; fix the file")
         yield from ((f"{path.name} record {i + 1}", r) for i, r in enumerate(records))
         return
     for number, line in enumerate(text.split("\n"), start=1):
@@ -169,6 +176,11 @@ def _jsonl_records(path: Path, text: str) -> Iterable[tuple[str, Any]]:
             raise IdentifiableError(
                 f"{path}: invalid JSON on line {number}: {exc.msg}; fix or remove that line"
             ) from exc
+        except RecursionError:
+            raise IdentifiableError(
+                f"{path}: line {number} is JSON nested too deeply to read; "
+                'each line must be a flat object such as {"text": "…"}'
+            ) from None
         yield f"{path.name}:{number}", record
 
 
@@ -217,6 +229,7 @@ def _read_cached(
     fmt: str,
     field: str,
     pair_fields: tuple[str, str] | None,
+    limits: ReadLimits,
 ) -> SourceData:
     """Parse a file once per (path, content digest, options): edits are always seen."""
     path = Path(path_key)
@@ -224,8 +237,10 @@ def _read_cached(
     if fmt == "wiki":
         if pair_fields is not None:
             raise IdentifiableError("pair_fields applies to JSONL/datasets records, not wiki dumps")
-        return SourceData(name, "wiki", digest, parse_wiki_dump(path))
-    text = read_text(path)
+        return SourceData(name, "wiki", digest, parse_wiki_dump(path, limits=limits))
+    if fmt == "jsonl" and peek(path).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
+        limits = replace(limits, max_line_bytes=limits.max_bytes)  # a JSON array has no lines
+    text = read_text(path, limits)
     if fmt == "jsonl":
         return _records_to_data(name, "jsonl", _jsonl_records(path, text), field, pair_fields)
     if pair_fields is not None:
@@ -245,13 +260,20 @@ def read_source(
     pair_fields: tuple[str, str] | None = None,
     split: str = "train",
     config: str | None = None,
+    max_bytes: int | None = None,
+    max_line_bytes: int | None = None,
 ) -> SourceData:
     """Resolve and read a corpus source (parsed files are cached in memory).
 
+    `max_bytes` and `max_line_bytes` bound what a file may decompress to and its longest
+    line (None: the limits in force, see `identifiable.corpus.fileio.read_limits`).
+
     Raises:
         IdentifiableError: unknown source or format, missing/unreadable/corrupt file,
-            invalid JSONL line, missing field, or `datasets` not installed.
+            a file past the read limits, invalid JSONL line, missing field, or `datasets`
+            not installed.
     """
+    limits = current_limits(max_bytes, max_line_bytes)
     if fmt not in FORMATS:
         raise IdentifiableError(f"unknown corpus format {fmt!r}; use one of {', '.join(FORMATS)}")
     if pair_fields is not None:
@@ -278,4 +300,4 @@ def read_source(
             f"cannot read corpus file {path}: {exc}; check its permissions"
         ) from exc
     name = WIKIPEDIA_SAMPLE if source == WIKIPEDIA_SAMPLE else path.name
-    return _read_cached(str(path.resolve()), digest, name, fmt, field, pair_fields)
+    return _read_cached(str(path.resolve()), digest, name, fmt, field, pair_fields, limits)

@@ -8,12 +8,11 @@ flat for large dumps when `max_documents` bounds the result.
 
 from __future__ import annotations
 
-import lzma
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from identifiable.corpus.document import Document
-from identifiable.corpus.fileio import open_binary
+from identifiable.corpus.fileio import CORRUPT_ERRORS, ReadLimits, bounded_stream
 from identifiable.corpus.wikitext import clean_wikitext
 from identifiable.errors import IdentifiableError
 
@@ -59,12 +58,16 @@ def _page(element: ET.Element) -> tuple[str, str] | None:
     return title, text
 
 
-def parse_wiki_dump(path: Path, *, max_documents: int | None = None) -> tuple[Document, ...]:
+def parse_wiki_dump(
+    path: Path, *, max_documents: int | None = None, limits: ReadLimits | None = None
+) -> tuple[Document, ...]:
     """Parse a MediaWiki XML export into clean Documents, in file order.
 
     Args:
         path: an `.xml`, `.xml.bz2` or `.xml.gz` export.
         max_documents: stop after this many articles (None: all).
+        limits: the most bytes the dump may decompress to (default: the limits in force,
+            see `identifiable.corpus.fileio.read_limits`).
 
     Returns:
         One Document per article, including articles whose every paragraph was
@@ -75,7 +78,7 @@ def parse_wiki_dump(path: Path, *, max_documents: int | None = None) -> tuple[Do
     """
     documents: list[Document] = []
     try:
-        with open_binary(path) as stream:
+        with bounded_stream(path, limits) as stream:
             root_checked = False
             for event, element in ET.iterparse(stream, events=("start", "end")):
                 if not root_checked:
@@ -94,7 +97,7 @@ def parse_wiki_dump(path: Path, *, max_documents: int | None = None) -> tuple[Do
                     documents.append(Document(title, tuple(clean_wikitext(markup))))
                     if max_documents is not None and len(documents) >= max_documents:
                         break
-    except (OSError, EOFError, lzma.LZMAError, ET.ParseError, ValueError) as exc:
+    except (*CORRUPT_ERRORS, ET.ParseError, ValueError) as exc:
         raise IdentifiableError(
             f"cannot read wiki dump {path}: {exc}. The file is truncated or corrupt; "
             "download it again or pass another file"

@@ -51,13 +51,23 @@ class RunCache:
 
     # ---- run level -----------------------------------------------------------
     def previous_settings(self) -> dict[str, Any] | None:
+        """What the run in this folder was started with; None if none (or unreadable)."""
         path = self.root / "settings.json"
         if not path.is_file():
             return None
         try:
-            return json.loads(path.read_text("utf-8"))
-        except (OSError, ValueError):
+            prev = json.loads(path.read_text("utf-8"))
+        except (OSError, ValueError, RecursionError):
+            prev = None
+        if not (isinstance(prev, dict) and isinstance(prev.get("settings", {}), dict)):
+            # Every shard carries the settings key too, so nothing of another run is reused.
+            warnings.warn(
+                f"{path} is unreadable or malformed; its cached shards are checked one by one",
+                CacheCorruptWarning,
+                stacklevel=2,
+            )
             return None
+        return prev
 
     def check_resumable(self) -> None:
         """Raise unless the cache is empty or was written with the same settings."""
@@ -100,22 +110,27 @@ class RunCache:
             return None
         try:
             info = json.loads(manifest.read_text("utf-8"))
+            if not isinstance(info, dict) or not isinstance(info.get("files"), dict):
+                raise ValueError("malformed manifest")
             if info.get("key") != self.key:
                 return None
             tables = {}
             for name, digest in info["files"].items():
+                if not isinstance(name, str) or "/" in name or name.startswith("."):
+                    raise ValueError(f"malformed table name {name!r}")
                 data = self._table(stage, shard, name).read_bytes()
                 if sha256_bytes(data) != digest:
                     raise ValueError(f"checksum mismatch in table '{name}'")
                 tables[name] = pd.read_parquet(io.BytesIO(data))
-        except (OSError, ValueError, KeyError) as err:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
             warnings.warn(
                 f"cached {stage} shard {shard} is unusable ({err}); recomputing it",
                 CacheCorruptWarning,
                 stacklevel=2,
             )
             return None
-        return tables, info.get("meta", {})
+        meta = info.get("meta", {})
+        return tables, meta if isinstance(meta, dict) else {}
 
     def save(
         self,

@@ -37,25 +37,34 @@ def _raw_write(fd: int, data: memoryview) -> int:
     return os.write(fd, data)
 
 
-def _explain(err: OSError, path: Path) -> IdentifiableError:
+def _explain(err: OSError, path: Path, hint: str = "choose another --out") -> IdentifiableError:
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         return IdentifiableError(
             f"disk full while writing {path}: free some space, then rerun the same command "
             "with --resume (finished parts are kept)"
         )
     if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return IdentifiableError(f"cannot write {path}: permission denied; choose another --out")
+        return IdentifiableError(f"cannot write {path}: permission denied; {hint}")
+    if err.errno == errno.ENOENT:
+        return IdentifiableError(f"cannot write {path}: its folder does not exist; {hint}")
     return IdentifiableError(f"cannot write {path}: {err.strerror or err}")
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write `data` to `path` atomically (temp file in the same folder + rename)."""
+def atomic_write_bytes(
+    path: str | Path, data: bytes, *, parents: bool = True, hint: str = "choose another --out"
+) -> Path:
+    """Write `data` to `path` atomically (temp file in the same folder + rename).
+
+    `parents=False` refuses a missing folder instead of creating it (a user's file path);
+    `hint` ends the one-line error with what to do.
+    """
     path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if parents:
+            path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as err:
-        raise _explain(err, path) from None
+        raise _explain(err, path, hint) from None
     try:
         try:
             os.fchmod(fd, _file_mode())
@@ -69,7 +78,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
         os.replace(tmp, path)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)
-        raise _explain(err, path) from None
+        raise _explain(err, path, hint) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

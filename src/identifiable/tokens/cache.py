@@ -125,7 +125,9 @@ def load_pairs(data_path: Path, manifest_path: Path, settings: dict[str, Any]) -
         manifest = json.loads(manifest_path.read_text())
         recorded = manifest["settings"]
         digest = manifest["sha256"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if not isinstance(recorded, dict) or not isinstance(digest, str):
+            raise TypeError("settings must be an object and sha256 a string")
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         _corrupt(manifest_path, f"unreadable manifest: {exc}")
         return None
     if recorded != settings:
@@ -150,5 +152,9 @@ def load_pairs(data_path: Path, manifest_path: Path, settings: dict[str, Any]) -
         return None
     if list(tensors["states"].shape) != manifest.get("states_shape"):
         _corrupt(data_path, "tensor shapes do not match the manifest")
+        return None
+    if tensors["states"].is_floating_point() and not bool(tensors["states"].isfinite().all()):
+        # A forward pass never yields NaN or inf here; a file re-signed by hand can.
+        _corrupt(data_path, "hidden states hold NaN or infinite values")
         return None
     return TokenPairs(n_truncated=n_truncated, **tensors)

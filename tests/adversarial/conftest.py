@@ -1,0 +1,138 @@
+"""The adversarial harness: run the real CLI entry point on hostile input and hold it to the
+contract every refusal must meet.
+
+A refusal exits with status 2, prints no traceback and at most three lines on stderr, and
+changes nothing on disk: the test's whole workspace (where the output would go, its parent,
+the inputs) is snapshot before and after and must be identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from identifiable.cli import main
+
+SCRIPT = Path(sys.executable).parent / "identifiable"
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every entry under `root`: files by content hash, links by target, folders by name."""
+    out: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            if p.is_symlink():
+                out[rel] = "-> " + os.readlink(p)
+            elif p.is_file():
+                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+            else:
+                out[rel] = "dir"
+    return out
+
+
+@dataclass
+class Outcome:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def err_lines(self) -> list[str]:
+        return [line for line in self.err.splitlines() if line.strip()]
+
+
+def assert_refused(outcome: Outcome, expect: str | None = None) -> None:
+    """The contract of every refusal (the snapshot part is checked by the caller)."""
+    assert outcome.code == 2, f"exit {outcome.code}, stderr:\n{outcome.err}"
+    assert "Traceback" not in outcome.err and "Traceback" not in outcome.out, outcome.err
+    assert 1 <= len(outcome.err_lines) <= 3, f"{len(outcome.err_lines)} lines:\n{outcome.err}"
+    if expect is not None:
+        assert expect in outcome.err, f"{expect!r} not in:\n{outcome.err}"
+
+
+@pytest.fixture(scope="session")
+def model_dir(tiny_model: Callable[[str], Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny BERT saved like a user's model folder (config, safetensors, tokenizer)."""
+    root = tmp_path_factory.mktemp("models")
+    model = tiny_model("bert")
+    model.hf_model.save_pretrained(root / "tiny-bert")
+    model.tokenizer.save_pretrained(root / "tiny-bert")
+    return root / "tiny-bert"
+
+
+@pytest.fixture(scope="session")
+def no_tokenizer_dir(
+    tiny_model: Callable[[str], Any], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The same model without tokenizer files (config and weights only)."""
+    root = tmp_path_factory.mktemp("models")
+    tiny_model("bert").hf_model.save_pretrained(root / "no-tokenizer")
+    return root / "no-tokenizer"
+
+
+class Workspace:
+    """A scratch folder (the current directory during a case) and the CLI runners."""
+
+    def __init__(self, root: Path, capsys: pytest.CaptureFixture[str], inputs: list[Path]) -> None:
+        self.root, self.capsys, self.inputs = root, capsys, inputs
+
+    def _state(self) -> dict[str, Any]:
+        return {"workspace": snapshot(self.root), **{str(p): snapshot(p) for p in self.inputs}}
+
+    def main(self, args: list[str]) -> Outcome:
+        """In process, through `identifiable.cli.main` (what the script calls)."""
+        self.capsys.readouterr()
+        try:
+            main(args)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        captured = self.capsys.readouterr()
+        return Outcome(code, captured.out, captured.err)
+
+    def script(self, args: list[str], **kwargs: Any) -> Outcome:
+        """As a user runs it: the installed `identifiable` script in a subprocess."""
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "100"}
+        proc = subprocess.run(
+            [str(SCRIPT), *args], capture_output=True, cwd=self.root, env=env, timeout=300, **kwargs
+        )
+        return Outcome(
+            proc.returncode,
+            proc.stdout.decode("utf-8", "replace"),
+            proc.stderr.decode("utf-8", "replace"),
+        )
+
+    def refused(
+        self, args: list[str], expect: str | None = None, *, script: bool = False
+    ) -> Outcome:
+        before = self._state()
+        outcome = self.script(args) if script else self.main(args)
+        assert_refused(outcome, expect)
+        assert self._state() == before, "a refused command changed files on disk"
+        return outcome
+
+
+@pytest.fixture
+def ws(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    model_dir: Path,
+    no_tokenizer_dir: Path,
+) -> Workspace:
+    root = tmp_path / "ws"
+    root.mkdir()
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    return Workspace(root, capsys, [model_dir, no_tokenizer_dir])
