@@ -112,9 +112,16 @@ class _Inputs:
     def is_causal(self) -> bool:
         return bool(self.model.info.is_causal)
 
+    @cached_property
+    def layout(self) -> Any:
+        """The block's `NormLayout`, or the one-line error saying why it is undefined."""
+        from identifiable.models.blocks import norm_layout
+
+        return norm_layout(self.model)
+
     @property
     def post_norm(self) -> bool:
-        return self.model.spec.norm == "post"
+        return bool(self.layout.kind == "post")
 
     def pieces(self, layer: int) -> decompose.BlockPieces:
         tr = self.trace
@@ -241,13 +248,8 @@ def _norm(x: _Inputs, opts: dict[str, Any]) -> Computed:
 
 
 def _needs_residual_structure(x: _Inputs, method: str) -> None:
-    from identifiable.models.blocks import NORM_PATHS
-
-    if x.model.spec.name not in NORM_PATHS:
-        raise IdentifiableError(
-            f"{method} needs the residual and normalisation layout, which is not described for "
-            f"architecture '{x.model.spec.name}' (add it to NORM_PATHS in models/blocks.py)"
-        )
+    """Resolve the block layout first: an undefined family fails in one line before any work."""
+    _ = x.layout
 
 
 def norm_chain(x: _Inputs, layer: int, second_norm: bool) -> tuple[list[Any], list[Tensor]]:
@@ -257,6 +259,8 @@ def norm_chain(x: _Inputs, layer: int, second_norm: bool) -> tuple[list[Any], li
     if not x.post_norm:
         return [], []
     first, second = x.norms[layer]
+    if first is None or second is None:
+        raise IdentifiableError(f"layer {layer + 1} of this post-norm model has no layer norm")
     cap = x.blocks
     chain = [first]
     scales = [first.scale(cap.first_in[layer]).squeeze(-1)]
@@ -271,7 +275,7 @@ def _globenc(x: _Inputs, opts: dict[str, Any]) -> Computed:
     second = opts["second_norm"]
     if second and not x.post_norm:
         raise IdentifiableError(
-            f"globenc's second layer norm is undefined for the pre-norm '{x.model.spec.name}': "
+            f"globenc's second layer norm is undefined for the {_wiring(x)} '{x.model.spec.name}': "
             "that norm sits inside the MLP branch, not on the residual path; drop second_norm"
         )
     second = x.post_norm if second is None else bool(second)
@@ -283,9 +287,17 @@ def _globenc(x: _Inputs, opts: dict[str, Any]) -> Computed:
     return layerwise, rollout(layerwise), {"second_norm": second}
 
 
+def _wiring(x: _Inputs) -> str:
+    return "pre-norm" if x.layout.kind == "pre" else "parallel-block"
+
+
 def alti_output(x: _Inputs, layer: int) -> Tensor:
     """y_i `[n, d]`: what ALTI's parts add up to: LN1's output (post-LN) or the residual
-    stream after attention (pre-LN), both as captured from the model."""
+    stream after attention (pre-LN), both as captured from the model. A parallel block
+    never forms x + Attn(N1(x)) (its MLP reads x), so there y is that sum from the trace."""
+    if x.layout.kind == "parallel":
+        tr = x.trace
+        return tr.hidden_states[layer].double() + tr.attn_outputs[layer].double()
     cap = x.blocks
     return cap.first_out[layer] if x.post_norm else cap.second_in[layer]
 

@@ -1,22 +1,28 @@
 """Residual-block internals that context-mixing measures need beyond the `Trace`.
 
 Like `specs.py`, this is data plus hooks: where each layer's two normalisation
-modules live (per spec name), their parameters, their captured inputs and outputs,
-and a re-run of every layer from its own captured input with chosen value vectors
-zeroed. Nothing here knows about any mixing method.
+modules live and how the block is wired (per spec name, `NORM_LAYOUTS`, adjusted by
+the few config switches that rewire a family), their parameters, their captured inputs
+and outputs, and a re-run of every layer from its own captured input with chosen value
+vectors zeroed. Nothing here knows about any mixing method.
 
-Block structure by `ArchSpec.norm`:
+Block structure (`NormLayout.kind`):
 - "post" (BERT family): x → LN1(x + Attn(x)) = y → LN2(y + FFN(y)).
 - "pre" (GPT-2, Llama): x → x + Attn(N1(x)) = y → y + MLP(N2(y)).
+- "parallel" (GPT-NeoX, GPT-J-style Falcon): x → x + Attn(N1(x)) + MLP(N2(x)); the MLP
+  reads x, not x + Attn, so y = x + Attn(N1(x)) is never formed by the model.
 `first`/`second` below are LN1/LN2 respectively N1/N2 in that notation.
+
+Families whose residual wiring the norm-based methods do not describe are listed in
+`NORM_UNDEFINED` with the reason, given to the user as one line.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -24,15 +30,111 @@ from torch import nn
 from identifiable.errors import IdentifiableError
 from identifiable.models.hooks import HookSet, first_tensor, replace_hidden_input
 
-NORM_PATHS: dict[str, tuple[str, str]] = {
-    "bert": ("attention.output.LayerNorm", "output.LayerNorm"),
-    "roberta": ("attention.output.LayerNorm", "output.LayerNorm"),
-    "electra": ("attention.output.LayerNorm", "output.LayerNorm"),
-    "distilbert": ("sa_layer_norm", "output_layer_norm"),
-    "gpt2": ("ln_1", "ln_2"),
-    "llama": ("input_layernorm", "post_attention_layernorm"),
+BlockKind = Literal["post", "pre", "parallel"]
+
+
+@dataclass(frozen=True)
+class NormLayout:
+    """Where a family's two normalisation modules sit inside one layer, and the wiring.
+
+    Attributes:
+        first: dotted path (inside a layer) of LN1 / N1.
+        second: dotted path of LN2 / N2 (Falcon's parallel block has one norm feeding both
+            branches: then `second` is the same module as `first`).
+        kind: "post", "pre" or "parallel" (module docstring).
+        unit_offset: the RMSNorm scales by (1 + weight) rather than weight (Gemma).
+    """
+
+    first: str
+    second: str
+    kind: BlockKind
+    unit_offset: bool = False
+
+
+_BERT_LN = NormLayout("attention.output.LayerNorm", "output.LayerNorm", "post")
+_PRE_RMS = NormLayout("input_layernorm", "post_attention_layernorm", "pre")
+
+NORM_LAYOUTS: dict[str, NormLayout] = {
+    "bert": _BERT_LN,
+    "roberta": _BERT_LN,
+    "electra": _BERT_LN,
+    "deberta-v2": _BERT_LN,
+    "distilbert": NormLayout("sa_layer_norm", "output_layer_norm", "post"),
+    # ALBERT's layer is shared across depths: one hook per module, calls taken in order.
+    "albert": NormLayout("attention.LayerNorm", "full_layer_layer_norm", "post"),
+    "gpt2": NormLayout("ln_1", "ln_2", "pre"),
+    "gpt-neo": NormLayout("ln_1", "ln_2", "pre"),
+    "llama": _PRE_RMS,
+    "phi3": _PRE_RMS,
+    "qwen3": _PRE_RMS,  # q/k norms sit inside the attention scores, not on the residual path
+    "mixtral": _PRE_RMS,
+    "bloom": _PRE_RMS,
+    "gemma": replace(_PRE_RMS, unit_offset=True),
+    "opt": NormLayout("self_attn_layer_norm", "final_layer_norm", "pre"),
+    "gpt-neox": NormLayout("input_layernorm", "post_attention_layernorm", "parallel"),
+    "falcon": NormLayout("input_layernorm", "input_layernorm", "parallel"),
+    "modernbert": NormLayout("attn_norm", "mlp_norm", "pre"),  # layer 0's attn_norm: Identity
+    "vit": NormLayout("layernorm_before", "layernorm_after", "pre"),
+    "clip-vision": NormLayout("layer_norm1", "layer_norm2", "pre"),
 }
-"""Spec name → (first, second) normalisation module inside a layer (see module docstring)."""
+"""Spec name → the normalisation layout of its layers (see `norm_layout` for config switches)."""
+
+_SANDWICH = (
+    "normalises the attention output before adding it to the residual stream (sandwich "
+    "norm), a wiring the norm-based decompositions here do not describe"
+)
+NORM_UNDEFINED: dict[str, str] = {
+    "gemma2": _SANDWICH,
+    "gemma3_text": _SANDWICH,
+    "olmo2": _SANDWICH,
+}
+"""model_type (or spec name) → why the residual-path methods are undefined for it."""
+
+NORM_PATHS: dict[str, tuple[str, str]] = {k: (v.first, v.second) for k, v in NORM_LAYOUTS.items()}
+"""Spec name → (first, second) normalisation module paths (a view of `NORM_LAYOUTS`)."""
+
+
+def norm_layout(model: Any) -> NormLayout:
+    """The layout of `model`'s layers, or a one-line error naming the family and why not.
+
+    Config switches that rewire a family: OPT with `do_layer_norm_before=False` (opt-350m)
+    is post-LN; GPT-NeoX with `use_parallel_residual=False` is sequential pre-LN; Falcon
+    without `parallel_attn` is sequential, and with `new_decoder_architecture` has one norm
+    per branch (ln_attn, ln_mlp); BLOOM with `apply_residual_connection_post_layernorm`
+    takes its residual after the norm, which no layout here describes.
+    """
+    spec, config = model.spec, model.hf_model.config
+    model_type = str(getattr(config, "model_type", ""))
+    for key in (model_type, spec.name):
+        if key in NORM_UNDEFINED:
+            raise IdentifiableError(
+                f"the norm-based residual methods (globenc, alti) are undefined for "
+                f"'{model_type or spec.name}': it {NORM_UNDEFINED[key]}; use norm, rollout or "
+                "value-zeroing"
+            )
+    layout = NORM_LAYOUTS.get(spec.name)
+    if layout is None:
+        raise IdentifiableError(
+            f"the normalisation layout of architecture '{spec.name}' is not described; add it "
+            "to NORM_LAYOUTS in identifiable/models/blocks.py, or use norm, rollout or "
+            "value-zeroing"
+        )
+    if spec.name == "opt" and not getattr(config, "do_layer_norm_before", True):
+        layout = replace(layout, kind="post")
+    if spec.name == "gpt-neox" and not getattr(config, "use_parallel_residual", True):
+        layout = replace(layout, kind="pre")
+    if spec.name == "falcon":
+        if getattr(config, "new_decoder_architecture", False):
+            layout = NormLayout("ln_attn", "ln_mlp", "parallel")
+        elif not getattr(config, "parallel_attn", True):
+            layout = NormLayout("input_layernorm", "post_attention_layernorm", "pre")
+    if spec.name == "bloom" and getattr(config, "apply_residual_connection_post_layernorm", False):
+        raise IdentifiableError(
+            "the norm-based residual methods (globenc, alti) are undefined for this BLOOM "
+            "model: apply_residual_connection_post_layernorm takes the residual after the "
+            "norm, which no layout here describes; use norm, rollout or value-zeroing"
+        )
+    return layout
 
 
 @dataclass(frozen=True)
@@ -81,19 +183,25 @@ class BlockCapture:
 
 
 def _norm_modules(model: Any) -> list[tuple[nn.Module, nn.Module]]:
-    paths = NORM_PATHS.get(model.spec.name)
-    if paths is None:
-        raise IdentifiableError(
-            f"no normalisation paths are known for architecture '{model.spec.name}'; add them to "
-            "NORM_PATHS in identifiable/models/blocks.py"
-        )
+    """(first, second) norm module of every logical layer (a shared layer repeats)."""
+    layout = norm_layout(model)
     return [
-        (layer.get_submodule(paths[0]), layer.get_submodule(paths[1])) for layer in model.layers
+        (layer.get_submodule(layout.first), layer.get_submodule(layout.second))
+        for layer in model.layers
     ]
 
 
-def _params(module: nn.Module) -> NormParams:
+def _params(module: nn.Module, unit_offset: bool = False) -> NormParams | None:
+    if isinstance(module, nn.Identity):  # ModernBERT's first layer has no attention norm
+        return None
+    if getattr(module, "weight", None) is None:
+        raise IdentifiableError(
+            f"normalisation module {type(module).__name__} has no weight; a residual "
+            "decomposition through it is not described"
+        )
     weight = module.weight.detach().double().cpu()
+    if unit_offset:  # Gemma's RMSNorm multiplies by (1 + weight)
+        weight = weight + 1.0
     bias = getattr(module, "bias", None)
     eps = getattr(module, "eps", None)
     if eps is None:
@@ -109,39 +217,46 @@ def _params(module: nn.Module) -> NormParams:
     )
 
 
-def block_norms(model: Any) -> list[tuple[NormParams, NormParams]]:
-    """(first, second) normalisation parameters of every layer, float64 on the CPU."""
-    return [(_params(a), _params(b)) for a, b in _norm_modules(model)]
+def block_norms(model: Any) -> list[tuple[NormParams | None, NormParams | None]]:
+    """(first, second) normalisation parameters of every layer, float64 on the CPU; None for
+    a position that holds no norm (an `nn.Identity`)."""
+    offset = norm_layout(model).unit_offset
+    return [(_params(a, offset), _params(b, offset)) for a, b in _norm_modules(model)]
 
 
 class BlockRecorder:
-    """Collects the norms' inputs and outputs of the next forward pass of one sequence."""
+    """Collects the norms' inputs and outputs of the next forward pass of one sequence.
+
+    Each module is hooked once per role and its calls are kept in order, so a layer that
+    runs at several depths (ALBERT shares one) is recorded once per run, never twice."""
+
+    FIELDS = ("first_in", "first_out", "second_in", "second_out", "layer_out")
 
     def __init__(self, n_layers: int) -> None:
         self.n_layers = n_layers
-        self.store: dict[tuple[int, str], torch.Tensor] = {}
+        self.store: dict[str, list[torch.Tensor]] = {f: [] for f in self.FIELDS}
 
-    def hook(self, layer: int, name: str, what: str) -> Any:
+    def hook(self, name: str, what: str) -> Any:
         def keep(module: nn.Module, args: Any, output: Any = None) -> None:
             value = args[0] if what == "in" else first_tensor(output)
-            self.store[(layer, name)] = value[0].detach()
+            # OPT flattens (batch, token) before its second norm: one sequence is [n, d] there.
+            self.store[name].append((value[0] if value.dim() == 3 else value).detach())
 
         return keep
 
     def result(self) -> BlockCapture:
-        fields = ("first_in", "first_out", "second_in", "second_out", "layer_out")
-        missing = [f for f in fields for i in range(self.n_layers) if (i, f) not in self.store]
-        if missing:
+        wrong = {f: len(v) for f, v in self.store.items() if len(v) != self.n_layers}
+        if wrong:
+            name, count = next(iter(wrong.items()))
             raise IdentifiableError(
-                f"the forward pass did not run the normalisation modules ({missing[0]}); the "
-                "entry in NORM_PATHS does not match this model"
+                f"{self.n_layers} layers, but {name} was captured {count} times; the entry in "
+                "NORM_LAYOUTS (identifiable/models/blocks.py) does not match this model"
             )
-        return BlockCapture(
-            *(
-                torch.stack([self.store[(i, f)] for i in range(self.n_layers)]).double().cpu()
-                for f in fields
-            )
-        )
+        return BlockCapture(*(torch.stack(self.store[f]).double().cpu() for f in self.FIELDS))
+
+
+def _distinct(modules: list[nn.Module]) -> list[nn.Module]:
+    return list({id(m): m for m in modules}.values())
 
 
 @contextmanager
@@ -152,12 +267,14 @@ def record_blocks(model: Any) -> Iterator[BlockRecorder]:
     mods = _norm_modules(model)
     rec = BlockRecorder(len(mods))
     with HookSet() as hooks:
-        for i, (first, second) in enumerate(mods):
-            hooks.pre(first, rec.hook(i, "first_in", "in"))
-            hooks.post(first, rec.hook(i, "first_out", "out"))
-            hooks.pre(second, rec.hook(i, "second_in", "in"))
-            hooks.post(second, rec.hook(i, "second_out", "out"))
-            hooks.post(model.layers[i], rec.hook(i, "layer_out", "out"))
+        for mod in _distinct([first for first, _ in mods]):
+            hooks.pre(mod, rec.hook("first_in", "in"))
+            hooks.post(mod, rec.hook("first_out", "out"))
+        for mod in _distinct([second for _, second in mods]):
+            hooks.pre(mod, rec.hook("second_in", "in"))
+            hooks.post(mod, rec.hook("second_out", "out"))
+        for mod in _distinct(list(model.layers)):
+            hooks.post(mod, rec.hook("layer_out", "out"))
         yield rec
 
 
@@ -185,38 +302,40 @@ def rerun_layers_zeroing_values(
             unmodified `layer_inputs[l]`, so copy b at layer l differs from the clean model
             only through layer l's own zeroed value (no effect carries over between layers).
     Returns:
-        `[B, L, n, d]` each layer's output in each copy. One forward pass at batch B: the
-        embeddings run once at batch 1 and each layer's input is replaced by B copies, which
-        the attention masks and rotary tables broadcast over.
+        `[B, L, n, d]` each layer's output in each copy. One forward pass at batch B whose
+        layer inputs are all replaced by the given ones.
     """
     n_layers, n, _ = layer_inputs.shape
     b = int(zero.shape[0])
     device = model.device
-    spec = model.spec
-    rows = torch.arange(b, device=device)
-    cols = zero.to(device)
+    rows = torch.arange(b, device=device)[:, None]
+    cols = zero.to(device)[:, None]
+    v_cols = model._v_cols  # the value module's output columns that hold v (fused QKV too)
+    if not isinstance(v_cols, slice):
+        v_cols = torch.as_tensor(v_cols, device=device)[None, :]
     outs: list[torch.Tensor] = []
+    runs = [0]  # layers run so far: a layer shared across depths (ALBERT) is fed in turn
 
     def zero_values(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         out = output.clone()
-        if spec.fused_qkv is None:
-            out[rows, cols] = 0
-        else:
-            chunks, index = spec.fused_qkv
-            width = out.shape[-1] // chunks
-            out[rows, cols, index * width : (index + 1) * width] = 0
+        out[rows, cols, v_cols] = 0
         return out
 
-    def feed(layer: int) -> Any:
+    def feed(module: nn.Module, args: Any, kwargs: Any) -> Any:
+        layer = runs[0]
+        runs[0] += 1
         x = layer_inputs[layer].to(device=device, dtype=_dtype(model)).expand(b, n, -1)
-        return replace_hidden_input(x)
+        return replace_hidden_input(x)(module, args, kwargs)
 
     with HookSet() as hooks, torch.no_grad():
-        for i, layer in enumerate(model.layers):
-            hooks.pre(layer, feed(i), with_kwargs=True)
-            hooks.post(model._value_modules[i], zero_values)
+        for layer in _distinct(list(model.layers)):
+            hooks.pre(layer, feed, with_kwargs=True)
             hooks.post(layer, lambda m, a, o: outs.append(first_tensor(o)))
-        enc_inputs = model._batch_inputs([_encoding(input_ids, token_type_ids)])
+        for value in _distinct(list(model._value_modules)):
+            hooks.post(value, zero_values)
+        # B copies of the sequence, so that every mask and position table (BLOOM's ALiBi is
+        # built per batch element) has batch B; the embeddings are replaced at every layer.
+        enc_inputs = model._batch_inputs([_encoding(input_ids, token_type_ids)] * b)
         model.hf_model(**enc_inputs)
     if len(outs) != n_layers:
         raise IdentifiableError(f"expected {n_layers} layer outputs, captured {len(outs)}")

@@ -32,7 +32,9 @@ from identifiable.report.html import Markup, h, inline_style, json_for_script, p
 from identifiable.report.html import raw as raw_markup
 from identifiable.report.viewer_data import (
     IntervalRow,
+    MixingMaps,
     encode_heads,
+    encode_mixing,
     interval_json,
 )
 
@@ -64,6 +66,7 @@ def viewer_html(
     variant: str = "paper",
     max_bytes: int = DEFAULT_MAX_BYTES,
     interval_note: str = "",
+    mixing: Sequence[MixingMaps] = (),
 ) -> str:
     """Build the viewer page (a complete HTML document with its own CSP).
 
@@ -73,6 +76,10 @@ def viewer_html(
     row: query row shown on load (its intervals open at once), or None.
     head_distance: `[L, H]` floats, how far effective attention is from raw attention per
     head (the grid is shaded by it); None shades the grid by null-space dimension.
+    mixing: context-mixing methods whose `[L, n, n]` maps can be chosen in place of the three
+    attention maps (one map per layer: the head selector does not apply to them). They are
+    encoded first, at full resolution within a third of `max_bytes` (else as previews);
+    the heads get what is left.
     """
     title, root = _viewer_root(
         tokens=tokens,
@@ -90,6 +97,7 @@ def viewer_html(
         variant=variant,
         max_bytes=max_bytes,
         interval_note=interval_note,
+        mixing=mixing,
         standalone=True,
     )
     return page(title, root, styles=["viewer.css"], scripts=["viewer.js"])
@@ -168,6 +176,7 @@ def _viewer_root(
     variant: str = "paper",
     max_bytes: int = DEFAULT_MAX_BYTES,
     interval_note: str = "",
+    mixing: Sequence[MixingMaps] = (),
     standalone: bool,
 ) -> tuple[str, Markup]:
     n_layers, n_heads, n = int(raw.shape[0]), int(raw.shape[1]), int(raw.shape[2])
@@ -185,8 +194,23 @@ def _viewer_root(
         )
     if row is not None and not 0 <= row < n:
         raise ValueError(f"row {row} is out of range: valid rows are 0..{n - 1}")
+    names = [m.name for m in mixing]
+    if len(set(names)) != len(names):
+        raise ValueError(f"mixing methods must have distinct names, got {names}")
+    for m in mixing:
+        if tuple(m.maps.shape) != (n_layers, n, n):
+            raise ValueError(
+                f"mixing maps of {m.name!r} must be [L, n, n] = [{n_layers}, {n}, {n}], "
+                f"got {tuple(m.maps.shape)}"
+            )
+    mixing_data, mixing_bytes = encode_mixing(mixing, max_bytes=max_bytes // 3, causal=is_causal)
     heads, omitted = encode_heads(
-        raw, effective, layer=layer, head=head, max_bytes=max_bytes, causal=is_causal
+        raw,
+        effective,
+        layer=layer,
+        head=head,
+        max_bytes=max_bytes - mixing_bytes,
+        causal=is_causal,
     )
     data: dict[str, Any] = {
         "model": model_name,
@@ -207,6 +231,7 @@ def _viewer_root(
         "omitted": [list(p) for p in omitted],
         "intervals": {f"{r.layer},{r.head},{r.row}": interval_json(r) for r in intervals},
         "interval_note": interval_note,
+        "mixing": mixing_data,
     }
     # Ids: derived from the content (a page is byte-for-byte reproducible); a fragment adds
     # a per-process counter so that two fragments of the same data still differ.
@@ -258,6 +283,7 @@ def _viewer_root(
                     _map("raw", "Raw attention A"),
                     _map("effective", "Effective attention A_eff"),
                     _map("null", "Null attention A − A_eff"),
+                    _map("mixing", "Context mixing", hidden=True),
                     class_="idf-maps",
                 ),
                 _colour_bar(),
@@ -302,6 +328,7 @@ def _viewer_root(
 def _controls() -> Any:
     return h(
         "section",
+        h("label", "Map ", h("select", data_part="show")),
         h("label", "Layer ", h("select", data_part="layer")),
         h("label", "Head ", h("select", data_part="head")),
         h("span", class_="idf-note", data_part="head-status"),
@@ -309,7 +336,7 @@ def _controls() -> Any:
     )
 
 
-def _map(kind: str, caption: str) -> Any:
+def _map(kind: str, caption: str, hidden: bool = False) -> Any:
     return h(
         "figure",
         h(
@@ -319,8 +346,10 @@ def _map(kind: str, caption: str) -> Any:
             h("div", class_="idf-xaxis", data_part=f"xaxis-{kind}", aria_label="key tokens"),
             class_="idf-plot",
         ),
-        h("figcaption", caption),
+        h("figcaption", caption, data_part=f"caption-{kind}"),
         class_="idf-map",
+        data_part=f"figure-{kind}",
+        hidden=hidden or None,
     )
 
 

@@ -221,3 +221,56 @@ def interval_json(row: IntervalRow, digits: int = 4) -> dict[str, object]:
         "witness": None if row.witness is None else r(row.witness),
         "note": row.note,
     }
+
+
+@dataclass(frozen=True)
+class MixingMaps:
+    """One context-mixing method's maps for the viewer (head-independent: one map per layer).
+
+    name: the method's registry name. maps: `[L, n, n]` token j → token i at layer l (rows
+    are receiving tokens, as in attention). caption: what the maps are (e.g. "rolled out
+    from the input to layer l").
+    """
+
+    name: str
+    maps: torch.Tensor
+    caption: str = ""
+
+
+def encode_map(x: torch.Tensor, *, block: int = 1, causal: bool = False) -> dict[str, object]:
+    """One `[n, n]` map as {"f", "v": [offset, step], "blob"}: uint8 codes (error ≤ step/2),
+    zlib, base64; with block = f > 1 the f×f block means (a preview), as for heads."""
+    v = x.detach().double().cpu().numpy()
+    if block > 1:
+        v = block_means(v, block, causal)
+    codes, off, step = quantise(v)
+    payload = zlib.compress(codes.tobytes(), 9)
+    return {"f": block, "v": [off, step], "blob": base64.b64encode(payload).decode("ascii")}
+
+
+def decode_map(entry: dict[str, object], n: int) -> np.ndarray:
+    """Inverse of `encode_map`, for tests: `[m, m]`."""
+    m = -(-n // int(entry["f"]))  # type: ignore[call-overload]
+    data = np.frombuffer(zlib.decompress(base64.b64decode(str(entry["blob"]))), dtype=np.uint8)
+    off, step = entry["v"]  # type: ignore[misc]
+    return dequantise(data.reshape(m, m), off, step)
+
+
+def encode_mixing(
+    methods: Sequence[MixingMaps], *, max_bytes: int, causal: bool = False
+) -> tuple[dict[str, dict[str, object]], int]:
+    """Every method's per-layer maps, full resolution while `max_bytes` lasts, else
+    block-mean previews (as heads get). Returns ({name: {"caption", "layers": [entry]}},
+    bytes used), so the caller can give the heads what is left."""
+    out: dict[str, dict[str, object]] = {}
+    used = 0
+    for method in methods:
+        n = int(method.maps.shape[-1])
+        full = [encode_map(m) for m in method.maps]
+        size = sum(len(str(e["blob"])) + 60 for e in full)
+        if used + size > max_bytes:
+            full = [encode_map(m, block=preview_block(n), causal=causal) for m in method.maps]
+            size = sum(len(str(e["blob"])) + 60 for e in full)
+        used += size
+        out[method.name] = {"caption": method.caption, "layers": full}
+    return out, used

@@ -6,6 +6,8 @@
 "use strict";
 (function () {
   const KINDS = ["raw", "effective", "null"];
+  // The fourth map: a context-mixing method's per-layer map, shown in place of the three.
+  const ALL_KINDS = [...KINDS, "mixing"];
   const fmt = (v) => (Math.abs(v) < 5e-5 ? "0.0000" : v.toFixed(4));
   const el = (tag, text, cls) => {
     const e = document.createElement(tag);
@@ -38,7 +40,8 @@
     const D = JSON.parse(root.querySelector("script.idf-viewer-data").textContent);
     const n = D.n;
     const cache = new Map();
-    const state = { layer: D.start[0], head: D.start[1], row: D.start_row ?? null, mats: null };
+    const state = { layer: D.start[0], head: D.start[1], row: D.start_row ?? null, mats: null, show: "attention", mix: null };
+    const METHODS = D.mixing || {};
     const part = (name) => root.querySelector('[data-part="' + name + '"]');
     const parts = (sel) => root.querySelectorAll(sel);
     const masked = (i, j) => D.causal && j > i;
@@ -67,18 +70,41 @@
       return mats;
     }
 
+    // One method's map at one layer: {v, m, f, max, err}, or null if absent.
+    async function mixingMap(name, layer) {
+      const key = "mix:" + name + ":" + layer;
+      if (cache.has(key)) return cache.get(key);
+      const method = METHODS[name];
+      const entry = method ? method.layers[layer] : null;
+      if (!entry) return null;
+      const codes = await inflate(entry.blob);
+      const f = entry.f || 1;
+      const m = Math.ceil(n / f);
+      const v = new Float64Array(m * m);
+      let top = 0;
+      for (let k = 0; k < m * m; k++) {
+        v[k] = entry.v[0] + codes[k] * entry.v[1];
+        top = Math.max(top, Math.abs(v[k]));
+      }
+      const mats = { mixing: v, max: top || 1, err: entry.v[1] / 2, f, m };
+      cache.set(key, mats);
+      return mats;
+    }
+
+    const current = () => (state.show === "attention" ? state.mats : state.mix);
+
     function draw(kind) {
       const canvas = part("map-" + kind);
       const ctx = canvas.getContext("2d");
       ctx.setTransform(1, 0, 0, 1, 0, 0);
       ctx.clearRect(0, 0, canvas.width, canvas.height);
-      const mats = state.mats;
+      const mats = kind === "mixing" ? state.mix : state.mats;
       if (!mats) {
         ctx.fillStyle = "#f4f6f8";
         ctx.fillRect(0, 0, canvas.width, canvas.height);
         ctx.fillStyle = "#5b6673";
         ctx.font = "13px sans-serif";
-        ctx.fillText("head not embedded in this page", 40, canvas.height / 2);
+        ctx.fillText(kind === "mixing" ? "map not embedded in this page" : "head not embedded in this page", 40, canvas.height / 2);
         return;
       }
       const m = mats.m;
@@ -115,18 +141,20 @@
       const canvas = part("colourbar");
       const ctx = canvas.getContext("2d");
       const w = canvas.width, hgt = canvas.height;
-      const max = state.mats ? state.mats.max : 1;
+      const mats = current();
+      const max = mats ? mats.max : 1;
       for (let x = 0; x < w; x++) {
         const rgb = colour(((2 * x) / (w - 1) - 1) * max, max);
         ctx.fillStyle = "rgb(" + rgb.join(",") + ")";
         ctx.fillRect(x, 0, 1, hgt);
       }
-      part("colourbar-lo").textContent = state.mats ? (-max).toFixed(3) : "";
-      part("colourbar-hi").textContent = state.mats ? "+" + max.toFixed(3) : "";
+      part("colourbar-lo").textContent = mats ? (-max).toFixed(3) : "";
+      part("colourbar-hi").textContent = mats ? "+" + max.toFixed(3) : "";
     }
 
     function drawAll() {
-      KINDS.forEach(draw);
+      if (state.show === "attention") KINDS.forEach(draw);
+      else draw("mixing");
       drawColourBar();
     }
 
@@ -141,7 +169,7 @@
         s.title = i + ": " + D.tokens[i];
         return s;
       };
-      KINDS.forEach((kind) => {
+      ALL_KINDS.forEach((kind) => {
         const ya = part("yaxis-" + kind), xa = part("xaxis-" + kind);
         for (let i = 0; i < n; i += stride) {
           const y = label(i, "idf-tick");
@@ -161,7 +189,7 @@
     }
 
     function markCursor(i, j) {
-      KINDS.forEach((kind) => {
+      ALL_KINDS.forEach((kind) => {
         const px = 250 / n;
         [["yaxis-", i, "top"], ["xaxis-", j, "left"]].forEach(([prefix, idx, side]) => {
           const axis = part(prefix + kind);
@@ -226,7 +254,11 @@
     }
 
     function buildControls() {
-      const ls = part("layer"), hs = part("head");
+      const ls = part("layer"), hs = part("head"), show = part("show");
+      show.appendChild(new Option("raw · effective · null attention", "attention"));
+      Object.keys(METHODS).forEach((name) => show.appendChild(new Option("mixing: " + name, name)));
+      if (!Object.keys(METHODS).length) show.parentElement.hidden = true;
+      show.addEventListener("change", () => setShow(show.value));
       for (let l = 0; l < D.layers; l++) ls.appendChild(new Option(String(l + 1), String(l)));
       for (let k = 0; k < D.heads; k++) hs.appendChild(new Option(String(k), String(k)));
       ls.addEventListener("change", () => select(+ls.value, state.head));
@@ -252,12 +284,26 @@
       });
     }
 
+    // Which map is shown: the three attention maps of a head, or one method's layer map.
+    async function setShow(name) {
+      state.show = name in METHODS ? name : "attention";
+      part("show").value = state.show;
+      const mixing = state.show !== "attention";
+      KINDS.forEach((kind) => (part("figure-" + kind).hidden = mixing));
+      part("figure-mixing").hidden = !mixing;
+      // A method's map is per layer: the head selector does not apply to it.
+      part("head").disabled = mixing;
+      if (mixing) part("caption-mixing").textContent = state.show + ": " + (METHODS[state.show].caption || "");
+      await select(state.layer, state.head);
+    }
+
     async function select(layer, head) {
       state.layer = layer;
       state.head = head;
       part("layer").value = String(layer);
       part("head").value = String(head);
       state.mats = await matrices(layer, head);
+      state.mix = state.show === "attention" ? null : await mixingMap(state.show, layer);
       const dim = D.null_dims[layer][head];
       const rerun = "identifiable view TEXT --layer " + (layer + 1) + " --head " + head;
       const mats = state.mats;
@@ -267,6 +313,15 @@
       else {
         status += " · colour scale ±" + mats.max.toFixed(3) + " (shared by the three maps)";
         if (mats.f > 1) status += " · preview: means of " + mats.f + "×" + mats.f + " token blocks (page size limit); full resolution: " + rerun;
+      }
+      if (state.show !== "attention") {
+        const mix = state.mix;
+        status = "layer " + (layer + 1) + " · " + state.show + " (one map per layer: the head selector does not apply)";
+        if (!mix) status += " · map not embedded";
+        else {
+          status += " · colour scale ±" + mix.max.toFixed(3);
+          if (mix.f > 1) status += " · preview: means of " + mix.f + "×" + mix.f + " token blocks (page size limit)";
+        }
       }
       part("head-status").textContent = status;
       markGrid();
@@ -288,6 +343,16 @@
       if (!c) return;
       const [i, j] = c;
       markCursor(i, j);
+      if (ev.currentTarget.dataset.kind === "mixing") {
+        const mx = state.mix;
+        if (!mx) return;
+        const bi = Math.floor(i / mx.f), bj = Math.floor(j / mx.f);
+        out.textContent = [
+          mx.f > 1 ? "preview block " + bi + "," + bj + " (means)" : "query " + i + " “" + D.tokens[i] + "” ← key " + j + " “" + D.tokens[j] + "”",
+          masked(bi, bj) ? "masked (causal: a query cannot see later keys)" : state.show + " " + fmt(mx.mixing[bi * mx.m + bj]) + " (±" + mx.err.toPrecision(2) + ")",
+        ].join("\n");
+        return;
+      }
       if (!state.mats) return;
       const m = state.mats;
       const bi = Math.floor(i / m.f), bj = Math.floor(j / m.f);
@@ -388,7 +453,7 @@
     buildGrid();
     buildTokens();
     buildAxes();
-    KINDS.forEach((kind) => {
+    ALL_KINDS.forEach((kind) => {
       const c = part("map-" + kind);
       c.addEventListener("mousemove", hover);
       c.addEventListener("mouseleave", () => markCursor(null, null));
