@@ -124,6 +124,59 @@ FAMILY_CONFIGS: dict[str, dict] = {
 }
 FAMILIES = list(FAMILY_CONFIGS)
 
+# Encoder–decoder families (tests/models/test_seq2seq.py), traced by `Seq2SeqModel`.
+_BART_LIKE = {
+    "d_model": 64,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+    "max_position_embeddings": 128,
+    "pad_token_id": 0,
+    "bos_token_id": 101,
+    "eos_token_id": 102,
+    "decoder_start_token_id": 102,
+}
+_T5_LIKE = {
+    "d_model": 64,
+    "d_kv": 16,
+    "num_heads": 4,
+    "num_layers": 2,
+    "num_decoder_layers": 2,
+    "d_ff": 128,
+    "relative_attention_num_buckets": 8,
+    "pad_token_id": 0,
+    "eos_token_id": 102,
+    "decoder_start_token_id": 0,
+}
+SEQ2SEQ_CONFIGS: dict[str, dict] = {
+    "t5": _T5_LIKE,
+    "mt5": {**_T5_LIKE, "feed_forward_proj": "gated-gelu"},
+    "bart": _BART_LIKE,
+    "mbart": _BART_LIKE,
+    "marian": {**_BART_LIKE, "decoder_vocab_size": 30522, "share_encoder_decoder_embeddings": True},
+}
+SEQ2SEQ_FAMILIES = list(SEQ2SEQ_CONFIGS)
+
+# Vision families (tests/models/test_vision.py): 32×32 images in 8×8 patches, so a
+# 4×4 grid plus [CLS] (and DeiT's [DIST]): n = 17 or 18 > head width 16.
+_VISION = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "image_size": 32,
+    "patch_size": 8,
+}
+VISION_CONFIGS: dict[str, dict] = {
+    "vit": _VISION,
+    "deit": _VISION,
+    "clip_vision_model": _VISION,
+}
+VISION_FAMILIES = list(VISION_CONFIGS)
+
 
 def tiny_config(arch: str):
     """A 2-layer, 4-head, width-64 (head width 16) config for `arch`."""
@@ -191,6 +244,10 @@ def tiny_config(arch: str):
         )
     if arch in FAMILY_CONFIGS:
         return AutoConfig.for_model(arch, **FAMILY_CONFIGS[arch], **common)
+    if arch in SEQ2SEQ_CONFIGS:
+        return AutoConfig.for_model(arch, **SEQ2SEQ_CONFIGS[arch], **common)
+    if arch in VISION_CONFIGS:
+        return AutoConfig.for_model(arch, **VISION_CONFIGS[arch])
     raise ValueError(arch)
 
 

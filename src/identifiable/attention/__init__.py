@@ -10,6 +10,7 @@ The linear algebra on plain tensors lives in `linalg`, `causal` and `certificate
 `tensors` runs these analyses on bare `[L, H, n, n]` attention, values and W_O tensors.
 """
 
+from identifiable.attention import tensors
 from identifiable.attention.certify import (
     AttentionIntervals,
     IntervalMap,
@@ -18,7 +19,6 @@ from identifiable.attention.certify import (
     interval_map,
     witness,
 )
-from identifiable.attention import tensors
 from identifiable.attention.constrained import ConstrainedAttention, constrained_attention
 from identifiable.attention.effective import (
     VARIANTS,

@@ -124,7 +124,7 @@ class EffectiveAttention:
 
 def compute_head_factors(trace: Trace) -> HeadFactors:
     """Factor every head's output projection H once (reusable for any trace of the same model)."""
-    check_shapes(trace)
+    _check_trace_shapes(trace)
     check_finite(trace.out_proj, "output projection (W_O)", per_layer_head=True)
     # Layer by layer: a float64 copy of all of W_O (54 MB at BERT-base) is not needed at once.
     parts = [head_factors(trace.out_proj[layer].double()) for layer in range(trace.n_layers)]
@@ -201,7 +201,8 @@ def effective_attention(
     """
     factors = factors or compute_head_factors(trace)
     n_l, n_h, n = trace.n_layers, trace.n_heads, trace.n_tokens
-    effective = torch.empty(n_l, n_h, n, n, dtype=torch.float64)
+    # n_keys = n except for cross-attention traces (rows: decoder, keys: encoder).
+    effective = torch.empty(n_l, n_h, n, trace.n_keys, dtype=torch.float64)
     rank = torch.empty(n_l, n_h, n, dtype=torch.long)
     dim, dim_s = torch.empty_like(rank), torch.empty_like(rank)
     for le in iter_effective_attention(trace, variant, factors=factors):
@@ -212,6 +213,26 @@ def effective_attention(
 
 
 # ---- internals ---------------------------------------------------------------
+
+
+def _check_trace_shapes(trace: Trace) -> None:
+    """Self-attention traces: `check_shapes`. Cross-attention traces (rows are the n
+    decoder tokens, keys the n_k encoder tokens): A `[L, H, n, n_k]`, V `[L, H, n_k, d_v]`."""
+    if not trace.is_cross:
+        check_shapes(trace)
+        return
+    n_l, n_h, n, n_k = trace.n_layers, trace.n_heads, trace.n_tokens, trace.n_keys
+    if tuple(trace.attentions.shape) != (n_l, n_h, n, n_k) or trace.values.dim() != 4:
+        raise IdentifiableError(
+            f"cross-attention trace: attentions have shape {tuple(trace.attentions.shape)} and "
+            f"values {tuple(trace.values.shape)}, expected [L, H, n, n_k] = {[n_l, n_h, n, n_k]} "
+            "and [L, H, n_k, d_v]; re-create the trace with identifiable.models"
+        )
+    if tuple(trace.out_proj.shape[:3]) != (n_l, n_h, trace.values.shape[-1]):
+        raise IdentifiableError(
+            f"the trace's output projection has shape {tuple(trace.out_proj.shape)}, expected "
+            f"[L, H, d_v, d] = [{n_l}, {n_h}, {trace.values.shape[-1]}, d]"
+        )
 
 
 def _layer_dims(
@@ -226,13 +247,18 @@ def _layer_dims(
     check_finite(trace.values[layer], "values (E·W_V)", layer=layer)
     v = trace.values[layer].double()
     factor = factors.factor[layer]
-    n_h, n, _ = v.shape
+    n_h, n, _ = v.shape  # n keys (the encoder's for cross-attention)
     mask = trace.keys_seen(layer)
     if bool(mask.all()):
         q, rank = _encoder_basis(v, factor, factors.well_conditioned[layer])
         qa, rank_a = add_ones(q, rank)
-        r = rank[:, None].expand(n_h, n)
-        return r, n - r, n - rank_a[:, None].expand(n_h, n), ("all", (q, qa))
+        r = rank[:, None].expand(n_h, mask.shape[0])  # one value per query row
+        return r, n - r, n - rank_a[:, None].expand(n_h, mask.shape[0]), ("all", (q, qa))
+    if mask.shape[0] != n:
+        raise IdentifiableError(
+            f"layer {layer}: a cross-attention trace must let every row see every key "
+            "(its key mask is not all True); per-row key sets need self-attention"
+        )
     vp = v @ factor
     if not torch.equal(mask, torch.ones_like(mask).tril()):
         groups = keyset_groups(vp, mask)

@@ -83,17 +83,18 @@ def _check_ranges(tr: Any, layer: int | None, head: int | None, row: int | None)
 
 def _overview(name: str, tr: Any, variant: str) -> dict:
     from identifiable.attention import compute_head_factors, iter_effective_attention
-    from identifiable.attention.stats import causal_mask, pearson_from_sums, pearson_sums
+    from identifiable.attention.stats import pearson_from_sums, pearson_sums
 
     factors = compute_head_factors(tr)
-    mask = causal_mask(tr.n_tokens) if tr.is_causal else None
     title = f"{name}: {tr.n_tokens} tokens, {tr.n_heads} heads of width {tr.head_dim}, variant {variant}"
     table = Table(title=title)
     for col in ("layer", "rank(T)", "dim LN(T)", "dim LN([T,1])", "r(raw, effective)"):
         table.add_column(col, justify="right")
     layers, pooled = [], torch.zeros(6, dtype=torch.float64)
     for le in iter_effective_attention(tr, variant, factors=factors):  # type: ignore[arg-type]
-        sums = pearson_sums(le.raw, le.effective, mask)
+        # masked entries (causal, windowed) are exactly 0 in both maps: leave them out of r
+        seen_keys = tr.keys_seen(le.layer)
+        sums = pearson_sums(le.raw, le.effective, None if bool(seen_keys.all()) else seen_keys)
         pooled = pooled + sums
         r = pearson_from_sums(sums)
         rank, dim, dim_s = (x[:, -1].tolist() for x in (le.rank, le.dim, le.dim_stochastic))
@@ -111,7 +112,13 @@ def _overview(name: str, tr: Any, variant: str) -> dict:
     console.print(table)
     console.print(
         f"r over all layers and heads: {r_all:.4f}"
-        + (" (causally masked entries excluded)" if tr.is_causal else "")
+        + (
+            " (causally masked entries excluded)"
+            if tr.is_causal
+            else " (masked entries excluded)"
+            if tr.key_mask is not None and not bool(tr.key_mask.all())
+            else ""
+        )
         + ("" if not tr.is_causal else "; dims are those of the whole sequence (last row)")
     )
     if tr.n_tokens <= tr.head_dim:
@@ -146,9 +153,9 @@ def _head_view(tr: Any, layer: int, head: int, row: int | None, variant: str) ->
     eff = layer_eff.effective[head, row]
     iv = attention_intervals(tr, layer, head, row)
     w = witness(tr, layer, head, row)
-    seen = row + 1 if tr.is_causal else tr.n_tokens
+    visible = tr.keys_seen(layer)[row].nonzero().flatten().tolist()  # causal, windowed: a subset
     table = Table(
-        title=f"layer {layer + 1}, head {head}, row {row} ({tr.tokens[row]!r}): {seen} keys, dim LN([T,1]) = {iv.null_dim}"
+        title=f"layer {layer + 1}, head {head}, row {row} ({tr.tokens[row]!r}): {len(visible)} keys, dim LN([T,1]) = {iv.null_dim}"
     )
     for col, just in (
         ("key", "right"),
@@ -160,7 +167,7 @@ def _head_view(tr: Any, layer: int, head: int, row: int | None, variant: str) ->
     ):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     keys = []
-    for j in range(seen):
+    for j in visible:
         wj = float(w.weights[j]) if w.weights is not None else None
         lo, hi = float(iv.lower[j]), float(iv.upper[j])
         table.add_row(

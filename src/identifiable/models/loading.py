@@ -40,6 +40,7 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     trust_remote_code: bool = False,
+    device_map: str | dict[str, Any] | None = None,
 ) -> Model:
     """Load a model for tracing.
 
@@ -52,6 +53,9 @@ def load_model(
             bfloat16 trace too; `Trace.verify()` then uses a tolerance that
             follows the dtype (see `Trace.tolerance`).
         trust_remote_code: allow custom modelling code from the hub (off by default).
+        device_map: passed to `from_pretrained` for models larger than one device
+            (e.g. "auto", which needs the `accelerate` package); the model then stays
+            where it is placed and `device` is not applied.
 
     Safetensors weights only; attention is always the eager implementation so that
     attention probabilities are returned. A fine-tuned checkpoint of a task-head
@@ -122,12 +126,14 @@ def load_model(
             attn_implementation="eager",
             use_safetensors=True,
             dtype=dtype,
+            **({"device_map": device_map} if device_map is not None else {}),
             **kwargs,
         )
     except Exception as exc:
         raise _load_error(name_or_path, local, exc) from None
-    hf_model.to(target)
-    model = Model(hf_model, tokenizer, name=name_or_path)
+    if device_map is None:
+        hf_model.to(target)
+    model = Model.from_hf(hf_model, tokenizer, name=name_or_path)
     if tokenizer is None and local and not _has_tokenizer_files(source):
         model.tokenizer = None  # Model looks beside the weights again and would find the stub
     return model
@@ -166,6 +172,11 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 
 def _load_error(name: str, local: bool, exc: Exception) -> IdentifiableError:
+    if "trust_remote_code" in str(exc):  # transformers refuses custom code it may not run
+        return IdentifiableError(
+            f"'{name}' needs its own modelling code (config.json has auto_map); "
+            "review it, then pass trust_remote_code=True (--trust-remote-code)"
+        )
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if local:
         return IdentifiableError(

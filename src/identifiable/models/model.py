@@ -61,6 +61,7 @@ class Encoding:
     tokens: list[str]
     n_dropped: int
     token_type_ids: torch.Tensor | None = None  # [n], for models with segment embeddings
+    pixel_values: torch.Tensor | None = None  # [C, H, W], image models (input_ids: positions)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.input_ids, self.tokens, self.n_dropped))
@@ -164,14 +165,28 @@ class Model:
         *,
         name: str = "",
         spec: ArchSpec | None = None,
+        image_processor: Any = None,
     ) -> None:
+        if type(hf_model).__name__ in ("TransformerBridge", "HookedTransformer"):
+            raise IdentifiableError(
+                "a TransformerLens model is not a Hugging Face model: trace it with "
+                "identifiable.models.lens.trace_from_lens(bridge, tokens)"
+            )
         config = hf_model.config
         self.task_model = hf_model
         _ensure_eager(hf_model)
         hf_model.eval()
         base = base_model_of(hf_model)
+        vision = getattr(base, "vision_model", None)
+        if config.model_type == "clip" and isinstance(vision, nn.Module):
+            base, config = vision, vision.config  # CLIP: the vision tower (images in)
         self.tokenizer = _resolve_tokenizer(hf_model, tokenizer)
         self.discovery = None  # a `Discovery` when the spec was found by introspection
+        if spec is None and getattr(config, "is_encoder_decoder", False):
+            raise IdentifiableError(
+                f"'{config.model_type}' is an encoder–decoder model: build it with "
+                "Model.from_hf(model, tokenizer) or load_model(...), which return a Seq2SeqModel"
+            )
         if spec is None:
             spec = find_spec(config.model_type)
         if spec is None:
@@ -180,6 +195,16 @@ class Model:
             self.discovery = discover_spec(base, self.tokenizer)
             spec = self.discovery.spec
         self._setup(base, spec, name)
+        self.modality = spec.modality
+        self.image_processor = None
+        self._last_image: tuple[torch.Tensor, torch.Tensor] | None = None
+        if spec.modality == "image":
+            given = image_processor if image_processor is not None else tokenizer
+            self.image_processor = (
+                given if _is_image_processor(given) else _resolve_image_processor(hf_model)
+            )
+            self.tokenizer = None
+            self.special_tokens = {"cls": "[CLS]"}
 
     def _setup(self, base: nn.Module, spec: ArchSpec, name: str) -> None:
         config = base.config
@@ -239,15 +264,21 @@ class Model:
         *,
         name: str = "",
         spec: ArchSpec | None = None,
-    ) -> Model:
+        image_processor: Any = None,
+    ) -> Any:
         """Wrap a model you loaded yourself (switched to eager attention if needed).
 
         Task-head models (`AutoModelForMaskedLM`, `…ForSequenceClassification`, …)
         are traced through their base model. Without `tokenizer`, the one saved
         in the model's directory is used when there is one; token-id inputs need none.
-        Pass `spec` to trace a family with your own `ArchSpec`.
+        Pass `spec` to trace a family with your own `ArchSpec`. Encoder–decoder
+        models (T5, BART, …) give a `Seq2SeqModel` (identifiable.models.seq2seq).
         """
-        return cls(hf_model, tokenizer, name=name, spec=spec)
+        if spec is None and getattr(hf_model.config, "is_encoder_decoder", False):
+            from identifiable.models.seq2seq import Seq2SeqModel
+
+            return Seq2SeqModel(hf_model, tokenizer, name=name)
+        return cls(hf_model, tokenizer, name=name, spec=spec, image_processor=image_processor)
 
     # ---- weights -------------------------------------------------------------
     def _head_weights(self, layer: int) -> _HeadWeights:
@@ -284,7 +315,10 @@ class Model:
 
     # ---- encoding ------------------------------------------------------------
     def encode(self, text: TextOrPair, *, truncate: bool = True) -> Encoding:
-        """Tokenise a text or a pair `(a, b)` in the model's own format."""
+        """Tokenise a text or a pair `(a, b)` in the model's own format (an image for
+        vision models, see `encode_image`)."""
+        if self.modality == "image":
+            return self.encode_image(text)
         parts = _check_text(text)
         tokenizer = self._need_tokenizer("encode text")
         max_len = self.info.max_positions
@@ -359,6 +393,13 @@ class Model:
         """One sequence from any accepted input kind; ambiguous inputs are refused."""
         if isinstance(item, Encoding):
             return item
+        if self.modality == "image":
+            return self.encode_image(item)
+        if _looks_like_image(item):
+            raise IdentifiableError(
+                f"'{self.info.name or self.spec.name}' is a text model ({self.spec.name}): give "
+                "text or token ids, not an image (pixel values)"
+            )
         if isinstance(item, str):
             return self.encode(item, truncate=truncate)
         if isinstance(item, torch.Tensor):
@@ -379,6 +420,58 @@ class Model:
             f"cannot trace a {type(item).__name__}: give a text, a pair (text_a, text_b), "
             "token ids (list[int] or a 1-D tensor) or a tokenizer's BatchEncoding"
         )
+
+    def encode_image(self, image: Any) -> Encoding:
+        """An image as the model's tokens: [CLS] (DeiT: then [DIST]), then the patches
+        row by row, named "patch(r,c)" (0-based grid row and column).
+
+        `image` is `pixel_values` (`[C, H, W]` or `[1, C, H, W]` at the model's image
+        size), a mapping holding "pixel_values" (an image processor's output), or a
+        PIL image (needs the model's image processor). The `input_ids` of the
+        result are the token positions 0..n-1 (images have no vocabulary).
+        """
+        if isinstance(image, Encoding):
+            return image
+        if isinstance(image, Mapping) and "pixel_values" in image:
+            px = image["pixel_values"]
+        elif isinstance(image, torch.Tensor) and image.is_floating_point():
+            px = image
+        elif _is_pil(image):
+            if self.image_processor is None:
+                raise IdentifiableError(
+                    "no image processor for this model: pass one "
+                    "(Model.from_hf(model, image_processor=...)) or give pixel_values [C, H, W]"
+                )
+            px = self.image_processor(images=image.convert("RGB"), return_tensors="pt")
+            px = px["pixel_values"]
+        elif isinstance(image, str | tuple | list | torch.Tensor):
+            raise IdentifiableError(
+                f"'{self.info.name or self.spec.name}' is a vision model ({self.spec.name}): give "
+                "an image (a PIL image or pixel_values [C, H, W]), not text or token ids"
+            )
+        else:
+            raise IdentifiableError(
+                f"cannot trace a {type(image).__name__} with a vision model: give a PIL image "
+                "or pixel_values [C, H, W]"
+            )
+        px = torch.as_tensor(px).detach().cpu().float()
+        if px.dim() == 4 and px.shape[0] == 1:
+            px = px[0]
+        cfg = self.hf_model.config
+        size = _pair(getattr(cfg, "image_size", px.shape[-1]))
+        patch = _pair(getattr(cfg, "patch_size", 1))
+        want = (int(getattr(cfg, "num_channels", 3)), *size)
+        if tuple(px.shape) != want:
+            raise IdentifiableError(
+                f"pixel_values has shape {tuple(px.shape)}, expected {list(want)} (the model's "
+                "image size); pass a PIL image with the model's image processor"
+            )
+        rows, cols = size[0] // patch[0], size[1] // patch[1]
+        prefix = ["[CLS]", "[DIST]"] if self.info.model_type == "deit" else ["[CLS]"]
+        tokens = prefix + [f"patch({r},{c})" for r in range(rows) for c in range(cols)]
+        enc = Encoding(torch.arange(len(tokens)), tokens, 0, None, px)
+        self._last_image = (enc.input_ids, px)
+        return enc
 
     def _encode_mapping(self, enc: Mapping, truncate: bool) -> Encoding:
         """A tokenizer's `BatchEncoding` (or dict) of one sequence; padding is removed."""
@@ -489,6 +582,9 @@ class Model:
         return 0 if pad is None else int(pad)
 
     def _batch_inputs(self, encs: Sequence[Encoding]) -> dict[str, torch.Tensor]:
+        if self.modality == "image":
+            px = torch.stack([e.pixel_values for e in encs])  # type: ignore[misc]
+            return {"pixel_values": px.to(self.device, self.hf_model.dtype)}
         n_max = max(len(e) for e in encs)
         ids = torch.full((len(encs), n_max), self._pad_id(), dtype=torch.long)
         mask = torch.zeros((len(encs), n_max), dtype=torch.long)
@@ -550,6 +646,11 @@ class Model:
                 f"returned {len(attentions)} attention maps; the spec '{self.spec.name}' does "
                 "not match this model (see README 'Adding an architecture')."
             )
+        if self.modality == "image" and attentions[0].shape[-1] != len(encs[0]):
+            raise IdentifiableError(
+                f"the model made {attentions[0].shape[-1]} tokens of the image but the patch "
+                f"grid names {len(encs[0])}; the spec '{self.spec.name}' does not fit this model"
+            )
         model_dtype = inputs_e[0].dtype
         values = [self._values(i, inputs_e[i]) for i in range(n_layers)]  # [B, H, N, d_v]
         att = torch.stack(list(attentions), 1)  # [B, L, H, N, N]
@@ -604,22 +705,154 @@ class Model:
         v = e.to(work) @ w_v.to(work)  # [B, N, H_kv·d_v], bias-free by definition of T
         return self._per_query_head(v).permute(0, 2, 1, 3)  # [B, H, N, d_v]
 
+    # ---- layer streaming -------------------------------------------------------
+    def iter_layers(
+        self, text: ModelInput, *, truncate: bool = True
+    ) -> Iterator[tuple[int, Trace]]:
+        """Yield `(layer, trace)` one layer at a time, during a single forward pass.
+
+        Each `trace` is a one-layer `Trace` of that layer (attentions `[1, H, n, n]`,
+        hidden_states `[2, n, d]`: the layer's input and output) that verifies and
+        feeds every analysis on its own. The forward pass runs in a worker thread
+        that waits after each layer until the caller asks for the next, and the
+        model is not asked for `output_attentions`, so at most one layer's n×n maps
+        (two while the next is being built) are alive instead of all L: for a
+        7B model (32 layers of 32 heads) at n = 4096 that is 2.1 GB per layer in
+        float32 instead of 69 GB. Stopping early (break) ends the forward pass.
+        """
+        import queue
+        import threading
+
+        enc = self._encode_any(text, truncate)
+        box: queue.Queue = queue.Queue(maxsize=1)
+        stop = threading.Event()
+
+        def worker() -> None:
+            try:
+                with torch.no_grad():
+                    self._stream_forward(enc, box, stop)
+                box.put(("done", None))
+            except _StopForward:
+                box.put(("done", None))
+            except BaseException as exc:  # handed to the caller's thread
+                box.put(("error", exc))
+
+        thread = threading.Thread(target=worker, name="identifiable-iter-layers", daemon=True)
+        thread.start()
+        try:
+            while True:
+                kind, item = box.get()
+                if kind == "done":
+                    break
+                if kind == "error":
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            while thread.is_alive():  # unblock a worker waiting to hand over a layer
+                with contextlib.suppress(queue.Empty):
+                    box.get(timeout=0.05)
+            thread.join()
+
+    def _stream_forward(self, enc: Encoding, box: Any, stop: Any) -> None:
+        state: dict[str, Any] = {"layer": 0}
+        parents = [_attention_module(layer, self.spec.value) for layer in self.layers]
+        n = len(enc)
+        masks = self.key_mask(n)
+
+        def layer_in(m: nn.Module, a: Any, k: Any) -> None:
+            if stop.is_set():
+                raise _StopForward
+            state["in"] = hidden_input(a, k)
+
+        def weights(m: nn.Module, a: Any, out: Any) -> None:
+            found = [
+                t
+                for t in (out if isinstance(out, tuple | list) else (out,))
+                if isinstance(t, torch.Tensor) and t.dim() == 4 and t.shape[-2:] == (n, n)
+            ]
+            state["att"] = found[-1] if found else None
+
+        def layer_out(m: nn.Module, a: Any, out: Any) -> None:
+            i = state["layer"]
+            att = state.pop("att", None)
+            if att is None:
+                raise IdentifiableError(
+                    f"iter_layers: the attention module of the '{self.spec.name}' spec returns "
+                    "no attention weights per layer; use trace() for this model"
+                )
+            a_i = att[0].float().cpu()[None]
+            mask = masks[i : i + 1]
+            _check_key_mask(a_i, mask, self.spec.name)
+            w = self._weights[i]
+            tr = Trace(
+                tokens=list(enc.tokens),
+                input_ids=enc.input_ids.clone(),
+                attentions=a_i.contiguous(),
+                values=self._values(i, state.pop("e"))[0].float().cpu()[None].contiguous(),
+                value_bias=self._per_query_head(w.b_v).float().cpu()[None],
+                out_proj=w.w_o.reshape(self.info.n_heads, self.info.head_dim, -1)
+                .float()
+                .cpu()[None],
+                out_bias=w.b_o.float().cpu()[None],
+                hidden_states=torch.stack([state.pop("in")[0], first_tensor(out)[0]]).float().cpu(),
+                attn_outputs=state.pop("o")[0].float().cpu()[None],
+                is_causal=self.spec.causal,
+                kv_head_of=self.kv_head_of.clone(),
+                special_tokens=dict(self.special_tokens),
+                model_name=self.info.name,
+                architecture=self.spec.name,
+                truncated=enc.n_dropped,
+                key_mask=mask.clone(),
+                capture_dtype=str(att.dtype).removeprefix("torch."),
+            )
+            del att
+            box.put(("layer", (i, tr)))
+            state["layer"] = i + 1
+
+        with HookSet() as hooks:
+            for layer in _distinct(self.layers):
+                hooks.pre(layer, layer_in, with_kwargs=True)
+                hooks.post(layer, layer_out)
+            for mod in _distinct(parents):
+                hooks.post(mod, weights)
+            for mod in _distinct(self._value_modules):
+                hooks.pre(mod, lambda m, a: state.__setitem__("e", a[0]))
+            for mod in _distinct(self._out_modules):
+                hooks.post(mod, lambda m, a, o: state.__setitem__("o", first_tensor(o)))
+            self.hf_model(**self._batch_inputs([enc]))
+
     def vocabulary_embeddings(self) -> torch.Tensor:
         """`[V, d_emb]` the word-embedding matrix (no position or segment part), float32 on the CPU."""
         return self.hf_model.get_input_embeddings().weight.detach().float().cpu()
 
     # ---- functional view for attribution --------------------------------------
     def embed(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        *,
+        pixel_values: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """e^0 `[n, d]`: the embedding layer's output, i.e. the input of layer 1."""
+        """e^0 `[n, d]`: the embedding layer's output, i.e. the input of layer 1.
+
+        Image models take `pixel_values` `[C, H, W]`; without it, the image of the
+        last `encode` whose `input_ids` object this is (Hidden Token Attribution
+        encodes, then embeds the same ids).
+        """
         captured: list[torch.Tensor] = []
+        if self.modality == "image":
+            last = self._last_image
+            if pixel_values is None and last is not None and last[0] is input_ids:
+                pixel_values = last[1]
+            if pixel_values is None:
+                raise IdentifiableError("embed() of an image model needs pixel_values=")
 
         def stop(module: nn.Module, args: Any, kwargs: Any) -> None:
             captured.append(hidden_input(args, kwargs))
             raise _StopForward
 
-        enc = Encoding(input_ids, [], 0, token_type_ids)
+        enc = Encoding(input_ids, [], 0, token_type_ids, pixel_values)
         with HookSet() as hooks, torch.no_grad():
             hooks.pre(self.layers[0], stop, with_kwargs=True)
             with contextlib.suppress(_StopForward):
@@ -646,7 +879,14 @@ class Model:
             )
             for layer in _distinct(self.layers):
                 hooks.post(layer, lambda m, a, o: outs.append(first_tensor(o)))
-            self.hf_model(input_ids=ids, attention_mask=torch.ones_like(ids))
+            if self.modality == "image":
+                # Layer 1's input is replaced; the pixels only have to have the right size.
+                cfg = self.hf_model.config
+                shape = (int(getattr(cfg, "num_channels", 3)), *_pair(cfg.image_size))
+                px = torch.zeros(x.shape[0], *shape, device=self.device, dtype=x.dtype)
+                self.hf_model(pixel_values=px)
+            else:
+                self.hf_model(input_ids=ids, attention_mask=torch.ones_like(ids))
         result = torch.stack([x, *outs], dim=1)
         return result if batched else result[0]
 
@@ -744,6 +984,8 @@ def _key_masks(n: int, causal: bool, windows: Sequence[int | None]) -> torch.Ten
 
 def _check_key_mask(att: torch.Tensor, mask: torch.Tensor, name: str) -> None:
     """The model's attention must be exactly 0 outside the key mask derived from its config."""
+    if bool(mask.all()):
+        return  # nothing lies outside (encoders): skip a full pass over L·H·n² weights
     outside = att.masked_fill(mask[:, None], 0)
     if bool(outside.any()):
         layer = int(outside.flatten(1).any(-1).nonzero()[0])
@@ -751,6 +993,12 @@ def _check_key_mask(att: torch.Tensor, mask: torch.Tensor, name: str) -> None:
             f"layer {layer} attends to keys outside the mask derived from the config (spec "
             f"'{name}': causal, windows); the spec does not describe this model's masking."
         )
+
+
+def _attention_module(layer: nn.Module, value_path: str) -> nn.Module:
+    """The module around the value projection, whose output carries the attention weights."""
+    parent = value_path.rsplit(".", 1)[0] if "." in value_path else ""
+    return get_submodule(layer, parent) if parent else layer
 
 
 def _distinct(modules: Sequence[nn.Module]) -> list[nn.Module]:
@@ -761,6 +1009,44 @@ def _distinct(modules: Sequence[nn.Module]) -> list[nn.Module]:
 
 
 # ---- inputs --------------------------------------------------------------------
+
+
+def _pair(x: Any) -> tuple[int, int]:
+    return (int(x[0]), int(x[1])) if isinstance(x, list | tuple) else (int(x), int(x))
+
+
+def _is_pil(x: Any) -> bool:
+    return type(x).__module__.startswith("PIL.") and hasattr(x, "convert")
+
+
+def _looks_like_image(x: Any) -> bool:
+    """A PIL image, pixel values (a float tensor of ≥ 3 dims) or an image processor's output."""
+    if _is_pil(x):
+        return True
+    if isinstance(x, torch.Tensor):
+        return x.is_floating_point() and x.dim() >= 3
+    return isinstance(x, Mapping) and "pixel_values" in x
+
+
+def _is_image_processor(x: Any) -> bool:
+    return x is not None and callable(x) and "ImageProcessor" in type(x).__name__
+
+
+def _resolve_image_processor(hf_model: nn.Module) -> Any:
+    """The image processor saved beside the model's weights, or None (offline only)."""
+    from pathlib import Path
+
+    source = str(getattr(hf_model.config, "_name_or_path", "") or "")
+    if not source or not Path(source).expanduser().is_dir():
+        return None
+    try:
+        from transformers import AutoImageProcessor
+
+        return AutoImageProcessor.from_pretrained(
+            str(Path(source).expanduser()), local_files_only=True
+        )
+    except Exception:
+        return None
 
 
 def _is_int(x: Any) -> bool:

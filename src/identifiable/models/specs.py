@@ -58,6 +58,8 @@ class ArchSpec:
             ("sliding_attention"/"local" layers use the window, others see all keys).
         source: "table" for the entries below, "discovered" for specs found by
             `identifiable.models.discover` and proved by `verify()` on a probe.
+        modality: "text" (token ids in) or "image" (`pixel_values` in; the tokens
+            are [CLS] (and DeiT's distillation token) then the patches row by row).
     """
 
     name: str
@@ -75,6 +77,7 @@ class ArchSpec:
     window_attr: str = "sliding_window"
     layer_types_attr: str = "layer_types"
     source: Literal["table", "discovered"] = "table"
+    modality: Literal["text", "image"] = "text"
 
 
 SPECS: tuple[ArchSpec, ...] = (
@@ -211,6 +214,24 @@ SPECS: tuple[ArchSpec, ...] = (
         out_proj="attn.Wo",
         fused="qkv_blocks",
         norm="pre",
+    ),
+    ArchSpec(
+        name="vit",
+        model_types=("vit", "deit"),
+        layers="layers",
+        value="attention.v_proj",
+        out_proj="attention.o_proj",
+        norm="pre",
+        modality="image",
+    ),
+    ArchSpec(
+        name="clip-vision",
+        model_types=("clip_vision_model",),
+        layers="encoder.layers",
+        value="self_attn.v_proj",
+        out_proj="self_attn.out_proj",
+        norm="pre",
+        modality="image",
     ),
     *(
         ArchSpec(

@@ -17,10 +17,28 @@ from dataclasses import dataclass, field
 import torch
 
 from identifiable.errors import IdentifiableError
+from identifiable.results import Result
 
 
 @dataclass
-class Trace:
+class Trace(
+    Result,
+    dims={
+        "attentions": ("layer", "head", "query", "key"),
+        "values": ("layer", "head", "key", "value_dim"),
+        "value_bias": ("layer", "head", "value_dim"),
+        "out_proj": ("layer", "head", "value_dim", "model_dim"),
+        "out_bias": ("layer", "model_dim"),
+        "hidden_states": ("state", "token", "model_dim"),
+        "attn_outputs": ("layer", "token", "model_dim"),
+        "key_mask": ("layer", "query", "key"),
+        "input_ids": ("token",),
+        "key_input_ids": ("key",),
+        "kv_head_of": ("head",),
+    },
+    plot={"fields": ("attentions",), "layer": 0, "head": 0},
+    summary=("architecture",),
+):
     """Captured pieces of one sequence.
 
     Attributes:
@@ -52,6 +70,12 @@ class Trace:
             read it through `keys_seen(layer)`.
         capture_dtype: the dtype the model computed in ("float32", "bfloat16",
             …); the tensors above are float32 whatever it is. Sets `tolerance`.
+        key_tokens: None for self-attention (the keys are `tokens`). For a
+            cross-attention trace of an encoder–decoder model, the n_k encoder
+            tokens that the n decoder rows attend to: `attentions` is then
+            `[L, H, n, n_k]`, `values` `[L, H, n_k, d_v]` (E_enc·W_V) and
+            `key_mask` `[L, n, n_k]` (docs/definitions.md#cross-attention).
+        key_input_ids: `[n_k]` int64, the encoder's ids (cross-attention only).
     """
 
     tokens: list[str]
@@ -71,11 +95,104 @@ class Trace:
     truncated: int = 0
     key_mask: torch.Tensor | None = None
     capture_dtype: str = "float32"
+    key_tokens: list[str] | None = None
+    key_input_ids: torch.Tensor | None = None
+
+    @classmethod
+    def from_tensors(
+        cls,
+        attentions: torch.Tensor,
+        values: torch.Tensor,
+        out_proj: torch.Tensor,
+        *,
+        causal: bool | None = None,
+        key_mask: torch.Tensor | None = None,
+        tokens: list[str] | None = None,
+    ) -> Trace:
+        """A trace of bare tensors from any model, for every trace-level analysis.
+
+        Shapes (the leading L and H may be left out together, or L alone):
+            attentions: `[L, H, n, n_k]` attention probabilities A (rows sum to 1);
+            values: `[L, H, n_k, d_v]` E·W_V per head (without the value bias);
+            out_proj: `[L, H, d_v, d]` each head's rows H of W_O;
+            key_mask: `[L, n, n_k]` or `[n, n_k]` bool, the keys each row may see.
+        n_k = n is self-attention; n_k ≠ n (or `tokens` of the rows given with
+        n_k ≠ n) is a cross-attention trace (rows: queries, keys: the values' rows).
+        `causal=None` reads causality off A: a square map whose entries above the
+        diagonal are all exactly 0 (what a causal mask leaves) is causal.
+        Biases are zero and there is no captured output, so `verify()` does not
+        apply: these tensors are taken as they are.
+        """
+
+        def lead(x: torch.Tensor, rank: int, what: str) -> torch.Tensor:
+            x = torch.as_tensor(x)
+            while x.dim() < rank:
+                x = x.unsqueeze(0)
+            if x.dim() != rank:
+                raise IdentifiableError(
+                    f"{what} has {x.dim()} dimensions; expected {rank} (or fewer, without "
+                    "the leading layer and head dimensions)"
+                )
+            return x.detach().cpu()
+
+        a = lead(attentions, 4, "attentions [L, H, n, n_k]")
+        v = lead(values, 4, "values [L, H, n_k, d_v]")
+        w = lead(out_proj, 4, "out_proj [L, H, d_v, d]")
+        n_l, n_h, n, n_k = a.shape
+        if tuple(v.shape[:3]) != (n_l, n_h, n_k) or tuple(w.shape[:3]) != (n_l, n_h, v.shape[-1]):
+            raise IdentifiableError(
+                f"shapes do not fit: attentions {tuple(a.shape)} [L, H, n, n_k], values "
+                f"{tuple(v.shape)} [L, H, n_k, d_v], out_proj {tuple(w.shape)} [L, H, d_v, d]"
+            )
+        cross = n != n_k
+        if causal is None:
+            causal = not cross and n > 1 and not bool(a.triu(1).any())
+        if causal and cross:
+            raise IdentifiableError("causal=True needs square attention maps (n_k = n)")
+        mask = None
+        if key_mask is not None:
+            mask = torch.as_tensor(key_mask, dtype=torch.bool).cpu()
+            mask = mask.expand(n_l, n, n_k) if mask.dim() == 2 else mask
+            if tuple(mask.shape) != (n_l, n, n_k):
+                raise IdentifiableError(
+                    f"key_mask has shape {tuple(mask.shape)}, expected [n, n_k] or [L, n, n_k] "
+                    f"= {[n_l, n, n_k]}"
+                )
+            if bool(a.masked_fill(mask[:, None], 0).any()):
+                raise IdentifiableError("attentions put weight on keys outside key_mask")
+        d, d_v = int(w.shape[-1]), int(v.shape[-1])
+        return cls(
+            tokens=list(tokens) if tokens is not None else [f"<{i}>" for i in range(n)],
+            input_ids=torch.arange(n),
+            attentions=a,
+            values=v,
+            value_bias=torch.zeros(n_l, n_h, d_v, dtype=v.dtype),
+            out_proj=w,
+            out_bias=torch.zeros(n_l, d, dtype=w.dtype),
+            hidden_states=torch.zeros(n_l + 1, 0, d),  # not captured: only d is known
+            attn_outputs=torch.zeros(n_l, 0, d),
+            is_causal=bool(causal),
+            kv_head_of=torch.arange(n_h),
+            architecture="tensors",
+            key_mask=mask,
+            key_tokens=[f"<{j}>" for j in range(n_k)] if cross else None,
+            key_input_ids=torch.arange(n_k) if cross else None,
+        )
 
     # ---- sizes -------------------------------------------------------------
     @property
     def n_tokens(self) -> int:
         return int(self.input_ids.shape[0])
+
+    @property
+    def n_keys(self) -> int:
+        """Keys per row: n for self-attention, the encoder length for cross-attention."""
+        return int(self.values.shape[-2])
+
+    @property
+    def is_cross(self) -> bool:
+        """A cross-attention trace (rows are decoder tokens, keys encoder tokens)."""
+        return self.key_tokens is not None
 
     @property
     def n_layers(self) -> int:
@@ -115,13 +232,12 @@ class Trace:
         return torch.stack(errs)
 
     def keys_seen(self, layer: int) -> torch.Tensor:
-        """`[n, n]` bool: row i of `layer` may attend to key j (see `key_mask`)."""
+        """`[n, n_k]` bool: row i of `layer` may attend to key j (see `key_mask`)."""
         self.check_layer(layer)
         if self.key_mask is not None:
             return self.key_mask[layer]
-        n = self.n_tokens
-        full = torch.ones(n, n, dtype=torch.bool)
-        return full.tril() if self.is_causal else full
+        full = torch.ones(self.n_tokens, self.n_keys, dtype=torch.bool)
+        return full.tril() if self.is_causal and not self.is_cross else full
 
     @property
     def tolerance(self) -> float:
@@ -146,6 +262,11 @@ class Trace:
         Returns the per-layer relative errors `[L]`.
         """
         tol = self.tolerance if rtol is None else float(rtol)
+        if self.attn_outputs.shape[1] != self.n_tokens:
+            raise IdentifiableError(
+                "this trace holds no captured attention output (built from tensors), so "
+                "verify() has nothing to compare with"
+            )
         errs = self.reconstruction_errors()
         bad = [(i, float(e)) for i, e in enumerate(errs) if not (e <= tol)]
         if bad:
