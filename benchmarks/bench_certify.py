@@ -1,12 +1,16 @@
 """Certified attention at scale: interval maps on MiniLM, old route vs new, side by side.
 
-One run, the same threads on both sides (default 1: torch, BLAS and OpenMP):
+One run, the same threads on both sides (default 1: torch.set_num_threads, BLAS through
+threadpoolctl and the environment, OpenMP). Timings are repeated `--repeats` times,
+old and new interleaved, and the median is reported with the load average (the machine
+is shared: other jobs slow both sides alike, which the ratio cancels, not the seconds).
 - head: every row of one MiniLM head on a Wikipedia-sample pair of ~128 tokens.
-  new = `interval_map` (warm-started simplex chains); old = `attention_intervals`
-  (HiGHS per key, shortcuts by vertices found) on `--old-rows` rows spread over the
+  new = `interval_map` (dual warm starts across rows, see docs/certified_attention.md);
+  engine_old = the same call with the previous simplex engine (row by row, primal warm
+  starts across objectives; `interval_simplex` as of commit 559ebd7, read with git);
+  highs = `attention_intervals` (HiGHS per key) on `--old-rows` rows spread over the
   head, scaled to the whole head (say `--old-rows 0` for every row: ~3 minutes).
-- row512: one row of a 512-token text. new = `interval_map(rows=[r])`; old =
-  `attention_intervals` on the same row.
+- row512: one row of a 512-token text, the same three routes.
 - equality: on `--check-heads` sampled heads × `--check-rows` rows, every bound of
   the new map against a plain `scipy.optimize.linprog` per key and sense on the raw
   constraints x ≥ 0, Σx = Σa, xᵀV = aᵀV (HiGHS tolerances 1e-10; V = E·W_V; col(V H) = col(V) since MiniLM's
@@ -14,7 +18,7 @@ One run, the same threads on both sides (default 1: torch, BLAS and OpenMP):
 - witnesses: every vertex that settled a bound on those rows, checked against
   x ≥ 0, |Σx − Σa| and ‖(x − a) V H‖ / ‖a V H‖ (target ≤ 1e-9).
 
-Run: python benchmarks/bench_certify.py [--threads 1] [--old-rows 8] [--json out.json]
+Run: python benchmarks/bench_certify.py [--threads 1] [--repeats 3] [--old-rows 8] [--json out.json]
 """
 
 from __future__ import annotations
@@ -34,10 +38,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--old-rows", type=int, default=8, help="0: run the old route on every row")
+    p.add_argument("--repeats", type=int, default=3, help="timings: median of this many runs")
     p.add_argument("--layer", type=int, default=3, help="1..6")
     p.add_argument("--head", type=int, default=0)
     p.add_argument("--check-heads", type=int, default=2)
-    p.add_argument("--check-rows", type=int, default=3)
+    p.add_argument("--check-rows", type=int, default=8, help="≥ 8: the map takes key order")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -45,6 +50,7 @@ def main() -> None:
     import numpy as np
     import torch
     from scipy.optimize import linprog
+    from threadpoolctl import threadpool_limits
 
     import identifiable
     from identifiable.attention import attention_intervals, interval_map
@@ -52,6 +58,22 @@ def main() -> None:
     from identifiable.attention.certify import _solve_head, head_rows
 
     torch.set_num_threads(args.threads)
+    threadpool_limits(args.threads)
+    import identifiable.attention.certify as certify_mod
+
+    engine_new = certify_mod.interval_simplex
+    engine_old = _old_engine()
+
+    def timed(fn, engine):
+        """Seconds and result of fn() with `engine` behind interval_map."""
+        certify_mod.interval_simplex = engine
+        try:
+            t0 = time.perf_counter()
+            res = fn()
+            return time.perf_counter() - t0, res
+        finally:
+            certify_mod.interval_simplex = engine_new
+
     m = identifiable.load_model("minilm")
     corpus = identifiable.load_corpus("wikipedia-sample", unit="pair", tokenizer=m.tokenizer,
                                       max_tokens=128)  # fmt: skip
@@ -61,9 +83,26 @@ def main() -> None:
     out: dict = {"threads": args.threads, "n": n, "layer": args.layer, "head": head}
 
     # ---- whole head ------------------------------------------------------------------
-    t0 = time.perf_counter()
-    new = interval_map(tr, layers=[layer], heads=[head])
-    out["head_new_s"] = time.perf_counter() - t0
+    out["load_average_start"] = os.getloadavg()[0]
+    head_times: dict[str, list[float]] = {"new": [], "old": []}
+    new = old_map = None
+    for _ in range(args.repeats):  # interleaved, so both sides see the same load
+        for name, engine in (("new", engine_new), ("old", engine_old)):
+            sec, res = timed(lambda: interval_map(tr, layers=[layer], heads=[head]), engine)
+            head_times[name].append(sec)
+            new, old_map = (res, old_map) if name == "new" else (new, res)
+    out["head_new_s"] = float(np.median(head_times["new"]))
+    out["head_engine_old_s"] = float(np.median(head_times["old"]))
+    out["head_new_runs_s"], out["head_engine_old_runs_s"] = head_times["new"], head_times["old"]
+    out["head_engine_speedup"] = out["head_engine_old_s"] / out["head_new_s"]
+    out["head_pivots_new"], out["head_pivots_old"] = (
+        int(new.pivots.sum()),
+        int(old_map.pivots.sum()),
+    )
+    out["head_new_vs_engine_old_max_diff"] = max(
+        float((new.lower - old_map.lower).abs().max()),
+        float((new.upper - old_map.upper).abs().max()),
+    )
     out["head_lps"], out["head_fallbacks"] = new.lps_solved, new.fallbacks
     rows = (
         list(range(n))
@@ -77,10 +116,10 @@ def main() -> None:
         diff = max(diff, float((iv.lower - new.lower[0, 0, r]).abs().max()),
                    float((iv.upper - new.upper[0, 0, r]).abs().max()))  # fmt: skip
     old = time.perf_counter() - t0
-    out["head_old_s"] = old * n / len(rows)
-    out["head_old_measured_rows"] = len(rows)
-    out["head_speedup"] = out["head_old_s"] / out["head_new_s"]
-    out["head_old_vs_new_max_diff"] = diff
+    out["head_highs_s"] = old * n / len(rows)
+    out["head_highs_measured_rows"] = len(rows)
+    out["head_highs_speedup"] = out["head_highs_s"] / out["head_new_s"]
+    out["head_highs_vs_new_max_diff"] = diff
     # What the time-budget check would estimate for this head (one probe row).
     sets = head_rows(tr, layer, head)
     t0 = time.perf_counter()
@@ -92,16 +131,33 @@ def main() -> None:
     text = " ".join(t for pair in corpus for t in pair)
     long = m.trace(text)
     row = long.n_tokens // 2
-    t0 = time.perf_counter()
-    one = interval_map(long, layers=[layer], heads=[head], rows=[row])
     out["row512_n"] = long.n_tokens
-    out["row512_new_s"] = time.perf_counter() - t0
+    row_times: dict[str, list[float]] = {"new": [], "old": []}
+    one = one_old = None
+    for _ in range(args.repeats):
+        for name, engine in (("new", engine_new), ("old", engine_old)):
+            sec, res = timed(
+                lambda: interval_map(long, layers=[layer], heads=[head], rows=[row]), engine
+            )
+            row_times[name].append(sec)
+            one, one_old = (res, one_old) if name == "new" else (one, res)
+    out["row512_new_s"] = float(np.median(row_times["new"]))
+    out["row512_engine_old_s"] = float(np.median(row_times["old"]))
+    out["row512_new_runs_s"], out["row512_engine_old_runs_s"] = row_times["new"], row_times["old"]
+    out["row512_engine_speedup"] = out["row512_engine_old_s"] / out["row512_new_s"]
+    out["row512_pivots_new"], out["row512_pivots_old"] = (
+        int(one.pivots.sum()),
+        int(one_old.pivots.sum()),
+    )
     t0 = time.perf_counter()
     iv = attention_intervals(long, layer, head, row)
-    out["row512_old_s"] = time.perf_counter() - t0
-    out["row512_speedup"] = out["row512_old_s"] / out["row512_new_s"]
+    out["row512_highs_s"] = time.perf_counter() - t0
+    out["row512_highs_speedup"] = out["row512_highs_s"] / out["row512_new_s"]
     out["row512_max_diff"] = max(float((iv.lower - one.lower[0, 0, 0]).abs().max()),
-                                 float((iv.upper - one.upper[0, 0, 0]).abs().max()))  # fmt: skip
+                                 float((iv.upper - one.upper[0, 0, 0]).abs().max()),
+                                 float((one_old.lower - one.lower).abs().max()),
+                                 float((one_old.upper - one.upper).abs().max()))  # fmt: skip
+    out["load_average_end"] = os.getloadavg()[0]
 
     # ---- equality with plain linprog, witnesses ---------------------------------------
     rng = np.random.default_rng(0)
@@ -128,8 +184,13 @@ def main() -> None:
             for i in range(rs.rows.size):
                 aq = rs.aq[0 if rs.aq.shape[0] == 1 else i]
                 movable[i] = (1 - (aq**2).sum(0) > 1e-9) & rs.keys[i]
-            sol = interval_simplex(rs.aq, rs.raw, rs.keys, movable, keep_vertices=True)
-            for (i, _, _), x in sol.vertices.items():
+            vertices = []
+            for order in ("key", "row") if rs.aq.shape[0] == 1 else ("row",):
+                sol = interval_simplex(
+                    rs.aq, rs.raw, rs.keys, movable, keep_vertices=True, order=order
+                )
+                vertices += list(sol.vertices.items())
+            for (i, _, _), x in vertices:
                 a = rs.raw[i]
                 worst_neg = max(worst_neg, float(-x.min()))
                 worst_sum = max(worst_sum, abs(x.sum() - a.sum()))
@@ -141,7 +202,9 @@ def main() -> None:
                 "witnesses": n_vertices, "witness_max_negative": worst_neg,
                 "witness_max_sum_error": worst_sum, "witness_max_output_residual": worst_out})  # fmt: skip
     for k, val in out.items():
-        print(f"{k:32s} {val:.4g}" if isinstance(val, float) else f"{k:32s} {val}")
+        if isinstance(val, list):
+            val = " ".join(f"{v:.3g}" for v in val)
+        print(f"{k:34s} {val:.4g}" if isinstance(val, float) else f"{k:34s} {val}")
     ok = (out["head_new_s"] <= 10 and out["row512_new_s"] <= 2 and worst_eq <= 1e-7
           and max(worst_neg, worst_sum, worst_out) <= 1e-9)  # fmt: skip
     print("targets met" if ok else "targets NOT met (see above)")
@@ -150,6 +213,26 @@ def main() -> None:
 
         atomic_write_text(args.json, json.dumps(out, indent=2))
     sys.exit(0 if ok else 1)
+
+
+def _old_engine():
+    """The previous `interval_simplex` (commit 559ebd7: chains row by row, primal warm
+    starts across objectives), read from git so both engines run in one process."""
+    import subprocess
+    import types
+
+    src = subprocess.run(
+        ["git", "show", f"{_OLD_COMMIT}:src/identifiable/attention/certificates.py"],
+        capture_output=True, text=True, check=True,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    ).stdout  # fmt: skip
+    mod = types.ModuleType("certificates_559ebd7")
+    sys.modules[mod.__name__] = mod  # dataclasses look their module up there
+    exec(compile(src, "certificates_559ebd7.py", "exec"), mod.__dict__)
+    return mod.interval_simplex
+
+
+_OLD_COMMIT = "559ebd785af4a8f2130ad34e8762695abcf3623d"
 
 
 def _one_row(sets, row):

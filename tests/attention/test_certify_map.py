@@ -31,9 +31,10 @@ def _plain_bounds(a: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 
 @settings(max_examples=25, deadline=None)
-@given(n=st.integers(3, 24), d_v=st.integers(1, 6), rows=st.integers(1, 5),
-       chains=st.integers(1, 4), seed=st.integers(0, 10_000))  # fmt: skip
-def test_simplex_matches_plain_linprog(n, d_v, rows, chains, seed):
+@given(n=st.integers(3, 24), d_v=st.integers(1, 6), rows=st.integers(1, 10),
+       chains=st.integers(1, 4), order=st.sampled_from(["key", "row"]),
+       block=st.sampled_from([None, 1, 3]), seed=st.integers(0, 10_000))  # fmt: skip
+def test_simplex_matches_plain_linprog(n, d_v, rows, chains, order, block, seed):
     g = torch.Generator().manual_seed(seed)
     v = torch.randn(n, d_v, generator=g, dtype=torch.float64)
     a = torch.softmax(torch.randn(rows, n, generator=g, dtype=torch.float64) * 2, 1).numpy()
@@ -44,7 +45,8 @@ def test_simplex_matches_plain_linprog(n, d_v, rows, chains, seed):
         return
     movable = np.repeat(movable_keys(basis)[None], rows, 0)
     sol = interval_simplex(basis.T[None], a, np.ones((rows, n), bool), movable,
-                           chains_per_row=chains, keep_vertices=True)  # fmt: skip
+                           chains_per_row=chains, keep_vertices=True, order=order,
+                           block=block)  # fmt: skip
     for i in range(rows):
         lo, hi = _plain_bounds(a[i], v.numpy())
         np.testing.assert_allclose(sol.lower[i], lo, atol=1e-8)
@@ -54,6 +56,55 @@ def test_simplex_matches_plain_linprog(n, d_v, rows, chains, seed):
         assert np.abs((x - a[i]) @ v.numpy()).max() < 1e-9 * max(1.0, np.abs(v.numpy()).max())
         assert x[j] == pytest.approx((sol.upper if s > 0 else sol.lower)[i, j], abs=1e-12)
     assert (sol.lp_solved + sol.fallbacks <= 2 * n).all()
+
+
+def _shared_rows(n: int, d_v: int, rows: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(n, d_v, generator=g, dtype=torch.float64)
+    a = torch.softmax(torch.randn(rows, n, generator=g, dtype=torch.float64) * 2, 1).numpy()
+    q, r, _ = column_basis(v)
+    qa, _ = add_ones(q, r)
+    basis = qa[:, torch.linalg.vector_norm(qa, dim=0) > 0].numpy()
+    return basis.T[None], a, np.repeat(movable_keys(basis)[None], rows, 0)
+
+
+def test_dual_warm_start_across_rows_saves_pivots():
+    """Key order carries each objective's optimal basis down the rows (dual simplex);
+    row order warm-starts across objectives (primal). Same bounds, fewer pivots: on
+    these rows ~5.5k against ~7.8k (on MiniLM heads the ratio is ~2.4)."""
+    aq, a, movable = _shared_rows(40, 6, 30, seed=1)
+    keys = np.ones(a.shape, bool)
+    by_key = interval_simplex(aq, a, keys, movable, order="key")
+    by_row = interval_simplex(aq, a, keys, movable, order="row")
+    np.testing.assert_allclose(by_key.lower, by_row.lower, atol=1e-12, rtol=0)
+    np.testing.assert_allclose(by_key.upper, by_row.upper, atol=1e-12, rtol=0)
+    assert by_key.fallbacks.sum() == by_row.fallbacks.sum() == 0
+    assert by_key.pivots.sum() < 0.85 * by_row.pivots.sum()
+    with pytest.raises(ValueError, match="share A"):
+        interval_simplex(np.repeat(aq, 30, 0), a, keys, movable, order="key")
+
+
+def test_no_op_pivot_leaves_the_state_bit_for_bit():
+    from identifiable.attention.certificates import _Simplex
+
+    aq, a, _ = _shared_rows(12, 3, 4, seed=3)
+    tasks = [[(r, 0, 1)] for r in range(4)]
+    start = np.array([np.argsort(-np.abs(aq[0]).sum(0))[: aq.shape[1]]] * 4)
+    ch = _Simplex(aq, a, np.ones(a.shape, bool), tasks, start)
+    binv, xb, basic = ch.binv.copy(), ch.xb.copy(), ch.basic.copy()
+    go = np.array([True, False, False, True])
+    free = [int(np.flatnonzero(ch.pos[c] < 0)[0]) for c in range(4)]
+    ks = np.where(go, free, ch.basic[:, 1])
+    col = ch.columns(ks)
+    col[~go] = np.eye(aq.shape[1])[1]
+    ch.pivot(np.full(4, 1), ks, col, go)
+    assert np.array_equal(ch.binv[~go], binv[~go]) and np.array_equal(ch.xb[~go], xb[~go])
+    assert np.array_equal(ch.basic[~go], basic[~go]) and not np.array_equal(ch.basic[go], basic[go])
+    # the pivoted chains hold the inverse of their new basis
+    for c in np.flatnonzero(go):
+        np.testing.assert_allclose(
+            ch.binv[c] @ aq[0][:, ch.basic[c]], np.eye(aq.shape[1]), atol=1e-9
+        )
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -134,10 +134,16 @@ def output_residual(x: Tensor, a: Tensor, values: Tensor, out_proj: Tensor) -> f
 #
 # P = {x ≥ 0 : A x = b} with A = Qᵀ (m × n, m = rank([T, 1]) ≤ d_v + 1, usually m ≪ n) and
 # b = A a. A vertex of P is a basis: m keys whose columns of A are independent, all other
-# keys at 0. The tableau W = A_B⁻¹ [A | b] (m × (n + 1)) is small, so a pivot costs one
-# m × n rank-one update, and every LP "min or max x_j over P" starts from the optimal vertex
-# of the previous one: the 2n LPs of a row share one feasible region and differ only in
-# their objective, so each needs few pivots (often none or one).
+# keys at 0. Only B⁻¹ (m × m) and x_B = B⁻¹ b are kept, so a pivot costs one tableau row
+# (m × n) and a rank-one update of B⁻¹. Every LP starts from a basis that is already half
+# of an optimum:
+# - the 2n LPs of one row share P and differ only in their objective, so the optimal
+#   vertex of the previous LP is primal feasible (primal simplex from there);
+# - the rows of a bidirectional head share A (keys and T are the same; only a changes),
+#   so one objective "max s·x_j" over consecutive rows differs only in b. Reduced costs
+#   do not depend on b, so the previous row's optimal basis is dual feasible for the next
+#   row (dual simplex from there: ~12 pivots per row on MiniLM, against ~30 per LP when
+#   warm-starting across objectives).
 #
 # Optimality is certified, not assumed: with the tableau refactored from scratch at the
 # final basis, the reduced costs d_k of maximising s·x_j (s = ±1) are d_k = −s W[p, k]
@@ -153,6 +159,7 @@ _REFACTOR_EVERY = 25  # pivots between refactorisations of the tableau
 
 
 _PIVOTS_PER_LP = 400  # an LP still open after this many pivots goes to HiGHS
+_MIN_BLOCK = 16  # "key" order, phase 2 (minima): rows per chain
 
 
 @dataclass(frozen=True)
@@ -178,130 +185,166 @@ class IntervalSolution:
     vertices: dict[tuple[int, int, int], np.ndarray] | None = None
 
 
-class _Chains:
-    """Many revised-simplex runs ("chains") advanced in lock-step, one pivot each per step.
+def _crossover(aq: np.ndarray, a: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """`[R, m]` a vertex basis of each row's P, reached from the raw row a (feasible).
 
-    Chain c works on problem q = prob[c]: {x ≥ 0 : A_q x = b_q}, A_q `[m, n]` (zero
-    columns for keys outside the row's key set, which never enter), and walks through
-    its own list of objectives (key, sense), each LP warm-started from the previous
-    optimum. It keeps only B⁻¹ (m × m) and the basic values; the one tableau row that
-    pricing needs is B⁻¹[p] A. Stepping all chains together turns the per-pivot Python
-    overhead into batched numpy operations, which is what makes whole heads cheap.
+    Args: aq `[R or 1, m, n]`, a `[R, n]`, allowed `[R, n]` (as `interval_simplex`).
+
+    Start from m independent columns (pivoted QR); every other key k with x_k > 0 is
+    driven to 0 along the edge that keeps A x = b, and enters the basis in place of a
+    basic key that reaches 0 first (with the value it has left). Every point visited
+    stays in P; at the end every key outside the basis is 0: a vertex. All rows step
+    together, one key at a time.
+    """
+    import scipy.linalg
+
+    n_rows, n = a.shape
+    shared = aq.shape[0] == 1
+    m = aq.shape[1]
+    x = a.copy()
+    basic = np.empty((n_rows, m), dtype=np.int64)
+    for c in range(n_rows):
+        if c == 0 or not shared:
+            _, _, perm = scipy.linalg.qr(aq[0 if shared else c], mode="economic", pivoting=True)
+        basic[c] = perm[:m]
+    pos = np.full((n_rows, n), -1, dtype=np.int64)
+    np.put_along_axis(pos, basic, np.arange(m)[None, :], axis=1)
+    bmat = (
+        aq[0][:, basic].transpose(1, 0, 2)
+        if shared
+        else np.take_along_axis(aq, basic[:, None, :], axis=2)
+    )
+    binv = np.linalg.inv(bmat)
+    xb = np.take_along_axis(x, basic, 1)
+    all_c = np.arange(n_rows)
+    for k in range(n):
+        cs = all_c[(pos[:, k] < 0) & (x[:, k] > 0.0) & allowed[:, k]]
+        if cs.size == 0:
+            continue
+        a_k = aq[0][:, k][None] if shared else aq[cs, :, k]
+        col = np.matmul(binv[cs], a_k[:, :, None])[:, :, 0]
+        neg = col < -_PIVOT_TOL
+        ratios = np.where(neg, np.maximum(xb[cs], 0.0) / np.where(neg, -col, 1.0), np.inf)
+        r = ratios.argmin(1)
+        best = ratios[np.arange(cs.size), r]
+        xk = x[cs, k]
+        t = np.minimum(best, xk)
+        xb[cs] += t[:, None] * col  # lowering x_k by t moves x_B by t·col
+        x[cs, k] = 0.0
+        enter = best < xk
+        if enter.any():
+            ce, re, left, cole = cs[enter], r[enter], (xk - t)[enter], col[enter]
+            ar = np.arange(ce.size)
+            # x_k enters at the row that reached 0, keeping the value it has left.
+            xb[ce, re] = left
+            leaving = basic[ce, re]
+            x[ce, leaving] = 0.0  # the key leaving sits at 0 from now on
+            b_e = binv[ce]
+            prow = b_e[ar, re] / cole[ar, re][:, None]
+            b_e -= cole[:, :, None] * prow[:, None, :]
+            b_e[ar, re] = prow
+            binv[ce] = b_e
+            pos[ce, leaving] = -1
+            pos[ce, k] = re
+            basic[ce, re] = k
+    return basic
+
+
+class _Simplex:
+    """Many revised-simplex runs ("chains") advanced in lock step, one pivot each per step.
+
+    Every chain walks through its own list of LP tasks (row, key j, sense s): maximise
+    s·x_j over the row's P = {x ≥ 0 : A x = b_row}. It keeps only its basis, B⁻¹ (m × m)
+    and the basic values x_B = B⁻¹ b_row. Two consecutive tasks of a chain share either
+    the row or the objective, so the basis the chain carries is always a warm start:
+    - same row, new objective: the basis stays primal feasible (x_B ≥ 0), and primal
+      simplex pivots (Dantzig pricing on the objective's tableau row) restore optimality;
+    - same objective, new row (rows of a bidirectional head share A; only b = A a
+      changes): the reduced costs do not depend on b, so the basis stays dual feasible,
+      and dual simplex pivots (dual steepest edge: the leaving row maximises
+      x_p² / ‖e_pᵀB⁻¹‖², with exact weights; ratio test ties broken by the largest
+      pivot) restore primal feasibility.
+    Each step a chain pivots in the mode its basis calls for: dual while some basic value
+    is below −_FEAS_TOL, primal otherwise. State arrays hold live chains only (`compact`),
+    so a step updates them in place; a chain that does not pivot in a step takes the
+    exact no-op pivot (column e_p), which leaves its B⁻¹ and x_B bit for bit unchanged.
     """
 
-    def __init__(self, aq: np.ndarray, a: np.ndarray, allowed: np.ndarray, prob: np.ndarray):
-        self.prob = prob
-        # One A for every chain when all rows share their key set (bidirectional heads):
-        # then pricing is a single GEMM and nothing n-sized is copied per step.
+    def __init__(self, aq, a, allowed, tasks, start):
         self.shared = aq.shape[0] == 1
-        self.a_one = aq[0]  # (used only when shared)
-        self.aq = aq if self.shared else np.ascontiguousarray(aq[prob])  # [C or 1, m, n]
-        self.allowed = allowed[prob]
-        n_chains = prob.size
         self.m, self.n = aq.shape[1:]
-        self.b = np.einsum("cmn,cn->cm", self.aq, a[prob]) if not self.shared else a[prob] @ aq[0].T
-        self.zero_seen = ~allowed  # [Q, n]: x_j = 0 at some feasible point found
-        self.seen_max = a.copy()  # [Q, n]
-        self.pivots = np.zeros(a.shape[0], dtype=np.int64)
+        first = np.array([t[0][0] for t in tasks], dtype=np.int64)
+        # Chains of an unshared head never leave their row (see interval_simplex).
+        self.a_one = aq[0]
+        self.aq = None if self.shared else np.ascontiguousarray(aq[first])
+        self.b = a @ aq[0].T if self.shared else np.einsum("rmn,rn->rm", aq, a)  # [R, m]
+        self.row_allowed = allowed
+        self.basic = start[first].copy()
+        n_chains = first.size
+        self.pos = np.full((n_chains, self.n), -1, dtype=np.int64)
+        np.put_along_axis(self.pos, self.basic, np.arange(self.m)[None, :], axis=1)
+        self.blocked = ~allowed[first]
+        np.put_along_axis(self.blocked, self.basic, True, axis=1)
+        self.row = first.copy()
+        self.binv = np.empty((n_chains, self.m, self.m))
+        self.xb = np.empty((n_chains, self.m))
         self.since = np.zeros(n_chains, dtype=np.int64)
-        self._crossover(a[prob].copy())
+        self.refactor(np.arange(n_chains))
+
+    def compact(self, keep: np.ndarray) -> None:
+        """Keep only the chains `keep` (in that order)."""
+        for name in ("basic", "pos", "blocked", "row", "binv", "xb", "since"):
+            setattr(self, name, getattr(self, name)[keep])
+        if not self.shared:
+            self.aq = self.aq[keep]
 
     def refactor(self, cs: np.ndarray) -> None:
         """B⁻¹ and x_B afresh from the basis indices (no accumulated round-off)."""
         if cs.size == 0:
             return
-        self.binv[cs] = np.linalg.inv(self.bmat(cs))
-        self.xb[cs] = np.einsum("cij,cj->ci", self.binv[cs], self.b[cs])
+        if self.shared:
+            bmat = self.a_one[:, self.basic[cs]].transpose(1, 0, 2)
+        else:
+            bmat = np.take_along_axis(self.aq[cs], self.basic[cs][:, None, :], axis=2)
+        self.binv[cs] = np.linalg.inv(bmat)
+        self.reload(cs)
         self.since[cs] = 0
 
-    def bmat(self, cs: np.ndarray) -> np.ndarray:
-        """`[P, m, m]` basis matrices A_B."""
+    def reload(self, cs: np.ndarray) -> None:
+        """x_B = B⁻¹ b for each chain's current row."""
+        self.xb[cs] = np.matmul(self.binv[cs], self.b[self.row[cs]][:, :, None])[:, :, 0]
+
+    def tableau_rows(self, ps: np.ndarray) -> np.ndarray:
+        """`[C, n]` tableau rows (B⁻¹ A)[p] of every chain."""
+        sel = self.binv[np.arange(ps.size), ps]
         if self.shared:
-            return self.a_one[:, self.basic[cs]].transpose(1, 0, 2)
-        return np.take_along_axis(self.aq[cs], self.basic[cs][:, None, :], axis=2)
+            return sel @ self.a_one
+        return np.matmul(sel[:, None, :], self.aq)[:, 0]
 
-    def column(self, cs: np.ndarray, ks: np.ndarray) -> np.ndarray:
-        """`[P, m]` tableau columns B⁻¹ A_k."""
-        cols = self.a_one[:, ks].T if self.shared else self.aq[cs, :, ks]
-        return np.einsum("cij,cj->ci", self.binv[cs], cols)
+    def columns(self, ks: np.ndarray) -> np.ndarray:
+        """`[C, m]` tableau columns B⁻¹ A_k of every chain."""
+        cols = self.a_one[:, ks].T if self.shared else self.aq[np.arange(ks.size), :, ks]
+        return np.matmul(self.binv, cols[:, :, None])[:, :, 0]
 
-    def rows(self, cs: np.ndarray, ps: np.ndarray) -> np.ndarray:
-        """`[P, n]` tableau rows (B⁻¹ A)[p]."""
-        if self.shared:
-            return self.binv[cs, ps] @ self.a_one
-        return np.einsum("cm,cmn->cn", self.binv[cs, ps], self.aq[cs])
-
-    def pivot(self, cs: np.ndarray, rs: np.ndarray, ks: np.ndarray, col: np.ndarray) -> None:
-        """Key ks enters at basis row rs (col = B⁻¹ A_k); x_B must already be updated."""
-        ar = np.arange(cs.size)
-        binv = self.binv[cs]
-        prow = binv[ar, rs] / col[ar, rs][:, None]
-        binv -= col[:, :, None] * prow[:, None, :]
-        binv[ar, rs] = prow
-        self.binv[cs] = binv
-        leaving = self.basic[cs, rs]
-        self.basic[cs, rs] = ks
+    def pivot(self, ps: np.ndarray, ks: np.ndarray, col: np.ndarray, go: np.ndarray) -> None:
+        """Chains `go`: key ks enters at basis row ps (col = B⁻¹ A_k). Every other chain
+        must come with col = e_ps and ks = its basic key at ps (the no-op pivot)."""
+        ar = np.arange(ps.size)
+        piv = col[ar, ps]
+        theta = self.xb[ar, ps] / piv
+        self.xb -= theta[:, None] * col
+        self.xb[ar, ps] = theta
+        prow = self.binv[ar, ps] / piv[:, None]
+        self.binv -= col[:, :, None] * prow[:, None, :]
+        self.binv[ar, ps] = prow
+        cs, ps, ks = ar[go], ps[go], ks[go]
+        leaving = self.basic[cs, ps]
+        self.basic[cs, ps] = ks
         self.pos[cs, leaving] = -1
-        self.pos[cs, ks] = rs
-        self.blocked[cs, leaving] = ~self.allowed[cs, leaving]
+        self.pos[cs, ks] = ps
+        self.blocked[cs, leaving] = ~self.row_allowed[self.row[cs], leaving]
         self.blocked[cs, ks] = True
-        q = self.prob[cs]
-        self.zero_seen[q, leaving] = True
-        np.maximum.at(self.seen_max, (q[:, None], self.basic[cs]), np.maximum(self.xb[cs], 0.0))
-        np.add.at(self.pivots, q, 1)
         self.since[cs] += 1
-
-    def _crossover(self, x: np.ndarray) -> None:
-        """From the raw row a (feasible) to a vertex, key by key, in every chain at once.
-
-        Start from m independent columns (pivoted QR); every other key k with x_k > 0
-        is driven to 0 along the edge that keeps A x = b, and enters the basis in place
-        of a basic key that reaches 0 first (with the value it has left). While this
-        runs, x_B holds the basic values with the keys not yet visited at their current
-        values.
-        """
-        import scipy.linalg
-
-        n_chains = self.prob.size
-        self.basic = np.empty((n_chains, self.m), dtype=np.int64)
-        for c in range(n_chains):
-            if c == 0 or not self.shared:
-                _, _, perm = scipy.linalg.qr(
-                    self.aq[0 if self.shared else c], mode="economic", pivoting=True
-                )
-            self.basic[c] = perm[: self.m]
-        self.pos = np.full((n_chains, self.n), -1, dtype=np.int64)
-        np.put_along_axis(self.pos, self.basic, np.arange(self.m)[None, :], axis=1)
-        self.blocked = ~self.allowed
-        np.put_along_axis(self.blocked, self.basic, True, axis=1)
-        self.binv = np.linalg.inv(self.bmat(all_c := np.arange(n_chains)))
-        self.xb = np.take_along_axis(x, self.basic, 1)
-        for k in range(self.n):
-            cs = all_c[(self.pos[:, k] < 0) & (x[:, k] > 0.0)]
-            if cs.size == 0:
-                continue
-            col = self.column(cs, np.full(cs.size, k))
-            neg = col < -_PIVOT_TOL
-            ratios = np.where(neg, np.maximum(self.xb[cs], 0.0) / np.where(neg, -col, 1.0), np.inf)
-            r = ratios.argmin(1)
-            best = ratios[np.arange(cs.size), r]
-            xk = x[cs, k]
-            t = np.minimum(best, xk)
-            self.xb[cs] += t[:, None] * col  # lowering x_k by t moves x_B by t·col
-            x[cs, k] = 0.0
-            enter = best < xk
-            if enter.any():
-                ce, re, left = cs[enter], r[enter], (xk - t)[enter]
-                # x_k enters at the row that reached 0, keeping the value it has left.
-                self.xb[ce, re] = left
-                x[ce, self.basic[ce, re]] = 0.0  # the key leaving sits at 0 from now on
-                self.pivot(ce, re, np.full(ce.size, k), col[enter])
-        self.refactor(all_c)
-        q = self.prob
-        for c in range(n_chains):
-            self.zero_seen[q[c], ~self.blocked[c]] = True
-            self.zero_seen[q[c], self.basic[c][self.xb[c] <= _FEAS_TOL]] = True
-            np.maximum.at(self.seen_max[q[c]], self.basic[c], np.maximum(self.xb[c], 0.0))
 
     def vertex(self, c: int) -> np.ndarray:
         x = np.zeros(self.n)
@@ -318,164 +361,276 @@ def interval_simplex(
     chains_per_row: int = 1,
     keep_vertices: bool = False,
     what: str = "",
+    order: str = "auto",
+    block: int | None = None,
 ) -> IntervalSolution:
     """Min and max of every movable x_j over each row's P, by warm-started simplex chains.
 
     Exact shortcuts, each proved by a feasible point already visited (P ⊂ [0, Σa]ⁿ):
-    a key with x_j = 0 at any point visited (every key that left the basis, every
-    non-basic key of a vertex) has minimum 0; a key reaching Σa has maximum Σa. Keys
-    the null space cannot move keep a_j. Every other bound is an LP certified optimal
-    (see OPT_TOL) at a vertex, which is also its witness; an LP the simplex cannot
-    certify is handed to HiGHS (`fallbacks`).
+    a key with x_j = 0 at any point of P visited (every key that left the basis in a
+    primal pivot, every non-basic key of a vertex) has minimum 0; a key reaching Σa
+    has maximum Σa. Keys the null space cannot move keep a_j. Every other bound is an
+    LP certified optimal (see OPT_TOL) at a vertex, which is also its witness; an LP
+    the simplex cannot certify is handed to HiGHS (`fallbacks`).
+
+    All maxima are solved first (phase 1), then the minima no vertex has settled
+    (phase 2): a maximising vertex has at most m non-zero keys, so it settles most
+    minima at 0. Tasks are laid out in one of two orders:
+    - "key" (rows sharing A, i.e. `aq` is `[1, m, n]`): one chain per key and sense
+      (and per block of `block` rows), walking down the rows; each LP starts from the
+      previous row's optimal basis, which stays dual feasible (dual simplex);
+    - "row": `chains_per_row` chains per row, each taking every K-th key; each LP
+      starts from the previous key's optimal vertex (primal simplex).
+    "auto" takes "key" when the rows share A and there are at least 8 of them.
 
     Args:
-        aq: `[R, m, n]` (or `[1, m, n]`, shared by all rows) Qᵀ per row, Q an orthonormal basis of col([T, 1]) over the
-            row's keys (rows of zeros past a row's own rank are not allowed: group rows
-            by m); columns of keys outside the row's key set are 0.
+        aq: `[R, m, n]` (or `[1, m, n]`, shared by all rows) Qᵀ per row, Q an orthonormal
+            basis of col([T, 1]) over the row's keys (rows of zeros past a row's own rank
+            are not allowed: group rows by m); columns of keys outside the key set are 0.
         a: `[R, n]` raw weights, 0 outside the key set.
         allowed: `[R, n]` bool, the row's key set.
         movable: `[R, n]` bool, keys the null space can move (see `movable_keys`).
-        chains_per_row: independent simplex chains per row, each taking every
+        chains_per_row: "row" order: independent chains per row, each taking every
             K-th key: more chains, fewer lock-step iterations (for long rows).
+        keep_vertices: return the vertex that settled each bound (witnesses).
         what: prefix for error messages (e.g. "layer 2, head 3").
+        order: "auto", "key" or "row" (see above).
+        block: "key" order: rows per chain (default: all rows in one chain).
     """
-    n_rows, n = a.shape
-    m = aq.shape[1]
+    n_rows = a.shape[0]
     lower, upper = a.copy(), a.copy()
     solved = np.zeros(n_rows, dtype=np.int64)
+    pivots = np.zeros(n_rows, dtype=np.int64)
     fallbacks = np.zeros(n_rows, dtype=np.int64)
     vertices: dict[tuple[int, int, int], np.ndarray] | None = {} if keep_vertices else None
-    live = movable.any(1)
-    rows_live = np.flatnonzero(live)
+    rows_live = np.flatnonzero(movable.any(1))
     if rows_live.size == 0:
-        return IntervalSolution(
-            lower, upper, solved, np.zeros(n_rows, np.int64), fallbacks, vertices
-        )
-    k_chains = max(1, int(chains_per_row))
-    prob = np.repeat(rows_live, k_chains)
-    tasks: list[list[tuple[int, int]]] = []
-    for q in rows_live:
-        keys = np.flatnonzero(movable[q])
-        for c in range(k_chains):
-            mine = keys[c::k_chains]
-            tasks.append([(int(j), 1) for j in mine] + [(int(j), -1) for j in mine])
-    ch = _Chains(aq, a, allowed, prob)
+        return IntervalSolution(lower, upper, solved, pivots, fallbacks, vertices)
+    shared = aq.shape[0] == 1
+    if order == "auto":
+        order = "key" if shared and rows_live.size >= 8 else "row"
+    if order == "key" and not shared:
+        raise ValueError("key order needs rows that share A (aq of shape [1, m, n])")
     total = a.sum(1)
-    n_chains = prob.size
+    # Feasible points visited so far, per row (the shortcuts' proofs).
+    zero_seen = ~allowed.copy()
+    seen_max = a.copy()
+    # A feasible basis per row (from the crossover, then from every settled vertex):
+    # the start of phase-2 chains.
+    start = np.zeros((n_rows, aq.shape[1]), dtype=np.int64)
+    live_rows = rows_live
+    start[live_rows] = _crossover(aq if shared else aq[live_rows], a[live_rows], allowed[live_rows])
+    for q in live_rows:
+        zero_seen[q, np.setdiff1d(np.flatnonzero(allowed[q]), start[q])] = True
+    k_chains = max(1, int(chains_per_row))
+
+    def layout(todo: np.ndarray, s: int, size: int) -> list[list[tuple[int, int, int]]]:
+        """Task lists for the bounds todo `[R, n]` bool of sense s."""
+        tasks: list[list[tuple[int, int, int]]] = []
+        if order == "key":
+            for j in np.flatnonzero(todo.any(0)):
+                rs = np.flatnonzero(todo[:, j])
+                for i in range(0, rs.size, size):
+                    tasks.append([(int(r), int(j), s) for r in rs[i : i + size]])
+        else:
+            for q in np.flatnonzero(todo.any(1)):
+                keys = np.flatnonzero(todo[q])
+                for c in range(min(k_chains, keys.size)):
+                    tasks.append([(int(q), int(j), s) for j in keys[c::k_chains]])
+        return tasks
+
+    counts = (solved, pivots, fallbacks)
+    state = (lower, upper, zero_seen, seen_max, total, start, vertices)
+    _run_chains(aq, a, allowed, layout(movable, 1, block or n_rows), state, counts, what)
+    lower[movable & zero_seen] = 0.0  # minima proved by visited points (see above)
+    todo = movable & ~zero_seen
+    if todo.any():
+        # Few minima are left, often one key over many rows: short chains keep the
+        # lock step busy (blocks of _MIN_BLOCK rows; measured on MiniLM heads).
+        size = min(block or n_rows, _MIN_BLOCK)
+        _run_chains(aq, a, allowed, layout(todo, -1, size), state, counts, what)
+    return IntervalSolution(
+        np.minimum(lower, a), np.maximum(upper, a), solved, pivots, fallbacks, vertices
+    )
+
+
+def _run_chains(aq, a, allowed, tasks, state, counts, what) -> None:
+    """Advance the chains of `tasks` in lock step until every task is settled."""
+    lower, upper, zero_seen, seen_max, total, start, vertices = state
+    solved, pivots, fallbacks = counts
+    if not tasks:
+        return
+    ch = _Simplex(aq, a, allowed, tasks, start)
+    m = ch.m
+    n_chains = len(tasks)
     ptr = np.zeros(n_chains, dtype=np.int64)
     steps = np.zeros(n_chains, dtype=np.int64)
     degenerate = np.zeros(n_chains, dtype=np.int64)
     cur_j = np.zeros(n_chains, dtype=np.int64)
     cur_s = np.zeros(n_chains, dtype=np.int64)
     active = np.ones(n_chains, dtype=bool)
-
-    def settle(c: int, value: float, x: np.ndarray | None) -> None:
-        q, j, s = int(prob[c]), int(cur_j[c]), int(cur_s[c])
-        (upper if s > 0 else lower)[q, j] = value
-        if vertices is not None and x is not None:
-            vertices[(q, j, s)] = x
-        ptr[c] += 1
-        steps[c] = degenerate[c] = 0
-        advance(c)
+    moved = np.zeros(n_chains, dtype=bool)
+    big = np.iinfo(np.int64).max
 
     def advance(c: int) -> None:
         """Move chain c to its next task that no visited point settles already."""
-        q = prob[c]
-        while ptr[c] < len(tasks[c]):
-            j, s = tasks[c][ptr[c]]
-            if s > 0 and ch.seen_max[q, j] >= total[q] - 1e-12:
+        tl = tasks[c]
+        while ptr[c] < len(tl):
+            q, j, s = tl[ptr[c]]
+            if s > 0 and seen_max[q, j] >= total[q] - 1e-12:
                 upper[q, j] = total[q]
-            elif s < 0 and ch.zero_seen[q, j]:
+            elif s < 0 and zero_seen[q, j]:
                 lower[q, j] = 0.0
             else:
                 cur_j[c], cur_s[c] = j, s
+                if q != ch.row[c]:
+                    ch.row[c] = q  # same objective, new right-hand side: x_B = B⁻¹b anew
+                    moved[c] = True
                 return
             ptr[c] += 1
         active[c] = False
 
+    def settle(cs: np.ndarray, values: np.ndarray) -> None:
+        rows = ch.row[cs]
+        js, ss = cur_j[cs], cur_s[cs]
+        up = ss > 0
+        upper[rows[up], js[up]] = values[up]
+        lower[rows[~up], js[~up]] = values[~up]
+        np.add.at(solved, rows, 1)
+        # The vertex is a visited point of P: its non-basic keys are 0.
+        np.logical_or.at(zero_seen, rows, (ch.pos[cs] < 0) & allowed[rows])
+        np.maximum.at(seen_max, (rows[:, None], ch.basic[cs]), ch.xb[cs])
+        start[rows] = ch.basic[cs]
+        for i, c in enumerate(cs):
+            if vertices is not None:
+                vertices[(int(rows[i]), int(js[i]), int(ss[i]))] = ch.vertex(int(c))
+            ptr[c] += 1
+            steps[c] = degenerate[c] = 0
+            advance(int(c))
+
     def fallback(c: int) -> None:
-        q, j, s = int(prob[c]), int(cur_j[c]), int(cur_s[c])
+        q, j, s = int(ch.row[c]), int(cur_j[c]), int(cur_s[c])
         fallbacks[q] += 1
         rows = aq[0 if aq.shape[0] == 1 else q][:, allowed[q]]
         sub_a = a[q, allowed[q]]
         idx = int(np.flatnonzero(np.flatnonzero(allowed[q]) == j)[0])
         where = f"{what}: " if what else ""
         x_sub = _solve(-s * np.eye(sub_a.size)[idx], rows.T, sub_a, f"{where}bounding key {j}")
-        x = np.zeros(n)
+        x = np.zeros(a.shape[1])
         x[allowed[q]] = x_sub
-        ch.zero_seen[q] |= (x <= 0.0) & allowed[q]
-        np.maximum(ch.seen_max[q], x, out=ch.seen_max[q])
-        ch.refactor(np.array([c]))
-        settle(c, float(x[j]), x)
+        zero_seen[q] |= (x <= 0.0) & allowed[q]
+        np.maximum(seen_max[q], x, out=seen_max[q])
+        (upper if s > 0 else lower)[q, j] = float(x[j])
+        if vertices is not None:
+            vertices[(q, j, s)] = x
+        ch.refactor(np.array([c]))  # the basis it carries may have drifted: start clean
+        ptr[c] += 1
+        steps[c] = degenerate[c] = 0
+        advance(c)
 
     for c in range(n_chains):
         advance(c)
-    ar = np.arange(n_chains)
-    while active.any():
-        cs = ar[active]
-        j, s = cur_j[cs], cur_s[cs]
-        p = ch.pos[cs, j]
-        enter = np.full(cs.size, -1, dtype=np.int64)
-        basic_j = p >= 0
-        grow = ~basic_j & (s > 0)
-        enter[grow] = j[grow]  # maximising a non-basic key: it enters
-        done_zero = ~basic_j & (s < 0)  # a non-basic key is at 0: its minimum
-        cb = np.flatnonzero(basic_j)
-        if cb.size:
-            c_b = cs[cb]
-            row = ch.rows(c_b, p[cb])  # tableau row p
-            d = np.where(ch.blocked[c_b], -np.inf, -s[cb, None] * row)
-            dantzig = d.argmax(1)
-            pick = np.where(d[np.arange(cb.size), dantzig] > OPT_TOL, dantzig, -1)
-            slow = degenerate[c_b] > 2 * m
-            if slow.any():  # Bland's rule (lowest index) after a run of degenerate pivots
-                over = d[slow] > OPT_TOL
-                pick[slow] = np.where(over.any(1), over.argmax(1), -1)
-            enter[cb] = pick
-        # Chains at an optimum: certify on a fresh factorisation, or refactor first.
-        opt = (enter < 0) & ~done_zero
-        stale = cs[opt & (ch.since[cs] > 0)]
-        fresh = cs[opt & (ch.since[cs] == 0)]
-        for c in cs[done_zero]:
-            settle(int(c), 0.0, ch.vertex(int(c)) if vertices is not None else None)
-        for c in fresh:
-            if (ch.xb[c] >= -_FEAS_TOL).all():
-                solved[prob[c]] += 1
-                settle(int(c), float(max(ch.xb[c, ch.pos[c, cur_j[c]]], 0.0)),
-                       ch.vertex(int(c)) if vertices is not None else None)  # fmt: skip
-            else:
-                fallback(int(c))
-        ch.refactor(stale)
+    while True:
+        if moved.any():
+            ch.reload(np.flatnonzero(moved))
+            moved[:] = False
+        if not active.all():  # drop finished chains: every step then works in place
+            keep = np.flatnonzero(active)
+            if keep.size == 0:
+                return
+            ch.compact(keep)
+            tasks = [tasks[i] for i in keep]
+            ptr, steps, degenerate = ptr[keep], steps[keep], degenerate[keep]
+            cur_j, cur_s, active, moved = cur_j[keep], cur_s[keep], active[keep], moved[keep]
+        n_c = active.size
+        ar = np.arange(n_c)
+        j, s = cur_j, cur_s
+        pj = ch.pos[ar, j]
+        xb = ch.xb
+        infeasible = (xb < -_FEAS_TOL).any(1)
+        nb = pj < 0
+        # Reduced costs of maximising s·x_j (d_k for non-basic k): d = −s·(B⁻¹A)[p_j]
+        # when j is basic; when it is not, only d_j = s is non-zero.
+        d = ch.tableau_rows(np.maximum(pj, 0))
+        d *= -s[:, None]
+        d[nb] = 0.0
+        d[ar[nb], j[nb]] = s[nb]
+        d[ch.blocked] = -np.inf
+        slow = degenerate > 2 * m
+        enter = np.full(n_c, -1, dtype=np.int64)
+        leave = np.full(n_c, -1, dtype=np.int64)
+        # Primal mode (x_B ≥ 0): the largest reduced cost enters (Bland's rule when slow).
+        over = d > OPT_TOL
+        pick = np.where(slow, over.argmax(1), d.argmax(1))
+        has = over[ar, pick]
+        # A non-basic key at a feasible vertex is at 0: that is its minimum.
+        done_zero = ~infeasible & nb & (s < 0)
+        enter = np.where(~infeasible & has & ~done_zero, pick, -1)
+        lost = np.zeros(n_c, dtype=bool)
+        if infeasible.any():
+            # Dual mode (some x_B < 0, d ≤ 0): a negative basic value leaves (dual
+            # steepest edge), the key with the smallest ratio d_k / α_k enters.
+            weight = np.einsum("cij,cij->ci", ch.binv, ch.binv)
+            neg = xb < -_FEAS_TOL
+            p = np.where(neg, xb * xb / weight, -1.0).argmax(1)
+            p = np.where(slow, np.where(neg, ch.basic, big).argmin(1), p)
+            alpha = ch.tableau_rows(p)
+            cand = ~ch.blocked & (alpha < -_PIVOT_TOL)
+            ratio = np.where(cand, np.minimum(d, 0.0) / np.where(cand, alpha, -1.0), np.inf)
+            best = ratio.min(1)
+            tie = ratio <= best[:, None] + 1e-12
+            k = np.where(slow, tie.argmax(1), np.where(tie, -alpha, -np.inf).argmax(1))
+            ok = np.isfinite(best)
+            enter = np.where(infeasible, np.where(ok, k, -1), enter)
+            leave = np.where(infeasible, p, -1)
+            lost = infeasible & ~ok
         go = enter >= 0
-        if not go.any():
-            continue
-        cp, kp = cs[go], enter[go]
-        col = ch.column(cp, kp)  # [P, m]
-        posm = col > _PIVOT_TOL
-        xb = np.maximum(ch.xb[cp], 0.0)
-        ratios = np.where(posm, xb / np.where(posm, col, 1.0), np.inf)
-        best = ratios.min(1)
-        tie = ratios <= best[:, None] + 1e-12
-        r = np.where(tie, col, -np.inf).argmax(1)  # largest pivot among (near-)ties
-        slow = degenerate[cp] > 2 * m
-        if slow.any():
-            r[slow] = np.where(tie[slow], ch.basic[cp[slow]], np.iinfo(np.int64).max).argmin(1)
-        degenerate[cp] = np.where(best <= 1e-14, degenerate[cp] + 1, 0)
-        steps[cp] += 1
-        ok = np.isfinite(best) & (steps[cp] <= _PIVOTS_PER_LP)
+        # Optimal (primal feasible, no entering key): certify on a fresh factorisation.
+        opt = ~infeasible & ~go & ~done_zero
+        fresh = ar[opt & (ch.since == 0)]
+        stale = ar[opt & (ch.since > 0)]
+        # Pivots (every chain: the no-op pivot where nothing enters).
+        kk = np.where(go, enter, ch.basic[:, 0])
+        col = ch.columns(kk)
+        primal = go & (leave < 0)
+        if primal.any():
+            cp = ar[primal]
+            cpr = col[cp]
+            posm = cpr > _PIVOT_TOL
+            ratios = np.where(posm, np.maximum(xb[cp], 0.0) / np.where(posm, cpr, 1.0), np.inf)
+            bestp = ratios.min(1)
+            tie = ratios <= bestp[:, None] + 1e-12
+            r = np.where(tie, cpr, -np.inf).argmax(1)
+            r = np.where(slow[cp], np.where(tie, ch.basic[cp], big).argmin(1), r)
+            leave[cp] = np.where(np.isfinite(bestp), r, -1)
+            degenerate[cp] = np.where(bestp <= 1e-14, degenerate[cp] + 1, 0)
+        dual = go & infeasible
+        if dual.any():  # a dual pivot is degenerate when the entering reduced cost is 0
+            degenerate[dual] = np.where(d[ar[dual], kk[dual]] >= -1e-14, degenerate[dual] + 1, 0)
+        steps[go] += 1
+        ok = go & (leave >= 0) & (steps <= _PIVOTS_PER_LP)
+        ok &= np.abs(col[ar, np.maximum(leave, 0)]) > _PIVOT_TOL
+        failed = ar[(go & ~ok) | lost]
         if ok.any():
-            co, ro, ko, colo = cp[ok], r[ok], kp[ok], col[ok]
-            theta = best[ok]
-            xb_new = ch.xb[co] - theta[:, None] * colo
-            xb_new[np.arange(co.size), ro] = theta
-            ch.xb[co] = xb_new
-            ch.pivot(co, ro, ko, colo)
-            ch.refactor(co[ch.since[co] >= _REFACTOR_EVERY])
-        for c in cp[~ok]:
+            # A primal pivot moves between vertices of P: the key that leaves is 0 there.
+            pz = ok & primal
+            zero_seen[ch.row[pz], ch.basic[ar[pz], leave[pz]]] = True
+            ps = np.where(ok, leave, 0)
+            kk = np.where(ok, kk, ch.basic[:, 0])
+            col[~ok] = 0.0
+            col[~ok, 0] = 1.0
+            ch.pivot(ps, kk, col, ok)
+            pivots += np.bincount(ch.row[ok], minlength=pivots.size)
+            ch.refactor(ar[ok & (ch.since >= _REFACTOR_EVERY)])
+        if done_zero.any():
+            settle(ar[done_zero], np.zeros(int(done_zero.sum())))
+        if fresh.size:
+            pjf = ch.pos[fresh, cur_j[fresh]]
+            vals = np.maximum(ch.xb[fresh, np.maximum(pjf, 0)], 0.0)
+            settle(fresh, np.where(pjf >= 0, vals, 0.0))
+        ch.refactor(stale)
+        for c in failed:
             fallback(int(c))
-    return IntervalSolution(
-        np.minimum(lower, a), np.maximum(upper, a), solved, ch.pivots, fallbacks, vertices
-    )
 
 
 def row_problem(a: np.ndarray, basis: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
