@@ -19,6 +19,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "identifiable"
 FLOORS = {
     "errors": 0,
     "store": 0,
+    "results": 0,  # the Result mixin every result dataclass shares
     "corpus": 1,
     "models": 2,
     "attention": 3,
@@ -29,6 +30,7 @@ FLOORS = {
     "viewer": 5,
     "reproduction": 5,
     "cli": 6,
+    "peers": 6,  # adapters to bertviz and inseq
     "__init__": 7,
     "__main__": 7,
     "__version__": 0,  # `from identifiable import __version__` is a constant

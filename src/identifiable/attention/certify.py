@@ -20,10 +20,16 @@ from identifiable.attention.effective import HeadFactors
 from identifiable.attention.linalg import add_ones, column_basis, head_factors
 from identifiable.errors import IdentifiableError
 from identifiable.models.trace import Trace
+from identifiable.results import Result
 
 
 @dataclass(frozen=True)
-class Witness:
+class Witness(
+    Result,
+    dims={"raw": ("key",), "weights": ("key",)},
+    plot={"fields": ("raw", "weights")},
+    summary=("layer", "head", "row", "exists", "null_dim"),
+):
     """A different attention row with the same head output, or why none exists.
 
     Arrays cover all n keys (float64); keys a causal row cannot see are 0.
@@ -37,6 +43,7 @@ class Witness:
         total_variation: ½ Σ|ã − a|, the mass moved in all.
         output_residual: ‖(ã − a) T‖ / ‖a T‖ with T = V H formed explicitly.
         null_dim: dim LN([T, 1]) for this row.
+        tokens: the trace's tokens (labels for displays and tables).
     """
 
     layer: int
@@ -51,10 +58,16 @@ class Witness:
     total_variation: float
     output_residual: float
     null_dim: int
+    tokens: list[str] | None = None
 
 
 @dataclass(frozen=True)
-class AttentionIntervals:
+class AttentionIntervals(
+    Result,
+    dims={"raw": ("key",), "lower": ("key",), "upper": ("key",), "width": ("key",)},
+    plot={"kind": "interval", "fields": ("lower", "upper", "raw")},
+    summary=("layer", "head", "row", "null_dim"),
+):
     """Per key, the min and max weight any valid row with the same output can give it.
 
     Attributes:
@@ -72,6 +85,7 @@ class AttentionIntervals:
     upper: Tensor
     null_dim: int
     lp_solved: int
+    tokens: list[str] | None = None
 
     @property
     def width(self) -> Tensor:
@@ -83,10 +97,12 @@ def _row_problem(trace: Trace, layer: int, head: int, row: int, factors: HeadFac
     trace.check_layer(layer)
     trace.check_head(head)
     trace.check_row(row)
-    seen = row + 1 if trace.is_causal else trace.n_tokens
+    # the keys this row sees: all (encoder), ≤ row (decoder), a window, or the encoder's
+    # keys (cross-attention, where there are n_keys ≠ n of them)
+    seen = trace.keys_seen(layer)[row].nonzero().flatten()
     a = trace.attentions[layer, head, row].double()
     check_finite(a[None], "attention", layer=layer)
-    values = trace.values[layer, head, :seen].double()
+    values = trace.values[layer, head, seen].double()
     out_proj = trace.out_proj[layer, head].double()
     check_finite(values[None], "values (E·W_V)", layer=layer)
     # One head needs only its own factor, not the whole model's.
@@ -95,7 +111,7 @@ def _row_problem(trace: Trace, layer: int, head: int, row: int, factors: HeadFac
     q, rank, _ = column_basis(values @ factor)
     qa, rank_a = add_ones(q, rank)
     basis = qa[:, torch.linalg.vector_norm(qa, dim=0) > 0].numpy()
-    return a, seen, values, out_proj, basis, seen - int(rank_a)
+    return a, seen, values, out_proj, basis, len(seen) - int(rank_a)
 
 
 def witness(
@@ -108,12 +124,15 @@ def witness(
     layer/head/row or non-finite inputs.
     """
     a, seen, values, out_proj, basis, null_dim = _row_problem(trace, layer, head, row, factors)
-    sol = witness_lp(a[:seen].numpy(), basis)
+    sol = witness_lp(a[seen].numpy(), basis)
     if sol.weights is None:
-        return Witness(layer, head, row, False, sol.reason, a, None, None, 0.0, 0.0, 0.0, null_dim)
+        return Witness(
+            layer, head, row, False, sol.reason, a, None, None, 0.0, 0.0, 0.0, null_dim,
+            tokens=list(trace.tokens),
+        )  # fmt: skip
     x = torch.zeros_like(a)
-    x[:seen] = torch.from_numpy(sol.weights)
-    key = int(sol.key)  # type: ignore[arg-type]
+    x[seen] = torch.from_numpy(sol.weights)
+    key = int(seen[int(sol.key)])  # type: ignore[arg-type]
     return Witness(
         layer,
         head,
@@ -125,8 +144,9 @@ def witness(
         key,
         float(a[key] - x[key]),
         float((x - a).abs().sum() / 2),
-        output_residual(x[:seen], a[:seen], values, out_proj),
+        output_residual(x[seen], a[seen], values, out_proj),
         null_dim,
+        tokens=list(trace.tokens),
     )
 
 
@@ -135,10 +155,12 @@ def attention_intervals(
 ) -> AttentionIntervals:
     """Min and max of every weight of one row consistent with its head output (LPs via HiGHS)."""
     a, seen, _, _, basis, null_dim = _row_problem(trace, layer, head, row, factors)
-    lo, hi, solved = interval_lp(a[:seen].numpy(), basis)
+    lo, hi, solved = interval_lp(a[seen].numpy(), basis)
     lower, upper = torch.zeros_like(a), torch.zeros_like(a)
-    lower[:seen], upper[:seen] = torch.from_numpy(np.asarray(lo)), torch.from_numpy(hi)
-    return AttentionIntervals(layer, head, row, a, lower, upper, null_dim, solved)
+    lower[seen], upper[seen] = torch.from_numpy(np.asarray(lo)), torch.from_numpy(hi)
+    return AttentionIntervals(
+        layer, head, row, a, lower, upper, null_dim, solved, tokens=list(trace.tokens)
+    )
 
 
 # ---- whole heads and models ----------------------------------------------------------------
@@ -168,24 +190,24 @@ class RowSet:
 
 
 def layer_key_mask(trace: Trace, layer: int, key_mask: Tensor | None = None) -> Tensor:
-    """`[n, n]` bool: the keys each query row of `layer` may attend to.
+    """`[n, n_k]` bool: the keys each query row of `layer` may attend to.
 
-    Order of precedence: `key_mask` (`[n, n]` or `[L, n, n]`), the trace's own
-    `key_mask` (`[L, n, n]`, windowed models), then causal (row i sees keys ≤ i) or full.
+    Order of precedence: `key_mask` (`[n, n_k]` or `[L, n, n_k]`), then the trace's own key
+    sets (`Trace.keys_seen`: windows, causal, or all n_k keys; n_k = n except for
+    cross-attention, whose keys are the encoder's).
     """
-    n = trace.n_tokens
-    mask = key_mask if key_mask is not None else getattr(trace, "key_mask", None)
-    if mask is not None:
-        mask = torch.as_tensor(mask, dtype=torch.bool)
-        if mask.dim() == 3:
-            mask = mask[layer]
-        if tuple(mask.shape) != (n, n):
-            raise IdentifiableError(
-                f"key mask has shape {tuple(mask.shape)}, expected [n, n] or [L, n, n] with n = {n}"
-            )
-        return mask
-    full = torch.ones(n, n, dtype=torch.bool)
-    return full.tril() if trace.is_causal else full
+    n, nk = trace.n_tokens, trace.n_keys
+    if key_mask is None:
+        return trace.keys_seen(layer)
+    mask = torch.as_tensor(key_mask, dtype=torch.bool)
+    if mask.dim() == 3:
+        mask = mask[layer]
+    if tuple(mask.shape) != (n, nk):
+        raise IdentifiableError(
+            f"key mask has shape {tuple(mask.shape)}, expected [n, n_k] or [L, n, n_k] "
+            f"with n = {n}, n_k = {nk}"
+        )
+    return mask
 
 
 def head_rows(
@@ -217,7 +239,7 @@ def head_rows(
     mask = layer_key_mask(trace, layer, key_mask)
     factor = head_factors(out_proj)[0]
     vf = values @ factor
-    n = trace.n_tokens
+    n = trace.n_keys
     by_key_set: dict[bytes, list[int]] = {}
     for r in rows:
         a = att[r]
@@ -265,7 +287,21 @@ def head_rows(
 
 
 @dataclass(frozen=True)
-class IntervalMap:
+class IntervalMap(
+    Result,
+    dims={
+        "lower": ("layer", "head", "row", "key"),
+        "upper": ("layer", "head", "row", "key"),
+        "raw": ("layer", "head", "row", "key"),
+        "width": ("layer", "head", "row", "key"),
+        "keys": ("layer", "row", "key"),
+        "null_dim": ("layer", "head", "row"),
+        "lp_solved": ("layer", "head", "row"),
+        "pivots": ("layer", "head", "row"),
+        "movable_mass": ("layer", "head", "row"),
+    },
+    plot={"kind": "interval", "fields": ("lower", "upper", "raw")},
+):
     """Attention intervals for whole heads: per key, the min and max weight that any
     valid attention row (≥ 0, summing to 1 over the row's keys) with the same head
     output can give it.
@@ -281,6 +317,7 @@ class IntervalMap:
         pivots: `[L', H', R]` int64, simplex pivots per row.
         fallbacks: number of LPs handed to HiGHS (the simplex could not certify them).
         seconds: wall time of the computation.
+        tokens: the trace's tokens (labels for displays and tables).
     """
 
     layers: tuple[int, ...]
@@ -295,6 +332,7 @@ class IntervalMap:
     pivots: Tensor
     fallbacks: int
     seconds: float
+    tokens: list[str] | None = None
 
     @property
     def width(self) -> Tensor:
@@ -345,9 +383,12 @@ def interval_map(
 ) -> IntervalMap:
     """Attention intervals of whole heads (default: every layer, head and row).
 
-    Each row's bounds come from `interval_simplex`: warm-started simplex chains,
-    all rows of a head stepped together, exact shortcuts, each LP certified (see
-    docs/certified_attention.md). Results equal per-key LPs (`interval_lp`).
+    Each row's bounds come from `interval_simplex`: simplex chains stepped together,
+    exact shortcuts, each LP certified (see docs/certified_attention.md). The rows of a
+    bidirectional head share their constraint matrix, so each key's optimal basis is
+    carried from row to row (dual simplex warm start); a single row, or rows with their
+    own key sets (causal, windowed), warm-start across keys instead. Results equal
+    per-key LPs (`interval_lp`).
 
     Args:
         layers, heads, rows: 0-based subsets (default all).
@@ -356,7 +397,9 @@ def interval_map(
         workers: processes, one head at a time each (1: in this process).
         time_budget: seconds; when one measured row says the map needs more,
             raise IdentifiableError saying how long it would take.
-        chains_per_row: simplex chains per row (default: enough to keep ~128 in step).
+        chains_per_row: simplex chains per row when rows are solved one by one
+            (default: enough to keep ~128 in step; unused for a bidirectional head of
+            8 rows or more, which runs one chain per key).
     Raises: IdentifiableError for out-of-range indices, a corrupt trace (naming layer
         and head) or a budget that is too small.
     """
@@ -389,7 +432,7 @@ def interval_map(
             results = list(pool.map(_solve_head, [problems[j] for j in jobs]))
     else:
         results = [_solve_head(problems[j]) for j in jobs]
-    n = trace.n_tokens
+    n = trace.n_keys
     shape = (len(layers), len(heads), len(row_list))
     raw = torch.zeros(*shape, n, dtype=torch.float64)
     lower, upper = torch.zeros_like(raw), torch.zeros_like(raw)
@@ -411,7 +454,7 @@ def interval_map(
             fallbacks += fb
     return IntervalMap(
         tuple(layers), tuple(heads), tuple(row_list), raw, lower, upper, keys, null_dim,
-        lp_solved, pivots, fallbacks, time.perf_counter() - start,
+        lp_solved, pivots, fallbacks, time.perf_counter() - start, tokens=list(trace.tokens),
     )  # fmt: skip
 
 

@@ -55,6 +55,7 @@ from torch import Tensor
 
 from identifiable.errors import IdentifiableError
 from identifiable.models.trace import Trace
+from identifiable.results import Result
 
 Reference = Literal["uniform", "entropy"]
 REFERENCES: tuple[str, ...] = ("uniform", "entropy")
@@ -156,7 +157,19 @@ def max_entropy_row(aq: np.ndarray, b: np.ndarray, *, max_iter: int = 200) -> np
 
 
 @dataclass(frozen=True)
-class ConstrainedAttention:
+class ConstrainedAttention(
+    Result,
+    dims={
+        "weights": ("row", "key"),
+        "raw": ("row", "key"),
+        "effective": ("row", "key"),
+        "residual": ("row",),
+        "l1_constrained": ("row",),
+        "l1_effective": ("row",),
+    },
+    plot={"fields": ("raw", "effective", "weights")},
+    summary=("layer", "head", "reference"),
+):
     """Constrained effective attention of some rows of one head.
 
     Attributes:
@@ -167,6 +180,7 @@ class ConstrainedAttention:
             (≥ 0, sums to Σa, same head output); keys outside a row's key set are 0.
         residual: `[R]` ‖(x − a) Q‖ with Q the basis of col([T, 1]): the output and
             sum constraints, to round-off.
+        tokens: the trace's tokens (labels for displays and tables).
     """
 
     layer: int
@@ -177,6 +191,7 @@ class ConstrainedAttention:
     effective: Tensor
     weights: Tensor
     residual: Tensor
+    tokens: list[str] | None = None
 
     @property
     def l1_constrained(self) -> Tensor:
@@ -234,5 +249,5 @@ def constrained_attention(
             res[k] = float(np.linalg.norm(aq @ (x - a)))
     return ConstrainedAttention(
         layer, head, tuple(order), reference, torch.from_numpy(raw), torch.from_numpy(eff),
-        torch.from_numpy(out), torch.from_numpy(res),
+        torch.from_numpy(out), torch.from_numpy(res), tokens=list(trace.tokens),
     )  # fmt: skip

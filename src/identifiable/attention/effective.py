@@ -30,6 +30,7 @@ from identifiable.attention.linalg import (
 )
 from identifiable.errors import IdentifiableError
 from identifiable.models.trace import Trace
+from identifiable.results import Result
 
 Variant = Literal["paper", "row-stochastic"]
 VARIANTS: tuple[str, ...] = ("paper", "row-stochastic")
@@ -54,7 +55,16 @@ class HeadFactors:
 
 
 @dataclass(frozen=True)
-class NullSpace:
+class NullSpace(
+    Result,
+    dims={
+        "dim": ("layer", "head", "query"),
+        "dim_stochastic": ("layer", "head", "query"),
+        "rank": ("layer", "head", "query"),
+        "out_proj_full_row_rank": ("layer", "head"),
+    },
+    plot={"fields": ("dim",), "axes": ("layer", "head"), "query": -1},
+):
     """Ranks and null-space dimensions per layer, head and query row.
 
     All tensors are `[L, H, n]` int64. For encoders every row holds the same
@@ -67,6 +77,7 @@ class NullSpace:
         dim_stochastic: dim LN([T, 1]), the directions that keep rows summing to 1.
         out_proj_full_row_rank: `[L, H]` bool, see `HeadFactors`.
         is_causal: whether rows see prefixes only.
+        tokens, model_name: labels of the trace (for displays and tables).
     """
 
     rank: Tensor
@@ -74,6 +85,8 @@ class NullSpace:
     dim_stochastic: Tensor
     out_proj_full_row_rank: Tensor
     is_causal: bool
+    tokens: list[str] | None = None
+    model_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -101,7 +114,16 @@ class LayerEffective:
 
 
 @dataclass(frozen=True)
-class EffectiveAttention:
+class EffectiveAttention(
+    Result,
+    dims={
+        "effective": ("layer", "head", "query", "key"),
+        "raw": ("layer", "head", "query", "key"),
+        "null": ("layer", "head", "query", "key"),
+    },
+    plot={"fields": ("raw", "effective", "null"), "layer": 0, "head": 0},
+    summary=("variant",),
+):
     """Effective attention of every head (A_eff is not a distribution).
 
     Attributes:
@@ -109,12 +131,17 @@ class EffectiveAttention:
         effective: `[L, H, n, n]` float64.
         variant: "paper" (project off LN(T)) or "row-stochastic" (off LN([T, 1])).
         null_space: the dimensions of both null spaces.
+        tokens, key_tokens, model_name: labels of the trace (key_tokens: the encoder's
+            tokens of a cross-attention trace, else None).
     """
 
     raw: Tensor
     effective: Tensor
     variant: str
     null_space: NullSpace
+    tokens: list[str] | None = None
+    key_tokens: list[str] | None = None
+    model_name: str = ""
 
     @property
     def null(self) -> Tensor:
@@ -146,6 +173,8 @@ def null_space(trace: Trace, *, factors: HeadFactors | None = None) -> NullSpace
         dim_stochastic=torch.stack(dims_s),
         out_proj_full_row_rank=factors.full_row_rank,
         is_causal=trace.is_causal,
+        tokens=list(trace.tokens),
+        model_name=trace.model_name,
     )
 
 
@@ -208,8 +237,11 @@ def effective_attention(
     for le in iter_effective_attention(trace, variant, factors=factors):
         effective[le.layer] = le.effective
         rank[le.layer], dim[le.layer], dim_s[le.layer] = le.rank, le.dim, le.dim_stochastic
-    ns = NullSpace(rank, dim, dim_s, factors.full_row_rank, trace.is_causal)
-    return EffectiveAttention(trace.attentions, effective, variant, ns)
+    labels = {"tokens": list(trace.tokens), "model_name": trace.model_name}
+    ns = NullSpace(rank, dim, dim_s, factors.full_row_rank, trace.is_causal, **labels)
+    return EffectiveAttention(
+        trace.attentions, effective, variant, ns, key_tokens=trace.key_tokens, **labels
+    )
 
 
 # ---- internals ---------------------------------------------------------------

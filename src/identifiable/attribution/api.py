@@ -1,4 +1,4 @@
-"""Hidden Token Attribution of a text through a loaded `Model` (SPEC.md section 5).
+"""Hidden Token Attribution of a text through a loaded `Model` (docs/definitions.md#hta).
 
 Only Model-facing glue lives here: `model.encode`, `model.embed` and
 `model.layer_outputs`; the maths is in `jacobian.py` and `contributions.py`.
@@ -17,12 +17,27 @@ import torch
 from identifiable.attribution.contributions import contribution_stderr, contributions
 from identifiable.attribution.jacobian import ProgressFn, jacobian_sq_norms
 from identifiable.attribution.memory import DEFAULT_MEMORY_BUDGET, ModelDims
+from identifiable.results import Result
 
 TextOrPair = str | tuple[str, str]
 
 
 @dataclass
-class HTAResult:
+class HTAResult(
+    Result,
+    # query: the hidden token i, key: the input token j (layers 1..L, as in the paper)
+    dims={
+        "contributions": ("layer", "query", "key"),
+        "stderr": ("layer", "query", "key"),
+        "sq_norms": ("layer", "query", "key"),
+        "sq_norms_stderr": ("layer", "query", "key"),
+        "input_ids": ("token",),
+        "special": ("token",),
+    },
+    dim_start={"layer": 1},
+    plot={"fields": ("contributions",), "layer": -1},
+    summary=("probes",),
+):
     """Contributions of every input token to every hidden token, layers 1..L.
 
     Attributes:
@@ -120,6 +135,13 @@ def special_mask(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
     return torch.isin(input_ids, torch.tensor(list(ids), dtype=input_ids.dtype))
 
 
+def _interactive() -> bool:
+    """A person is watching: stderr is a terminal, or the code runs in a Jupyter kernel."""
+    import sys
+
+    return bool(getattr(sys.stderr, "isatty", lambda: False)()) or "ipykernel" in sys.modules
+
+
 @contextmanager
 def _progress_bar(enabled: bool, description: str) -> Iterator[ProgressFn | None]:
     if not enabled:
@@ -151,7 +173,7 @@ def hidden_token_attribution(
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     chunk_size: int | None = None,
     truncate: bool = True,
-    progress: bool | Callable[[int, int], None] = False,
+    progress: bool | Callable[[int, int], None] | None = None,
 ) -> HTAResult:
     """Contribution c^l_{i,j} of each input token j to each hidden token i, every layer.
 
@@ -164,7 +186,9 @@ def hidden_token_attribution(
         memory_budget: bytes a chunk of JVPs may use; checked before any work starts.
         chunk_size: tangents per batch (default: the most the budget allows).
         truncate: cut texts longer than the model's maximum (else raise).
-        progress: show a rich progress bar (True) or call this function with (done, total).
+        progress: show a rich progress bar on stderr (True), none (False), or call this
+            function with (done, total). None (the default): a bar for exact mode (n·d
+            JVPs, seconds to minutes) in an interactive session (a terminal or Jupyter).
     """
     enc = model.encode(text, truncate=truncate)
     input_ids = enc.input_ids
@@ -176,7 +200,8 @@ def hidden_token_attribution(
 
     start = time.perf_counter()
     label = "exact attribution" if probes is None else f"attribution, {probes} probes"
-    with _progress_bar(progress is True, label) as bar:
+    show = progress is True or (progress is None and probes is None and _interactive())
+    with _progress_bar(show, label) as bar:
         callback = progress if callable(progress) else bar
         norms = jacobian_sq_norms(
             f,

@@ -6,6 +6,7 @@ import hashlib
 import json
 import random
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -105,6 +106,20 @@ def _check_options(
         check_tokenizer(tokenizer)
 
 
+def _tokenizing(progress: bool | None, name: str) -> AbstractContextManager[Any]:
+    """A spinner with elapsed time on stderr while texts are tokenised (10–15 s for the
+    default corpus); `progress=None` shows it only when a person is watching (a terminal
+    or Jupyter), False never."""
+    import sys
+
+    watching = bool(getattr(sys.stderr, "isatty", lambda: False)()) or "ipykernel" in sys.modules
+    if not (progress or (progress is None and watching)):
+        return nullcontext()
+    from rich.console import Console
+
+    return Console(stderr=True).status(f"tokenising corpus {name!r} …")
+
+
 def _cached_pairs(
     data: SourceData, tokenizer: Any, bounds: tuple[int, int], seed: int
 ) -> tuple[tuple[str, str, int], ...]:
@@ -176,12 +191,14 @@ def load_corpus(
     config: str | None = None,
     max_bytes: int | None = None,
     max_line_bytes: int | None = None,
+    progress: bool | None = None,
 ) -> Corpus:
     """Load texts or text pairs; the package docstring documents every option.
 
     Steps, in order: read the source → cut into `unit`s (or build pairs) →
     keep items of `min_tokens … max_tokens` tokens → balanced sample per length
-    bucket → shuffle → first `limit`.
+    bucket → shuffle → first `limit`. `progress`: a spinner on stderr while texts are
+    tokenised (None: only in a terminal or Jupyter; False: never).
 
     Raises:
         IdentifiableError: bad options, unknown source, unreadable or corrupt
@@ -223,12 +240,14 @@ def load_corpus(
         spec["pair_tokens"] = list(bounds)
         uses_seed, min_tokens, max_tokens = True, None, None  # every pair is within bounds
         if shuffle or buckets is not None or limit is None:
-            found = _cached_pairs(data, tokenizer, bounds, seed)
+            with _tokenizing(progress, data.name):
+                found = _cached_pairs(data, tokenizer, bounds, seed)
         else:  # only the first `limit` pairs are needed: build no more than that
             lazy = iter_pairs_with_lengths(
                 data.documents, tokenizer, min_tokens=bounds[0], max_tokens=bounds[1], seed=seed
             )
-            found = tuple(islice(lazy, limit))
+            with _tokenizing(progress, data.name):
+                found = tuple(islice(lazy, limit))
         items, lengths = [(a, b) for a, b, _ in found], [n for _, _, n in found]
     else:
         unit = unit or ("sentence" if data.kind == "wiki" else "document")
@@ -238,9 +257,10 @@ def load_corpus(
     if counts_tokens or "pair_tokens" in spec:
         spec["tokenizer"] = tokenizer_fingerprint(tokenizer)
     if counts_tokens:
-        items = _select_by_length(
-            items, tokenizer, (min_tokens, max_tokens), buckets, per_bucket, seed, spec, lengths
-        )
+        with _tokenizing(progress if lengths is None else False, data.name):
+            items = _select_by_length(
+                items, tokenizer, (min_tokens, max_tokens), buckets, per_bucket, seed, spec, lengths
+            )
     if shuffle:
         random.Random(f"shuffle:{seed}").shuffle(items)
     items = items[:limit] if limit is not None else items

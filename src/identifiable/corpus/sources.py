@@ -53,10 +53,15 @@ class SourceData:
 
 
 def wikipedia_sample_path() -> Path:
-    """Locate the 106-article English Wikipedia sample shipped in gensim's wheel.
+    """Locate the 106-article English Wikipedia sample.
 
-    Found without importing gensim (which is slow to import).
+    It ships with this package (`identifiable/data/enwiki-sample.xml.bz2`, CC BY-SA 3.0,
+    see the NOTICE beside it); an installation without it falls back to the identical file
+    in gensim's wheel, found without importing gensim (which is slow to import).
     """
+    bundled = Path(__file__).resolve().parents[1] / "data" / "enwiki-sample.xml.bz2"
+    if bundled.is_file():
+        return bundled
     spec = importlib.util.find_spec("gensim")
     if spec is None or not spec.submodule_search_locations:
         raise IdentifiableError(

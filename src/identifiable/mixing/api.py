@@ -386,8 +386,9 @@ def _hta(x: _Inputs, opts: dict[str, Any]) -> Computed:
     from identifiable.attribution import hidden_token_attribution
 
     res = hidden_token_attribution(
-        x.model, x.text, opts["probes"], seed=int(opts["seed"]), truncate=x.truncate
-    )
+        x.model, x.text, opts["probes"], seed=int(opts["seed"]), truncate=x.truncate,
+        progress=False,
+    )  # fmt: skip
     meta = {"n_jvps": res.n_jvps, "mode": "exact" if opts["probes"] is None else "estimated"}
     return res.contributions.double(), None, meta
 

@@ -8,9 +8,16 @@ from typing import Any
 
 import torch
 
+from identifiable.results import Result
+
 
 @dataclass(frozen=True)
-class MixingResult:
+class MixingResult(
+    Result,
+    dims={"layerwise": ("layer", "query", "key"), "rolled": ("layer", "query", "key")},
+    plot={"fields": ("layerwise",), "layer": -1},
+    summary=("method",),
+):
     """How much each token j mixes into each token i, per layer, by one method.
 
     Shapes: L layers, n tokens; index [l, i, j] reads "token j → token i" (rows are the

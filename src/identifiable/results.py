@@ -1,0 +1,890 @@
+"""Notebook-native results: one mixin gives every result dataclass the same manners.
+
+A result class declares *what its arrays mean*, not how to show them:
+
+    @dataclass(frozen=True)
+    class EffectiveAttention(Result):
+        _dims = {"raw": ("layer", "head", "query", "key"), ...}
+
+and `Result` turns those declarations into
+
+* a short `repr` (class, model, n, every array's named shape; never the values),
+* `_repr_html_`, a compact escaped summary table for Jupyter,
+* `to_pandas()` (tidy long format: one column per named dimension, token labels beside
+  the positions), `to_xarray()` (named dimensions, token coordinates),
+* `plot()`, a labelled matplotlib `Figure` (heatmaps with token tick labels for `[n, n]`
+  maps, interval or bar charts for one row, lines per layer for per-layer tables),
+* `save(path)` and `Class.load(path)`: one safetensors file whose header carries the
+  non-array fields as JSON. Nothing is ever pickled, so loading a file runs no code.
+
+Dimension names (the vocabulary every result shares):
+    layer, head: model coordinates (0-based unless a class says otherwise);
+    query, key: the rows and columns of an attention-like `[n, n_k]` map (for mixing and
+    attribution maps: the receiving token i and the contributing token j);
+    token: a position in the sequence that is not a query or key of a map;
+    row: a chosen subset of query positions (the class's `rows` attribute gives them).
+Dimensions named query, token and row are labelled with `tokens`, key with `key_tokens`
+(cross-attention) or `tokens`.
+
+This module sits on the lowest floor: it imports only `identifiable.errors` and
+`identifiable.store`, and numpy, pandas, matplotlib, safetensors, torch and xarray
+lazily, so that `import identifiable.results` stays cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from identifiable.errors import IdentifiableError
+from identifiable.store.files import atomic_write_bytes
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    import numpy as np
+    import pandas as pd
+    import xarray as xr
+    from matplotlib.figure import Figure
+
+FORMAT = "identifiable.result"
+FORMAT_VERSION = 1
+_META_KEY = "identifiable"
+TOKEN_DIMS = ("query", "token", "row")
+# a dimension takes its coordinates from this attribute when the result has one of that length
+COORD_ATTRS = {"layer": "layers", "head": "heads", "row": "rows"}
+MAX_TICK_LABELS = 48
+HTML_TOKENS = 64
+# arrays larger than this are summarised by shape and dtype only (min/max would cost a pass)
+HTML_STATS_LIMIT = 5_000_000
+
+
+class Result:
+    """Mixin for result dataclasses (see the module docstring).
+
+    Class attributes a subclass sets (as class keywords: `class X(Result, dims={...})`):
+        _dims: field or property name → dimension names, one per axis, in order. The first
+            entry is the primary array (`to_pandas`, `plot` and `to_bertviz` default to it).
+        _tables: DataFrame field name → its index columns (for results held as tables).
+        _plot: defaults for `plot`: "fields" (tuple), "axes" (the dims drawn), a default
+            coordinate per other dimension (e.g. {"layer": 0}), "kind" ("heatmap",
+            "interval", "bars" or "layer_lines").
+        _dim_start: first coordinate of a dimension when it is not 0 (HTA layers start at 1).
+        _summary: scalar attributes shown in `repr` and the HTML header.
+    """
+
+    _dims: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    _tables: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    _plot: ClassVar[Mapping[str, Any]] = {}
+    _dim_start: ClassVar[Mapping[str, int]] = {}
+    _summary: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(
+        cls,
+        *,
+        dims: Mapping[str, tuple[str, ...]] | None = None,
+        tables: Mapping[str, tuple[str, ...]] | None = None,
+        plot: Mapping[str, Any] | None = None,
+        dim_start: Mapping[str, int] | None = None,
+        summary: tuple[str, ...] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """`class X(Result, dims={...}, plot={...})` sets the class attributes above (class
+        keywords keep the declarations out of the dataclass's fields)."""
+        super().__init_subclass__(**kwargs)
+        from types import MappingProxyType
+
+        for attr, value in (("_dims", dims), ("_tables", tables), ("_plot", plot),
+                            ("_dim_start", dim_start)):  # fmt: skip
+            if value is not None:
+                setattr(cls, attr, MappingProxyType(dict(value)))
+        if summary is not None:
+            cls._summary = tuple(summary)
+        # @dataclass runs after this and never replaces a __repr__ the class itself holds:
+        # put ours there so that a result never prints its tensors.
+        if "__repr__" not in cls.__dict__:
+            cls.__repr__ = Result.__repr__  # type: ignore[method-assign]
+
+    # ---- labels ------------------------------------------------------------------------
+    @property
+    def _tokens(self) -> list[str] | None:
+        tokens = getattr(self, "tokens", None)
+        return list(tokens) if tokens is not None else None
+
+    @property
+    def _key_tokens(self) -> list[str] | None:
+        keys = getattr(self, "key_tokens", None)
+        return list(keys) if keys is not None else self._tokens
+
+    @property
+    def _model(self) -> str:
+        settings = getattr(self, "settings", None)
+        fallback = settings.get("model", "") if isinstance(settings, Mapping) else ""
+        return str(getattr(self, "model_name", "") or fallback or "")
+
+    def _n(self) -> int | None:
+        tokens = self._tokens
+        if tokens is not None:
+            return len(tokens)
+        for name, dims in self._dims.items():
+            value = self._raw_value(name, compute=False)
+            if value is not None and "query" in dims:
+                return int(value.shape[dims.index("query")])
+        return None
+
+    def _raw_value(self, name: str, *, compute: bool = True) -> Any:
+        """The attribute `name`; properties (computed on access) only when `compute`."""
+        if not compute and name not in {f.name for f in dataclasses.fields(self)}:  # type: ignore[arg-type]
+            return None
+        return getattr(self, name, None)
+
+    def _array(self, name: str) -> np.ndarray | None:
+        return _to_numpy(self._raw_value(name))
+
+    def _coord(self, dim: str, size: int) -> np.ndarray:
+        import numpy as np
+
+        attr = COORD_ATTRS.get(dim)
+        values = getattr(self, attr, None) if attr else None
+        if values is not None and not isinstance(values, str) and len(values) == size:
+            return np.asarray([int(v) for v in values])
+        return np.arange(size) + int(self._dim_start.get(dim, 0))
+
+    def _labels(self, dim: str, positions: Sequence[int]) -> list[str] | None:
+        tokens = self._key_tokens if dim == "key" else self._tokens if dim in TOKEN_DIMS else None
+        if tokens is None or not len(positions) or max(positions) >= len(tokens):
+            return None
+        return [tokens[int(p)] for p in positions]
+
+    def _present(self) -> list[str]:
+        return [name for name in self._dims if self._raw_value(name, compute=False) is not None]
+
+    def _default_fields(self) -> list[str]:
+        """The primary array and every other one with the same dimensions."""
+        names = [n for n in self._dims if self._raw_value(n) is not None]
+        if not names:
+            return []
+        first = self._dims[names[0]]
+        return [n for n in names if self._dims[n] == first]
+
+    def _check_field(self, name: str) -> None:
+        if name not in self._dims and name not in self._tables:
+            known = ", ".join([*self._dims, *self._tables]) or "none"
+            raise IdentifiableError(
+                f"{type(self).__name__} has no array or table {name!r}: choose one of {known}"
+            )
+
+    # ---- selection ---------------------------------------------------------------------
+    def _select(
+        self, name: str, sel: Mapping[str, Any]
+    ) -> tuple[np.ndarray, tuple[str, ...], dict[str, np.ndarray]]:
+        """Array `name` with the dimensions in `sel` fixed (an int) or subset (a list of
+        coordinates); returns the array, its remaining dims and their coordinates."""
+        import numpy as np
+
+        self._check_field(name)
+        arr = self._array(name)
+        if arr is None:
+            raise IdentifiableError(f"{type(self).__name__}.{name} is empty (None) in this result")
+        dims = tuple(self._dims[name])
+        index: list[Any] = []
+        kept: list[str] = []
+        coords: dict[str, np.ndarray] = {}
+        for axis, dim in enumerate(dims):
+            coord = self._coord(dim, arr.shape[axis])
+            if dim not in sel:
+                index.append(slice(None))
+                kept.append(dim)
+                coords[dim] = coord
+                continue
+            wanted = sel[dim]
+            if isinstance(wanted, (list, tuple, range)) or hasattr(wanted, "__array__"):
+                pos = [_position(dim, coord, w) for w in wanted]
+                index.append(pos)
+                kept.append(dim)
+                coords[dim] = coord[pos]
+            else:
+                index.append(_position(dim, coord, wanted))
+        out = arr
+        # one axis at a time so that two lists do not broadcast against each other
+        for axis in reversed(range(len(dims))):
+            out = out[(slice(None),) * axis + (index[axis],)]
+        return np.asarray(out), tuple(kept), coords
+
+    # ---- text --------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        parts: list[str] = []
+        if self._model:
+            parts.append(f"model={self._model!r}")
+        n = self._n()
+        if n is not None:
+            parts.append(f"n={n}")
+        for attr in self._summary:
+            parts.append(f"{attr}={getattr(self, attr, None)!r}")
+        for name in self._present():
+            parts.append(f"{name}: {_shape_text(self._raw_value(name), self._dims[name])}")
+        for name, _ in self._tables.items():
+            table = getattr(self, name, None)
+            if table is not None:
+                parts.append(f"{name}: table[{len(table)} rows × {len(table.columns)} columns]")
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if isinstance(value, Result):
+                parts.append(f"{f.name}={type(value).__name__}(…)")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+    def _repr_html_(self) -> str:
+        """A compact summary table for Jupyter (every piece of text escaped; no tensors)."""
+        from markupsafe import Markup, escape
+
+        head = [Markup("<b>{}</b>").format(type(self).__name__)]
+        if self._model:
+            head.append(Markup("model <code>{}</code>").format(self._model))
+        n = self._n()
+        if n is not None:
+            head.append(Markup("n = {} tokens").format(n))
+        for attr in self._summary:
+            head.append(Markup("{} = <code>{}</code>").format(attr, getattr(self, attr, None)))
+        rows = []
+        for name in self._present():
+            value = self._raw_value(name)
+            dims = self._dims[name]
+            shape = ", ".join(f"{d}={s}" for d, s in zip(dims, value.shape, strict=False))
+            lo, hi = _min_max(value)
+            rows.append(
+                Markup(
+                    "<tr><td><code>{}</code></td><td>[{}]</td><td>{}</td>"
+                    "<td>{}</td><td>{}</td></tr>"
+                ).format(name, shape, _dtype_name(value), lo, hi)
+            )
+        for name in self._tables:
+            table = getattr(self, name, None)
+            if table is None:
+                continue
+            rows.append(
+                Markup("<tr><td><code>{}</code></td><td>{} rows</td><td>table</td>"
+                       "<td colspan=2>{}</td></tr>").format(
+                    name, len(table), ", ".join(map(str, table.columns)))
+            )  # fmt: skip
+        table_html = Markup("")
+        if rows:
+            table_html = (
+                Markup(
+                    '<table class="idf-result-table"><thead><tr><th>array</th>'
+                    "<th>dimensions</th><th>dtype</th><th>min</th><th>max</th></tr>"
+                    "</thead><tbody>"
+                )
+                + Markup("").join(rows)
+                + Markup("</tbody></table>")
+            )
+        tokens_html = Markup("")
+        tokens = self._tokens
+        if tokens:
+            shown = tokens[:HTML_TOKENS]
+            more = len(tokens) - len(shown)
+            spans = Markup(" ").join(Markup("<code>{}</code>").format(t) for t in shown)
+            tail = Markup(" … ({} more)").format(more) if more > 0 else Markup("")
+            tokens_html = Markup("<div><small>tokens: {}{}</small></div>").format(spans, tail)
+        return str(
+            Markup('<div class="idf-result">{}{}{}</div>').format(
+                escape(" · ").join(head) if head else "", table_html, tokens_html
+            )
+        )
+
+    # ---- tables --------------------------------------------------------------------------
+    def to_pandas(self, *fields: str, **sel: Any) -> pd.DataFrame:
+        """Tidy long format: one row per entry, one column per named dimension (coordinates,
+        e.g. layer 0-based), a `<dim>_token` column beside query/key/token/row positions,
+        one value column per array.
+
+        fields: arrays with the same dimensions (default: the primary one and every array
+            shaped like it, e.g. raw, effective and null). For results held as tables, the
+            table's name (default: the first) and `sel` filters its rows by column value.
+        sel: fix a dimension (`layer=2`) or keep some coordinates (`head=[0, 3]`).
+        """
+        import numpy as np
+        import pandas as pd
+
+        if self._tables and (not fields or fields[0] in self._tables):
+            name = fields[0] if fields else next(iter(self._tables))
+            table = getattr(self, name).copy()
+            for col, wanted in sel.items():
+                if col not in table.columns:
+                    raise IdentifiableError(f"table {name!r} has no column {col!r}")
+                keep = list(wanted) if isinstance(wanted, (list, tuple)) else [wanted]
+                table = table[table[col].isin(keep)]
+            return table.reset_index(drop=True)
+        names = list(fields) or self._default_fields()
+        if not names:
+            raise IdentifiableError(f"{type(self).__name__} holds no arrays to tabulate")
+        first = self._dims.get(names[0], ())
+        for name in names:
+            self._check_field(name)
+            if tuple(self._dims[name]) != tuple(first):
+                raise IdentifiableError(
+                    f"to_pandas takes arrays with the same dimensions: {names[0]} has "
+                    f"{list(first)}, {name} has {list(self._dims[name])}; call it once per array"
+                )
+        columns: dict[str, Any] = {}
+        values: dict[str, np.ndarray] = {}
+        dims: tuple[str, ...] = ()
+        coords: dict[str, np.ndarray] = {}
+        for name in names:
+            arr, dims, coords = self._select(name, sel)
+            values[name] = arr.reshape(-1)
+        shape = tuple(len(coords[d]) for d in dims)
+        grid = np.indices(shape).reshape(len(dims), -1) if dims else np.zeros((0, 1), int)
+        for axis, dim in enumerate(dims):
+            pos = coords[dim][grid[axis]]
+            columns[dim] = pos
+            labels = self._labels(dim, list(coords[dim]))
+            if labels is not None:
+                columns[f"{dim}_token"] = np.asarray(labels, dtype=object)[grid[axis]]
+        for dim, wanted in sel.items():  # fixed dimensions stay visible as constant columns
+            if dim in self._dims[names[0]] and dim not in dims:
+                columns[dim] = np.full(grid.shape[1], wanted)
+        columns.update(values)
+        return pd.DataFrame(columns)
+
+    def to_xarray(self, *fields: str) -> xr.Dataset:
+        """An `xarray.Dataset` with named dimensions (layer, head, query, key, …), integer
+        coordinates and a `<dim>_token` coordinate of token labels; scalar fields go to
+        `attrs`. Needs the optional `xarray` package (`pip install identifiable[xarray]`).
+        For results held as tables: the table (default the first) indexed by its keys."""
+        try:
+            import xarray as xr
+        except ImportError:
+            raise IdentifiableError(
+                "to_xarray needs xarray: pip install 'identifiable[xarray]'"
+            ) from None
+        attrs = self._attrs()
+        if self._tables and (not fields or fields[0] in self._tables):
+            name = fields[0] if fields else next(iter(self._tables))
+            table = getattr(self, name)
+            keys = [k for k in self._tables[name] if k in table.columns]
+            ds = table.set_index(keys).to_xarray()
+            ds.attrs.update(attrs)
+            return ds
+        names = list(fields) or [n for n in self._dims if self._raw_value(n) is not None]
+        data_vars: dict[str, Any] = {}
+        coords: dict[str, Any] = {}
+        for name in names:
+            arr, dims, cs = self._select(name, {})
+            data_vars[name] = (dims, arr)
+            for dim, coord in cs.items():
+                coords.setdefault(dim, coord)
+                labels = self._labels(dim, list(coord))
+                if labels is not None:
+                    coords.setdefault(f"{dim}_token", (dim, labels))
+        return xr.Dataset(data_vars, coords=coords, attrs=attrs)
+
+    def _attrs(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"result": type(self).__name__}
+        if self._model:
+            out["model"] = self._model
+        for attr in self._summary:
+            value = getattr(self, attr, None)
+            if isinstance(value, (str, int, float, bool)):
+                out[attr] = value
+        return out
+
+    # ---- peers -----------------------------------------------------------------------------
+    def to_bertviz(self, field: str | None = None, *, layers: Sequence[int] | None = None):
+        """What `bertviz.head_view(attention, tokens)` expects: a tuple with one
+        `[1, H, n, n]` float tensor per layer, from a `[layer, head, query, key]` array
+        (default: the primary one, e.g. `effective`; also "raw" or "null").
+
+        bertviz draws each weight as a line's opacity: negative effective or null weights
+        are drawn as no line, so compare `raw` with `effective` head by head.
+        """
+        import torch
+
+        name = field or next(
+            (n for n in self._dims if tuple(self._dims[n]) == ("layer", "head", "query", "key")),
+            None,
+        )
+        if name is None or tuple(self._dims.get(name, ())) != ("layer", "head", "query", "key"):
+            raise IdentifiableError(
+                f"to_bertviz needs a [layer, head, query, key] array; {type(self).__name__}"
+                f".{name} is not one"
+            )
+        sel = {} if layers is None else {"layer": list(layers)}
+        arr, _, _ = self._select(name, sel)
+        return tuple(torch.from_numpy(arr[i][None].astype("float32")) for i in range(len(arr)))
+
+    # ---- figures ---------------------------------------------------------------------------
+    def plot(self, *fields: str, **sel: Any) -> Figure:
+        """A labelled matplotlib `Figure` (not drawn on screen; Jupyter shows it).
+
+        fields: arrays to draw side by side on one colour scale (default: the class's
+            choice, e.g. raw, effective and null attention); sel: the coordinates of the
+            dimensions not drawn (`layer=2, head=5`; defaults are the class's), `axes`: the
+            two dimensions drawn. Token tick labels where they fit (every k-th otherwise).
+        """
+        spec = dict(self._plot)
+        kind = sel.pop("kind", spec.pop("kind", None))
+        if self._tables and kind in (None, "layer_lines"):
+            return _layer_lines(self, fields[0] if fields else next(iter(self._tables)), sel)
+        names = list(fields) or [
+            n
+            for n in (list(spec.pop("fields", ())) or self._default_fields()[:1])
+            if self._raw_value(n) is not None  # e.g. a witness that does not exist
+        ]
+        if not names:
+            raise IdentifiableError(f"{type(self).__name__} holds no arrays to plot")
+        axes = tuple(sel.pop("axes", spec.pop("axes", ())))
+        for name in names:
+            self._check_field(name)
+        dims = tuple(self._dims[names[0]])
+        drawn = axes or (dims[-2:] if kind != "interval" and len(dims) >= 2 else dims[-1:])
+        unknown = set(sel) - set(dims)
+        if unknown:
+            raise IdentifiableError(
+                f"plot: {', '.join(sorted(unknown))} is not a dimension of {names[0]} "
+                f"({', '.join(dims)})"
+            )
+        shape = self._raw_value(names[0]).shape
+        chosen = {}
+        for axis, d in enumerate(dims):
+            if d not in drawn:  # the class's default, else the first coordinate
+                coord = self._coord(d, shape[axis])
+                chosen[d] = int(coord[_position(d, coord, sel.get(d, spec.get(d, coord[0])))])
+        title = ", ".join(f"{d} {v}" for d, v in chosen.items())
+        if kind == "interval":
+            return _interval_plot(self, names, chosen, title)
+        panels = []
+        for name in names:
+            arr, kept, coords = self._select(name, chosen)
+            if tuple(kept) != tuple(d for d in dims if d in drawn):
+                raise IdentifiableError(f"plot: cannot draw {name} over {list(drawn)}")
+            if drawn != tuple(kept):  # the caller asked for the axes in the other order
+                arr = arr.T
+                kept = tuple(reversed(kept))
+            panels.append((name, arr, kept, coords))
+        if len(drawn) == 1:
+            return _bars(self, panels, title)
+        return _heatmaps(self, panels, title)
+
+    # ---- files ---------------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """Write this result to one `.safetensors` file (arrays as tensors, everything else
+        as JSON in the file's header), atomically. Read it back with `Class.load(path)`."""
+        from safetensors.torch import save
+
+        tensors: dict[str, Any] = {}
+        meta = _encode(self, "", tensors)
+        header = {"format": FORMAT, "version": FORMAT_VERSION, **meta}
+        data = save(_unshare(tensors), metadata={_META_KEY: json.dumps(header)})
+        return atomic_write_bytes(path, data, hint="choose another path")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Any:
+        """Read a file written by `save`. Refuses, in one line, a file that is not ours or
+        holds another result class; never unpickles anything."""
+        header, tensors = _read(path)
+        stored = header["class"]
+        if cls is not Result and stored != _class_name(cls):
+            short = stored.rsplit(":", 1)[-1]
+            raise IdentifiableError(
+                f"{path} holds a {short}, not a {cls.__name__}: load it with {short}.load"
+            )
+        return _decode(header, tensors, cls if cls is not Result else None, str(path))
+
+
+def load(path: str | Path) -> Any:
+    """Load any result written by `Result.save` (its class is read from the file)."""
+    return Result.load(path)
+
+
+# ---- file format ---------------------------------------------------------------------------
+
+
+def _class_name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _resolve_class(name: str, path: str) -> type:
+    module, _, qual = name.partition(":")
+    # only our own classes: a file must never make us import arbitrary modules
+    if not (module == "identifiable" or module.startswith("identifiable.")) or not qual:
+        raise IdentifiableError(f"{path} names a class outside identifiable ({name}); not loaded")
+    try:
+        cls = getattr(importlib.import_module(module), qual)
+    except (ImportError, AttributeError):
+        raise IdentifiableError(
+            f"{path} holds a {qual} that this version of identifiable does not have"
+        ) from None
+    if not (isinstance(cls, type) and issubclass(cls, Result)):
+        raise IdentifiableError(f"{path} names {name}, which is not a result class")
+    return cls
+
+
+def _encode(obj: Result, prefix: str, tensors: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+    import pandas as pd
+    import torch
+
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):  # type: ignore[arg-type]
+        value = getattr(obj, f.name)
+        key = f"{prefix}{f.name}"
+        if value is None:
+            fields[f.name] = {"kind": "none"}
+        elif isinstance(value, torch.Tensor):
+            tensors[key] = value.detach().cpu()
+            fields[f.name] = {"kind": "tensor"}
+        elif isinstance(value, np.ndarray):
+            tensors[key] = torch.from_numpy(np.ascontiguousarray(value))
+            fields[f.name] = {"kind": "ndarray"}
+        elif isinstance(value, Result):
+            fields[f.name] = {
+                "kind": "result",
+                "class": _class_name(type(value)),
+                **_encode(value, f"{key}.", tensors),
+            }
+        elif isinstance(value, pd.DataFrame):
+            fields[f.name] = _encode_table(value, f"{key}/", tensors)
+        else:
+            fields[f.name] = {
+                "kind": "json",
+                "tuple": isinstance(value, tuple),
+                "value": json.loads(json.dumps(_plain(value), default=str)),
+            }
+    return {"class": _class_name(type(obj)), "fields": fields}
+
+
+def _encode_table(df: Any, prefix: str, tensors: dict[str, Any]) -> dict[str, Any]:
+    """Numeric columns as tensors (exact), the rest as JSON lists."""
+    import pandas as pd
+    import torch
+
+    cols, numeric, text = [str(c) for c in df.columns], [], {}
+    for col in df.columns:
+        series = df[col]
+        if pd.api.types.is_bool_dtype(series) or pd.api.types.is_numeric_dtype(series):
+            tensors[f"{prefix}{col}"] = torch.from_numpy(series.to_numpy().copy())
+            numeric.append(str(col))
+        else:
+            text[str(col)] = [None if pd.isna(v) else _plain(v) for v in series.tolist()]
+    index = None
+    if not isinstance(df.index, pd.RangeIndex) or df.index.start != 0 or df.index.step != 1:
+        index = [_plain(v) for v in df.index.tolist()]
+    return {"kind": "table", "columns": cols, "numeric": numeric, "text": text, "index": index}
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready copy: numpy/torch scalars to Python, tuples to lists, keys to str."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 0) == 0:
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return value
+
+
+def _unshare(tensors: dict[str, Any]) -> dict[str, Any]:
+    """safetensors refuses tensors that share memory or are not contiguous: copy those."""
+    seen: set[int] = set()
+    out = {}
+    for key, t in tensors.items():
+        t = t.contiguous()
+        ptr = t.untyped_storage().data_ptr() if t.numel() else -1
+        if ptr in seen:
+            t = t.clone()
+        elif ptr != -1:
+            seen.add(ptr)
+        out[key] = t
+    return out
+
+
+def _read(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    from safetensors import safe_open
+
+    p = Path(path)
+    if not p.is_file():
+        raise IdentifiableError(f"{path}: no such file; write one with result.save(path)")
+    not_ours = f"{path} is not an identifiable result file; write one with result.save(path)"
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            meta = f.metadata() or {}
+            text = meta.get(_META_KEY)
+            if text is None:
+                raise IdentifiableError(not_ours)
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - not a dict
+    except IdentifiableError:
+        raise
+    except Exception:  # safetensors raises its own error types for a foreign file
+        raise IdentifiableError(not_ours) from None
+    try:
+        header = json.loads(text)
+    except ValueError:
+        raise IdentifiableError(not_ours) from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise IdentifiableError(not_ours)
+    if int(header.get("version", 0)) > FORMAT_VERSION:
+        raise IdentifiableError(
+            f"{path} was written by a newer identifiable (format {header['version']}); upgrade"
+        )
+    return header, tensors
+
+
+def _decode(node: dict[str, Any], tensors: dict[str, Any], cls: type | None, path: str) -> Any:
+    cls = cls or _resolve_class(node["class"], path)
+    return _build(cls, node["fields"], "", tensors, path)
+
+
+def _build(cls: type, fields: dict[str, Any], prefix: str, tensors: dict[str, Any], path: str):
+    kwargs: dict[str, Any] = {}
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    for name, entry in fields.items():
+        if name not in known:
+            continue  # a field this version dropped
+        key = f"{prefix}{name}"
+        kind = entry.get("kind")
+        if kind == "none":
+            kwargs[name] = None
+        elif kind in ("tensor", "ndarray"):
+            if key not in tensors:
+                raise IdentifiableError(f"{path} is damaged: the array {key} is missing")
+            kwargs[name] = tensors[key] if kind == "tensor" else tensors[key].numpy()
+        elif kind == "result":
+            sub = _field_class(cls, name, entry["class"]) or _resolve_class(entry["class"], path)
+            kwargs[name] = _build(sub, entry["fields"], f"{key}.", tensors, path)
+        elif kind == "table":
+            kwargs[name] = _decode_table(entry, f"{key}/", tensors, path)
+        elif kind == "json":
+            value = entry["value"]
+            kwargs[name] = tuple(value) if entry.get("tuple") else value
+        else:
+            raise IdentifiableError(f"{path} is damaged: unknown field kind {kind!r}")
+    try:
+        return cls(**kwargs)
+    except TypeError as err:
+        raise IdentifiableError(f"{path} does not fit {cls.__name__}: {err}") from None
+
+
+def _field_class(cls: type, name: str, stored: str) -> type | None:
+    """The class a field is annotated with, when it is the stored one (no import needed)."""
+    import typing
+
+    try:
+        hint = typing.get_type_hints(cls).get(name)
+    except Exception:  # annotations that only resolve under TYPE_CHECKING
+        return None
+    return hint if isinstance(hint, type) and _class_name(hint) == stored else None
+
+
+def _decode_table(entry: dict[str, Any], prefix: str, tensors: dict[str, Any], path: str):
+    import pandas as pd
+
+    data: dict[str, Any] = {}
+    for col in entry["columns"]:
+        if col in entry["numeric"]:
+            if f"{prefix}{col}" not in tensors:
+                raise IdentifiableError(f"{path} is damaged: column {prefix}{col} is missing")
+            data[col] = tensors[f"{prefix}{col}"].numpy()
+        else:
+            data[col] = entry["text"][col]
+    df = pd.DataFrame(data, columns=entry["columns"])
+    if entry.get("index") is not None:
+        df.index = entry["index"]
+    return df
+
+
+# ---- small helpers ------------------------------------------------------------------------
+
+
+def _to_numpy(value: Any) -> np.ndarray | None:
+    import numpy as np
+
+    if value is None:
+        return None
+    if hasattr(value, "detach"):
+        t = value.detach().cpu()
+        if t.dtype.is_floating_point and t.element_size() < 4:
+            t = t.float()  # bfloat16 has no numpy dtype
+        return t.numpy()
+    return np.asarray(value)
+
+
+def _dtype_name(value: Any) -> str:
+    return str(getattr(value, "dtype", type(value).__name__)).removeprefix("torch.")
+
+
+def _shape_text(value: Any, dims: Sequence[str]) -> str:
+    shape = getattr(value, "shape", ())
+    inner = ", ".join(f"{d}={s}" for d, s in zip(dims, shape, strict=False))
+    return f"{_dtype_name(value)}[{inner}]"
+
+
+def _min_max(value: Any) -> tuple[str, str]:
+    import numpy as np
+
+    arr = _to_numpy(value)
+    if arr is None or arr.size == 0 or arr.size > HTML_STATS_LIMIT:
+        return "—", "—"
+    if arr.dtype == bool:
+        return str(bool(arr.min())), str(bool(arr.max()))
+    if not np.issubdtype(arr.dtype, np.number):
+        return "—", "—"
+    return f"{arr.min():.4g}", f"{arr.max():.4g}"
+
+
+def _position(dim: str, coord: np.ndarray, wanted: Any) -> int:
+    """Index of coordinate `wanted` along `dim` (a negative int counts from the end)."""
+    import numpy as np
+
+    try:
+        value = int(wanted)
+    except (TypeError, ValueError):
+        raise IdentifiableError(f"{dim} must be an integer, got {wanted!r}") from None
+    hits = np.flatnonzero(coord == value)
+    if hits.size:
+        return int(hits[0])
+    if value < 0 and -value <= len(coord):
+        return len(coord) + value
+    shown = ", ".join(str(int(c)) for c in coord[:12]) + (" …" if len(coord) > 12 else "")
+    raise IdentifiableError(f"{dim} {value} is not in this result: choose one of {shown}")
+
+
+def _tick_text(token: str) -> str:
+    # matplotlib reads $…$ as mathematics; a token is plain text
+    return token.replace("$", r"\$")
+
+
+def _ticks(ax: Any, axis: str, labels: list[str] | None, coord: np.ndarray) -> None:
+    n = len(coord)
+    step = max(1, -(-n // MAX_TICK_LABELS))
+    pos = list(range(0, n, step))
+    text = [_tick_text(labels[p]) if labels else str(int(coord[p])) for p in pos]
+    if axis == "x":
+        ax.set_xticks(pos, text, rotation=90 if labels else 0, fontsize=7 if labels else 8)
+    else:
+        ax.set_yticks(pos, text, fontsize=7 if labels else 8)
+
+
+def _figure(**kwargs: Any) -> Figure:
+    """A new figure that Jupyter shows as an image when it is a cell's value.
+
+    Made through pyplot (which installs Jupyter's figure formatter) and closed at once, so
+    it is not drawn a second time at the end of the cell and holds no GUI window.
+    """
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(**kwargs)
+    plt.close(fig)
+    return fig
+
+
+def _heatmaps(res: Result, panels: list, title: str) -> Figure:
+    import numpy as np
+
+    arrays = [np.asarray(a, dtype=float) for _, a, _, _ in panels]
+    lo = min(float(np.nanmin(a)) for a in arrays)
+    hi = max(float(np.nanmax(a)) for a in arrays)
+    if lo < 0 < hi:  # effective and null attention have negative entries: centre the scale
+        bound = max(-lo, hi)
+        lo, hi, cmap = -bound, bound, "RdBu_r"
+    else:
+        cmap = "viridis"
+    fig = _figure(figsize=(4.2 * len(panels) + 1.0, 4.6), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    image = None
+    for ax, (name, arr, dims, coords) in zip(axes, panels, strict=True):
+        image = ax.imshow(np.asarray(arr, dtype=float), cmap=cmap, vmin=lo, vmax=hi,
+                          aspect="auto", interpolation="nearest")  # fmt: skip
+        ydim, xdim = dims
+        _ticks(ax, "y", res._labels(ydim, list(coords[ydim])), coords[ydim])
+        _ticks(ax, "x", res._labels(xdim, list(coords[xdim])), coords[xdim])
+        ax.set_ylabel(ydim)
+        ax.set_xlabel(xdim)
+        ax.set_title(name)
+    fig.colorbar(image, ax=list(axes), shrink=0.85)
+    fig.suptitle(_figure_title(res, title))
+    return fig
+
+
+def _figure_title(res: Result, where: str) -> str:
+    bits = [type(res).__name__]
+    if res._model:
+        bits.append(res._model)
+    if where:
+        bits.append(where)
+    return " — ".join(bits)
+
+
+def _bars(res: Result, panels: list, title: str) -> Figure:
+    import numpy as np
+
+    fig = _figure(figsize=(max(6.0, 0.25 * len(panels[0][1]) + 2), 3.8), layout="constrained")
+    ax = fig.subplots()
+    width = 0.8 / len(panels)
+    for k, (name, arr, _, _) in enumerate(panels):
+        x = np.arange(len(arr)) + (k - (len(panels) - 1) / 2) * width
+        ax.bar(x, np.asarray(arr, dtype=float), width=width, label=name)
+    dim, coords = panels[0][2][0], panels[0][3][panels[0][2][0]]
+    _ticks(ax, "x", res._labels(dim, list(coords)), coords)
+    ax.set_xlabel(dim)
+    ax.set_ylabel("weight")
+    ax.axhline(0, color="0.6", linewidth=0.6)
+    ax.legend(fontsize=8)
+    fig.suptitle(_figure_title(res, title))
+    return fig
+
+
+def _interval_plot(res: Result, names: list[str], chosen: dict[str, Any], title: str) -> Figure:
+    """Per key: the interval [lower, upper] of weights with the same head output, and the
+    raw weight as a dot (fields: lower, upper, raw)."""
+    import numpy as np
+
+    lower, dims, coords = res._select(names[0], chosen)
+    upper, _, _ = res._select(names[1], chosen)
+    point = res._select(names[2], chosen)[0] if len(names) > 2 else None
+    dim = dims[-1]
+    x = np.arange(len(lower))
+    fig = _figure(figsize=(max(6.0, 0.25 * len(x) + 2), 3.8), layout="constrained")
+    ax = fig.subplots()
+    ax.vlines(x, lower, upper, color="tab:blue", linewidth=4, alpha=0.6, label="interval")
+    if point is not None:
+        ax.plot(x, point, "o", color="black", markersize=3, label=names[2])
+    _ticks(ax, "x", res._labels(dim, list(coords[dim])), coords[dim])
+    ax.set_xlabel(dim)
+    ax.set_ylabel("attention weight")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=8)
+    fig.suptitle(_figure_title(res, title))
+    return fig
+
+
+def _layer_lines(res: Result, name: str, sel: dict[str, Any]) -> Figure:
+    """A per-layer table: one line per group (the table's index columns other than layer),
+    `rate` against `layer`, with the [ci_low, ci_high] band and the chance level when the
+    table has them."""
+
+    value = sel.pop("value", "rate")
+    table = res.to_pandas(name, **sel)
+    keys = [k for k in res._tables[name] if k in table.columns and k != "layer"]
+    if "layer" not in table.columns or value not in table.columns:
+        raise IdentifiableError(f"plot: table {name!r} has no layer/{value} columns to draw")
+    fig = _figure(figsize=(6.4, 4.0), layout="constrained")
+    ax = fig.subplots()
+    groups = table.groupby(keys, sort=True) if keys else [((), table)]
+    for key, part in groups:
+        part = part.sort_values("layer")
+        label = " ".join(map(str, key if isinstance(key, tuple) else (key,))) or value
+        (line,) = ax.plot(part["layer"], part[value], marker="o", markersize=3, label=label)
+        if {"ci_low", "ci_high"} <= set(part.columns):
+            ax.fill_between(part["layer"], part["ci_low"], part["ci_high"],
+                            color=line.get_color(), alpha=0.15, linewidth=0)  # fmt: skip
+    if "chance" in table.columns:
+        ax.axhline(float(table["chance"].max()), color="0.5", linestyle="--", label="chance")
+    ax.set_xlabel("layer")
+    ax.set_ylabel(value)
+    ax.legend(fontsize=8)
+    fig.suptitle(_figure_title(res, name))
+    return fig
