@@ -1,16 +1,19 @@
 """The attention viewer for one text: runs the model and the attention analysis, then
 renders the page with `identifiable.report.viewer.viewer_html`.
 
-This sits on the top floor with `cli/`: it computes (trace, effective attention,
-intervals and witnesses) and hands plain tensors to the report floor, which only renders.
+This sits on the top floor with `cli/`: it computes (trace, effective attention, the
+chosen head's interval map and constrained effective attention, witnesses) and hands
+plain arrays to the report floor, which only renders.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from identifiable.errors import IdentifiableError
@@ -21,7 +24,13 @@ from identifiable.report.viewer import (
     _ranges,
     viewer_html,
 )
-from identifiable.report.viewer_data import IntervalRow, MixingMaps, choose_rows, spread_order
+from identifiable.report.viewer_data import (
+    IDENTIFIABLE_BELOW,
+    CertifiedHead,
+    IntervalRow,
+    MixingMaps,
+    spread_order,
+)
 
 if TYPE_CHECKING:
     from identifiable.models.trace import Trace
@@ -38,11 +47,15 @@ def build_viewer(
     variant: str = "paper",
     max_bytes: int = DEFAULT_MAX_BYTES,
     mixing: Sequence[str] = (),
+    certify: bool = True,
+    interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
+    identifiable_below: float = IDENTIFIABLE_BELOW,
 ) -> str:
     """Trace `text` with `model` and build the viewer page for it.
 
     mixing: context-mixing methods (`identifiable.mixing.method_names()`) whose per-layer
     maps the page offers in place of raw, effective and null attention.
+    certify, interval_seconds, identifiable_below: see `viewer_html_for_trace`.
     """
     maps = mixing_maps(model, text, mixing)
     trace: Trace = model.trace(text)
@@ -55,6 +68,9 @@ def build_viewer(
         variant=variant,
         max_bytes=max_bytes,
         mixing=maps,
+        certify=certify,
+        interval_seconds=interval_seconds,
+        identifiable_below=identifiable_below,
     )
 
 
@@ -93,16 +109,20 @@ def viewer_html_for_trace(
     max_bytes: int = DEFAULT_MAX_BYTES,
     interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
     mixing: Sequence[MixingMaps] = (),
+    certify: bool = True,
+    identifiable_below: float = IDENTIFIABLE_BELOW,
 ) -> str:
     """The viewer page for a trace.
 
     The page opens on `layer`, `head` and, when `rows` are given, on the first of them, with
     its intervals shown. The head grid is shaded by `head_distance`.
 
-    Intervals and witnesses (one LP per key and bound, so costly for long texts) are
-    computed for `rows` of the chosen head, or for up to `max_rows` rows spread over the
-    text, in an order that keeps them spread, until `interval_seconds` have passed
-    (at least one row is always done). The page lists the rows covered.
+    certify: compute the chosen head's interval map and constrained effective attention
+    (`certify_head`): `rows` first, then every other row in an order that keeps the rows
+    done spread over the text, until `interval_seconds` have passed (at least one row is
+    always done); the page states the rows covered. Witnesses (one LP each) are added for
+    `rows` and up to `max_rows` rows in all. identifiable_below: interval width below which
+    the page marks a weight identifiable (stated on the page). certify=False: maps only.
     mixing: per-layer maps of context-mixing methods (`mixing_maps`), selectable in the page.
     """
     from identifiable import attention
@@ -111,25 +131,47 @@ def viewer_html_for_trace(
         raise IdentifiableError(
             f"the page size limit must be at least 1 MB, got {max_bytes / 1e6:.2f} MB"
         )
+    if not (math.isfinite(identifiable_below) and 0 < identifiable_below < 1):
+        raise IdentifiableError(
+            "the identifiable threshold must be an interval width between 0 and 1 "
+            f"(exclusive), such as 0.01; got {identifiable_below}"
+        )
     trace.check_layer(layer)
     trace.check_head(head)
     for r in rows or ():
         trace.check_row(r)
     factors = attention.compute_head_factors(trace)
     result = attention.effective_attention(trace, variant=variant, factors=factors)  # type: ignore[arg-type]
-    chosen = choose_rows(trace.n_tokens, rows, max_rows)
-    deadline = time.perf_counter() + interval_seconds
+    certified: CertifiedHead | None = None
     intervals: list[IntervalRow] = []
-    for r in chosen if rows else spread_order(chosen):
-        if intervals and time.perf_counter() > deadline:
-            break
-        intervals.append(_interval_row(trace, layer, head, r, factors))
-    done = sorted(iv.row for iv in intervals)
-    note = (
-        f"Intervals were precomputed for layer {layer + 1} (of 1..{trace.n_layers}), head "
-        f"{head}, rows {_ranges(done)}"
-        + (f" (stopped after {interval_seconds:g} s)" if len(done) < len(chosen) else "")
-        + ". For another head or row run: identifiable view TEXT --layer L --head H --rows I,J"
+    if certify:
+        start = time.perf_counter()
+        certified = certify_head(
+            trace,
+            layer,
+            head,
+            rows=rows,
+            seconds=interval_seconds,
+            threshold=identifiable_below,
+        )
+        wanted = [int(r) for r in rows or ()]
+        budget = max(max_rows, len(wanted))
+        for r in dict.fromkeys([*wanted, *(int(r) for r in certified.rows)]):
+            if len(intervals) >= budget:
+                break
+            # The rows asked for (else the first row done) always get a witness; others while
+            # time is left.
+            late = time.perf_counter() - start > interval_seconds
+            if r not in wanted and intervals and late:
+                break
+            intervals.append(_interval_row(trace, certified, r, factors))
+        note = certified.note + (
+            f" Witnesses: rows {_ranges(sorted(iv.row for iv in intervals))}." if intervals else ""
+        )
+    else:
+        note = "Intervals were not computed (the page was made with --no-certify)."
+    note += (
+        " For another head or row run: identifiable view TEXT --layer L --head H --rows I,J"
         f" (L in 1..{trace.n_layers} as printed, H and rows from 0)"
     )
     return viewer_html(
@@ -149,6 +191,136 @@ def viewer_html_for_trace(
         max_bytes=max_bytes,
         interval_note=note,
         mixing=mixing,
+        certified=certified,
+    )
+
+
+class _Phase:
+    """Rows done so far by one computation (bands or constrained), with its time per row."""
+
+    def __init__(self, first: int) -> None:
+        self.size, self.done, self.spent, self.per_row = first, [], 0.0, 0.0
+
+    def next_size(self, left: float, todo: int) -> int:
+        """Rows of the next chunk: the first chunk always; later ones cut to half of `left`
+        at the time per row so far, or one row when half is none but a whole row fits."""
+        if not self.done:
+            return min(self.size, todo)
+        fits = int(0.5 * left / self.per_row) if self.per_row > 0 else self.size
+        if fits < 1 and self.per_row <= left:
+            fits = 1
+        return max(0, min(self.size, todo, fits))
+
+    def record(self, chunk: list[int], seconds: float) -> None:
+        self.done += chunk
+        self.spent += seconds
+        self.per_row = max(seconds / len(chunk), self.spent / len(self.done))
+        self.size = max(8, 2 * len(chunk))
+
+
+def certify_head(
+    trace: Trace,
+    layer: int,
+    head: int,
+    *,
+    rows: Sequence[int] | None = None,
+    seconds: float = DEFAULT_INTERVAL_SECONDS,
+    threshold: float = IDENTIFIABLE_BELOW,
+    first_chunk: int = 1,
+) -> CertifiedHead:
+    """Interval map (`attention.interval_map`) and constrained effective attention
+    (`attention.constrained_attention`, reference "uniform") of one head, within a time budget.
+
+    Rows are done in chunks: `rows` first, then the others in `spread_order` (first, last,
+    middle, quarters, ...), so that a budget that runs out leaves rows spread over the text.
+    The two computations alternate, each getting about half of the time while both have
+    rows to do (the constrained rows follow the band rows, so they are a spread prefix of
+    them): constrained attention costs far more per row on long texts (about 13 s against
+    2 s at 512 tokens on MiniLM), and would otherwise starve the bands.
+    Chunks double in size (rows of a head are solved together, which is cheaper per row);
+    before each chunk, its time per row so far (the larger of the last chunk's and the
+    mean) predicts the cost, and the chunk is cut to half the `seconds` left (costs vary by
+    row, so a chunk predicted to fit can run long: the margin bounds the overrun); one
+    more row is done when half is none but a whole row fits. The first chunk of each
+    (`rows`, else `first_chunk` rows) is always done.
+    Returns arrays `[R, n]` over the R band rows, in the order done (see `CertifiedHead`).
+    """
+    from identifiable import attention
+
+    n = trace.n_tokens
+    wanted = [int(r) for r in dict.fromkeys(rows or ())]
+    order = list(dict.fromkeys([*wanted, *spread_order(list(range(n)))]))
+    start = time.perf_counter()
+    first = len(wanted) or max(1, first_chunk)
+    bands, cons = _Phase(first), _Phase(first)
+    maps: list[Any] = []
+    weights: dict[int, np.ndarray] = {}
+    lps = fallbacks = 0
+    while True:
+        left = seconds - (time.perf_counter() - start)
+        todo_b, todo_c = n - len(bands.done), len(bands.done) - len(cons.done)
+        prefer_bands = todo_b > 0 and (todo_c == 0 or bands.spent <= cons.spent)
+        phases = [(bands, todo_b), (cons, todo_c)]
+        for phase, todo in phases if prefer_bands else phases[::-1]:
+            size = phase.next_size(left, todo) if todo > 0 else 0
+            if size >= 1:
+                break
+        else:
+            break
+        t0 = time.perf_counter()
+        if phase is bands:
+            chunk = order[len(bands.done) : len(bands.done) + size]
+            imap = attention.interval_map(trace, layers=[layer], heads=[head], rows=chunk)
+            maps.append(imap)
+            lps += imap.lps_solved
+            fallbacks += imap.fallbacks
+        else:
+            chunk = bands.done[len(cons.done) : len(cons.done) + size]
+            con = attention.constrained_attention(trace, layer, head, rows=chunk)
+            weights.update(zip(chunk, con.weights.numpy(), strict=True))
+        phase.record(chunk, time.perf_counter() - t0)
+    took = time.perf_counter() - start
+
+    def cat(get: Any) -> Any:
+        return torch.cat([get(imap) for imap in maps]).numpy()
+
+    def covered(done: list[int]) -> str:
+        if len(done) == n:
+            return f"all {n} rows"
+        return f"{len(done)} of {n} rows ({_ranges(sorted(done))})"
+
+    stopped = len(bands.done) < n or len(cons.done) < n
+    note = (
+        f"Layer {layer + 1}, head {head}: interval bands for {covered(bands.done)}; "
+        f"constrained attention for {covered(cons.done)}"
+        + (
+            f" (spread over the text; stopped after {seconds:g} s: raise --interval-seconds "
+            "for more)"
+            if stopped
+            else ""
+        )
+        + f"; {lps} LPs solved, {took:.1f} s in all"
+        + (f" ({fallbacks} LPs by HiGHS)" if fallbacks else "")
+        + "."
+    )
+    raw = cat(lambda m: m.raw[0, 0])
+    constrained = np.zeros_like(raw)
+    for k, r in enumerate(bands.done):
+        if r in weights:
+            constrained[k] = weights[r]
+    return CertifiedHead(
+        layer=layer,
+        head=head,
+        rows=np.array(bands.done, dtype=np.int64),
+        raw=raw,
+        lower=cat(lambda m: m.lower[0, 0]),
+        upper=cat(lambda m: m.upper[0, 0]),
+        constrained=constrained,
+        keys=cat(lambda m: m.keys[0]),
+        threshold=threshold,
+        n_rows=n,
+        note=note,
+        constrained_rows=np.array([r in weights for r in bands.done], dtype=bool),
     )
 
 
@@ -174,19 +346,20 @@ def _null_dims(result: Any) -> torch.Tensor:
     return dims[..., -1]
 
 
-def _interval_row(trace: Trace, layer: int, head: int, row: int, factors: Any) -> IntervalRow:
+def _interval_row(trace: Trace, certified: CertifiedHead, row: int, factors: Any) -> IntervalRow:
+    """A row's exact bounds from the interval map and a witness (one LP)."""
     from identifiable import attention
 
-    iv = attention.attention_intervals(trace, layer, head, row, factors=factors)
-    wit = attention.witness(trace, layer, head, row, factors=factors)
+    k = int(np.flatnonzero(certified.rows == row)[0])
+    wit = attention.witness(trace, certified.layer, certified.head, row, factors=factors)
     note = "" if wit.exists else f"No witness: {wit.reason}."
     return IntervalRow(
-        layer,
-        head,
+        certified.layer,
+        certified.head,
         row,
-        iv.raw.numpy(),
-        iv.lower.numpy(),
-        iv.upper.numpy(),
+        certified.raw[k],
+        certified.lower[k],
+        certified.upper[k],
         None if wit.weights is None else wit.weights.numpy(),
         note,
     )

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from playwright.sync_api import expect
 
 from identifiable.attention import effective_attention
 from identifiable.errors import IdentifiableError
@@ -97,6 +98,15 @@ def test_causal_model_page_in_browser(tiny_model: Any, tmp_path: Path, open_page
     assert page.locator(".idf-tokens span.idf-selected").get_attribute("data-index") == "4"
     rows = page.locator("[data-part='interval-panel'] table tr")
     assert rows.count() == 1 + 5  # header + the 5 keys row 4 can see
+    # every row of the head has its bands (the interval map), not only the rows asked for
     page.click(".idf-tokens span[data-index='6']")
-    assert "not precomputed" in page.inner_text("[data-part='interval-panel']")
+    expect(page.locator("[data-part='interval-panel'] h3")).to_contain_text("query 6 ")
+    assert rows.count() == 1 + 7  # header + the 7 keys row 6 can see
+    assert loaded.console_errors == [] and loaded.dialogs == [] and loaded.requests == []
+    # without --certify, rows have no intervals and the panel says so
+    path.write_text(viewer_html_for_trace(trace, layer=0, head=1, certify=False), "utf-8")
+    loaded = open_page(path)
+    loaded.page.click(".idf-tokens span[data-index='6']")
+    panel = loaded.page.inner_text("[data-part='interval-panel']")
+    assert "not precomputed" in panel and "--no-certify" in panel
     assert loaded.console_errors == [] and loaded.dialogs == [] and loaded.requests == []

@@ -45,15 +45,37 @@ def view(
     rows: Annotated[
         str | None,
         typer.Option(
-            "--rows", help="Query rows to certify with intervals, e.g. 0,5,9 (default: spread)."
+            "--rows",
+            help="Query rows to certify first (a witness each), e.g. 0,5,9; the first is "
+            "shown on opening.",
         ),
     ] = None,
     max_rows: Annotated[
-        int, typer.Option("--max-rows", help="At most this many rows get intervals.")
+        int, typer.Option("--max-rows", help="At most this many rows get a witness (an LP each).")
     ] = 16,
     interval_seconds: Annotated[
-        float, typer.Option("--interval-seconds", help="Stop certifying rows after this long.")
+        float,
+        typer.Option(
+            "--interval-seconds",
+            help="Time budget for the chosen head's interval bands and constrained attention; "
+            "rows left when it runs out are skipped, keeping those done spread over the text.",
+        ),
     ] = 30.0,
+    certify: Annotated[
+        bool,
+        typer.Option(
+            "--certify/--no-certify",
+            help="Certify the chosen head: interval bands of every row (within "
+            "--interval-seconds), identifiable weights and constrained attention.",
+        ),
+    ] = True,
+    identifiable_below: Annotated[
+        float,
+        typer.Option(
+            "--identifiable-below",
+            help="Mark a weight identifiable when its interval is narrower than this.",
+        ),
+    ] = 0.01,
     variant: Annotated[
         str, typer.Option("--variant", help="Effective attention: paper or row-stochastic.")
     ] = "paper",
@@ -67,7 +89,8 @@ def view(
         ),
     ] = None,
 ) -> None:
-    """Write a self-contained page: raw, effective and null attention per head, intervals per row."""
+    """Write a self-contained page: raw, effective and null attention per head; for the
+    chosen head, interval bands of every row, identifiable weights and constrained attention."""
     from identifiable.mixing import get_method
     from identifiable.store.files import atomic_write_text
     from identifiable.viewer import mixing_maps, viewer_html_for_trace
@@ -89,6 +112,11 @@ def view(
         )
     if head < 0:
         raise IdentifiableError(f"--head must be 0 or more, got {head}")
+    if not (math.isfinite(identifiable_below) and 0 < identifiable_below < 1):
+        raise IdentifiableError(
+            "--identifiable-below must be an interval width between 0 and 1 (exclusive), "
+            f"such as 0.01; got {identifiable_below}"
+        )
     methods = [v.strip() for v in (mixing or "").split(",") if v.strip()]
     for name in methods:  # an unknown method fails before the model loads
         get_method(name)
@@ -100,7 +128,9 @@ def view(
         raise IdentifiableError(
             f"layer {layer} is out of range: valid layers are 1..{trace.n_layers}"
         )
-    with err_console.status("computing effective attention and intervals …"):
+    with err_console.status(
+        "computing effective attention" + (" and interval bands …" if certify else " …")
+    ):
         maps = mixing_maps(m, (text, pair) if pair is not None else text, methods)
         html = viewer_html_for_trace(
             trace,
@@ -112,6 +142,8 @@ def view(
             max_bytes=int(max_mb * 1e6),
             interval_seconds=interval_seconds,
             mixing=maps,
+            certify=certify,
+            identifiable_below=identifiable_below,
         )
     atomic_write_text(out, html)
     console.print(f"wrote {out} ({len(html.encode()) / 1e6:.2f} MB, {trace.n_tokens} tokens)")

@@ -31,8 +31,11 @@ import torch
 from identifiable.report.html import Markup, h, inline_style, json_for_script, page, script_code
 from identifiable.report.html import raw as raw_markup
 from identifiable.report.viewer_data import (
+    IDENTIFIABLE_BELOW,
+    CertifiedHead,
     IntervalRow,
     MixingMaps,
+    encode_certified,
     encode_heads,
     encode_mixing,
     interval_json,
@@ -47,6 +50,24 @@ NOT_A_DISTRIBUTION = (
     "and its rows need not sum to 1. It is the part of the attention that changes the "
     "head's output; null attention is the part that does not."
 )
+
+
+def identifiable_note(threshold: float) -> str:
+    """What the page's identifiable marks mean, and why the threshold (stated on the page)."""
+    return (
+        f"Identifiable (green ✓): every valid attention row (non-negative, summing to 1) that "
+        f"gives this head the same output gives the weight a value within {threshold:g} of the "
+        f"raw one: its interval width upper − lower is below {threshold:g}. "
+        + (
+            "Why 0.01: it is one percentage point of attention mass, the precision at which "
+            "attention weights are read (two decimals), and about 2.5 steps of the 256-level "
+            "colour scale of the maps, so rows that differ by less look alike here. "
+            if threshold == IDENTIFIABLE_BELOW
+            else f"(The default is {IDENTIFIABLE_BELOW:g}, one percentage point of attention "
+            "mass.) "
+        )
+        + "The marks come from the exact bounds, not from the rounded values on the page."
+    )
 
 
 def viewer_html(
@@ -67,6 +88,7 @@ def viewer_html(
     max_bytes: int = DEFAULT_MAX_BYTES,
     interval_note: str = "",
     mixing: Sequence[MixingMaps] = (),
+    certified: CertifiedHead | None = None,
 ) -> str:
     """Build the viewer page (a complete HTML document with its own CSP).
 
@@ -78,8 +100,10 @@ def viewer_html(
     head (the grid is shaded by it); None shades the grid by null-space dimension.
     mixing: context-mixing methods whose `[L, n, n]` maps can be chosen in place of the three
     attention maps (one map per layer: the head selector does not apply to them). They are
-    encoded first, at full resolution within a third of `max_bytes` (else as previews);
-    the heads get what is left.
+    encoded first, at full resolution within a third of `max_bytes` (else as previews).
+    certified: interval bands, identifiable marks and constrained attention of rows of one
+    head (`CertifiedHead`), encoded next within a third of what is left (`encode_certified`
+    says how it shrinks); the heads get the rest.
     """
     title, root = _viewer_root(
         tokens=tokens,
@@ -98,6 +122,7 @@ def viewer_html(
         max_bytes=max_bytes,
         interval_note=interval_note,
         mixing=mixing,
+        certified=certified,
         standalone=True,
     )
     return page(title, root, styles=["viewer.css"], scripts=["viewer.js"])
@@ -177,6 +202,7 @@ def _viewer_root(
     max_bytes: int = DEFAULT_MAX_BYTES,
     interval_note: str = "",
     mixing: Sequence[MixingMaps] = (),
+    certified: CertifiedHead | None = None,
     standalone: bool,
 ) -> tuple[str, Markup]:
     n_layers, n_heads, n = int(raw.shape[0]), int(raw.shape[1]), int(raw.shape[2])
@@ -203,13 +229,19 @@ def _viewer_root(
                 f"mixing maps of {m.name!r} must be [L, n, n] = [{n_layers}, {n}, {n}], "
                 f"got {tuple(m.maps.shape)}"
             )
+    if certified is not None:
+        _check_certified(certified, n_layers, n_heads, n)
+    threshold = float(certified.threshold) if certified is not None else IDENTIFIABLE_BELOW
     mixing_data, mixing_bytes = encode_mixing(mixing, max_bytes=max_bytes // 3, causal=is_causal)
+    certified_data, certified_bytes = encode_certified(
+        certified, max_bytes=(max_bytes - mixing_bytes) // 3
+    )
     heads, omitted = encode_heads(
         raw,
         effective,
         layer=layer,
         head=head,
-        max_bytes=max_bytes - mixing_bytes,
+        max_bytes=max_bytes - mixing_bytes - certified_bytes,
         causal=is_causal,
     )
     data: dict[str, Any] = {
@@ -229,9 +261,13 @@ def _viewer_root(
         else [[round(float(v), 6) for v in r] for r in head_distance.tolist()],
         "matrices": heads,
         "omitted": [list(p) for p in omitted],
-        "intervals": {f"{r.layer},{r.head},{r.row}": interval_json(r) for r in intervals},
+        "intervals": {
+            f"{r.layer},{r.head},{r.row}": interval_json(r, threshold=threshold) for r in intervals
+        },
+        "threshold": threshold,
         "interval_note": interval_note,
         "mixing": mixing_data,
+        "certified": certified_data,
     }
     # Ids: derived from the content (a page is byte-for-byte reproducible); a fragment adds
     # a per-process counter so that two fragments of the same data still differ.
@@ -283,10 +319,13 @@ def _viewer_root(
                     _map("raw", "Raw attention A"),
                     _map("effective", "Effective attention A_eff"),
                     _map("null", "Null attention A − A_eff"),
+                    _map("constrained", "Constrained attention C (a distribution)"),
+                    _map("width", "Interval width upper − lower; green: identifiable"),
                     _map("mixing", "Context mixing", hidden=True),
                     class_="idf-maps",
                 ),
                 _colour_bar(),
+                _certify_notes(certified),
                 h(
                     "p",
                     "Rows are query tokens, columns key tokens. Hover over a cell for its values "
@@ -361,12 +400,52 @@ def _colour_bar() -> Any:
         h("span", class_="idf-cb-hi", data_part="colourbar-hi"),
         h(
             "span",
-            "shared colour scale of the three maps: blue above 0, red below 0, white at 0",
+            "shared colour scale of raw, effective, null and constrained attention: blue above "
+            "0, red below 0, white at 0 (interval widths: white 0 to purple, the widest)",
             class_="idf-note",
         ),
         class_="idf-colourbar",
         data_part="colourbar-box",
     )
+
+
+CONSTRAINED_NOTE = (
+    "Constrained attention C is the valid attention row (non-negative, summing to 1) with the "
+    "same head output that is closest to uniform, i.e. of least norm; it is also the valid "
+    "row closest to the effective attention A_eff. Unlike A_eff it is a distribution. "
+    "Intervals: the least and greatest weight each key can take over all valid rows with "
+    "the same output."
+)
+
+
+def _certify_notes(certified: CertifiedHead | None) -> Any:
+    threshold = certified.threshold if certified is not None else IDENTIFIABLE_BELOW
+    return h(
+        "div",
+        h("p", CONSTRAINED_NOTE, class_="idf-note", data_part="constrained-note"),
+        h("p", identifiable_note(threshold), class_="idf-note", data_part="threshold-note"),
+        h("p", class_="idf-note", data_part="coverage-note"),
+        class_="idf-certify-notes",
+    )
+
+
+def _check_certified(c: CertifiedHead, n_layers: int, n_heads: int, n: int) -> None:
+    if not (0 <= c.layer < n_layers and 0 <= c.head < n_heads):
+        raise ValueError(
+            f"certified head (layer {c.layer}, head {c.head}) is outside the model's "
+            f"{n_layers} layers × {n_heads} heads"
+        )
+    r = int(c.rows.size)
+    for name, arr in (("raw", c.raw), ("lower", c.lower), ("upper", c.upper),
+                      ("keys", c.keys), ("constrained", c.constrained)):  # fmt: skip
+        if arr is not None and tuple(arr.shape) != (r, n):
+            raise ValueError(f"certified {name} must be [R, n] = [{r}, {n}], got {arr.shape}")
+    if c.constrained_rows is not None and tuple(c.constrained_rows.shape) != (r,):
+        raise ValueError(f"certified constrained_rows must be [R] = [{r}]")
+    if r and (c.rows.min() < 0 or c.rows.max() >= n or len(set(c.rows.tolist())) != r):
+        raise ValueError(f"certified rows must be distinct rows in 0..{n - 1}")
+    if not 0 < c.threshold < 1:
+        raise ValueError(f"the identifiable threshold must be in (0, 1), got {c.threshold}")
 
 
 def _ranges(rows: Sequence[int]) -> str:

@@ -12,7 +12,14 @@ float encoding of all heads fits in 10 MB. The viewer therefore stores
   Quantisation error is at most half a step, shown next to every hovered value;
 * for every other head, a preview: the same encoding of f×f block means
   (at most 64×64 blocks), so every head can still be looked at, coarsely;
-* attention intervals and a witness for a bounded set of query rows of the
+* for the requested head only (`CertifiedHead`): the interval bands (lower and upper
+  bound of every weight) of every row computed within the time budget, and the
+  constrained effective attention of the same rows, all quantised with one shared
+  quantiser (16-bit codes when they fit, else 8-bit, else a spread prefix of the rows),
+  plus exact bit masks of each row's key set and of the identifiable weights
+  (width < `IDENTIFIABLE_BELOW`). At 512 tokens this is 4 · 512² values: about 1.2 MB
+  at 16 bits, far less for the zeros most lower bounds are;
+* attention intervals (4 decimals) and a witness for a bounded set of query rows of the
   requested head (`IntervalRow`); any other row says so in the page.
 
 The encoding is pure numpy on tensors given to it; nothing here knows about models.
@@ -32,6 +39,13 @@ import torch
 _OVERHEAD_RESERVE = 600_000
 # Heads that do not fit at full resolution are shown as block means of at most this many cells a side.
 PREVIEW_SIZE = 64
+# A weight counts as identifiable on the page when every valid attention row with the same
+# head output gives it a value within this much (interval width upper − lower below it).
+# Why 0.01: it is one percentage point of attention mass, the precision at which attention
+# weights are read (two decimals), and about 2.5 steps of the page's 256-level colour scale
+# for weights up to 1, so two rows differing by less than it look alike on every map.
+# Stricter readings (the certify CLI's summary uses 1e-3) are one argument away.
+IDENTIFIABLE_BELOW = 0.01
 
 
 @dataclass(frozen=True)
@@ -54,17 +68,22 @@ class IntervalRow:
     note: str = ""
 
 
-def quantise(x: np.ndarray) -> tuple[np.ndarray, float, float]:
-    """uint8 codes, offset and step with x ≈ offset + code·step (error ≤ step/2).
+def quantise(x: np.ndarray, bits: int = 8) -> tuple[np.ndarray, float, float]:
+    """Codes, offset and step with x ≈ offset + code·step (error ≤ step/2).
 
-    x: any shape, float. A constant array gets step 0 (codes all 0).
+    x: any shape, float. bits: 8 (uint8 codes) or 16 (uint16). A constant array gets
+    step 0 (codes all 0). Rounding is monotone: x ≤ y implies code(x) ≤ code(y), so
+    arrays quantised together keep their order (lower ≤ raw ≤ upper stays true).
     """
+    if bits not in (8, 16):
+        raise ValueError(f"bits must be 8 or 16, got {bits}")
+    dtype, top = (np.uint8, 255) if bits == 8 else (np.uint16, 65535)
     x = np.asarray(x, dtype=np.float64)
     lo, hi = float(x.min()), float(x.max())
-    step = (hi - lo) / 255.0
+    step = (hi - lo) / top
     if step <= 0.0:
-        return np.zeros(x.shape, dtype=np.uint8), lo, 0.0
-    codes = np.clip(np.rint((x - lo) / step), 0, 255).astype(np.uint8)
+        return np.zeros(x.shape, dtype=dtype), lo, 0.0
+    codes = np.clip(np.rint((x - lo) / step), 0, top).astype(dtype)
     return codes, lo, step
 
 
@@ -210,15 +229,22 @@ def spread_order(rows: Sequence[int]) -> list[int]:
     return order
 
 
-def interval_json(row: IntervalRow, digits: int = 4) -> dict[str, object]:
+def interval_json(
+    row: IntervalRow, digits: int = 4, threshold: float = IDENTIFIABLE_BELOW
+) -> dict[str, object]:
+    """One row's entry; "ident" lists the keys whose exact width hi − lo is below
+    `threshold` (decided before rounding to `digits`)."""
+
     def r(a: np.ndarray) -> list[float]:
         return [round(float(v), digits) for v in np.asarray(a, dtype=np.float64)]
 
+    width = np.asarray(row.hi, dtype=np.float64) - np.asarray(row.lo, dtype=np.float64)
     return {
         "weights": r(row.weights),
         "lo": r(row.lo),
         "hi": r(row.hi),
         "witness": None if row.witness is None else r(row.witness),
+        "ident": [int(j) for j in np.flatnonzero(width < threshold)],
         "note": row.note,
     }
 
@@ -274,3 +300,142 @@ def encode_mixing(
         used += size
         out[method.name] = {"caption": method.caption, "layers": full}
     return out, used
+
+
+# ---- the certified head: interval bands, identifiable marks, constrained attention ---------
+
+
+@dataclass(frozen=True)
+class CertifiedHead:
+    """Interval bands and the constrained effective attention of rows of one head.
+
+    Shapes: R rows covered, n keys. Arrays are float64; keys outside a row's key set are 0.
+
+    Attributes:
+        layer, head: 0-based.
+        rows: `[R]` query rows covered, in the order they were computed (spread first: when
+            the page budget drops rows, it keeps a prefix of this order).
+        raw, lower, upper: `[R, n]` raw weights and the min/max each key can take over
+            valid attention rows (≥ 0, summing to 1) with the same head output.
+        constrained: `[R, n]` the constrained effective attention (a valid row), or None.
+        keys: `[R, n]` bool, each row's key set.
+        threshold: width below which a weight is marked identifiable.
+        n_rows: rows of the head (n); note: what was covered and how long it took.
+        constrained_rows: `[R]` bool, the rows whose constrained row was computed (None:
+            all of them); the others hold anything and are not shown.
+    """
+
+    layer: int
+    head: int
+    rows: np.ndarray
+    raw: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    constrained: np.ndarray | None
+    keys: np.ndarray
+    threshold: float = IDENTIFIABLE_BELOW
+    n_rows: int = 0
+    note: str = ""
+    constrained_rows: np.ndarray | None = None
+
+    @property
+    def identifiable(self) -> np.ndarray:
+        """`[R, n]` bool: inside the key set and upper − lower < threshold (exact, float64)."""
+        return (self.upper - self.lower < self.threshold) & self.keys
+
+
+def _bits_b64(mask: np.ndarray) -> str:
+    packed = np.packbits(np.asarray(mask, dtype=bool).ravel(), bitorder="big")
+    return base64.b64encode(zlib.compress(packed.tobytes(), 6)).decode("ascii")
+
+
+def decode_bits(blob: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Inverse of the bit-mask encoding (zlib of big-endian packed bits, base64), for tests."""
+    packed = np.frombuffer(zlib.decompress(base64.b64decode(blob)), dtype=np.uint8)
+    size = int(np.prod(shape))
+    return np.unpackbits(packed, bitorder="big")[:size].astype(bool).reshape(shape)
+
+
+def _encode_certified_rows(c: CertifiedHead, take: np.ndarray, bits: int) -> dict[str, object]:
+    rows = c.rows[take]
+    order = np.argsort(rows, kind="stable")  # stored in row order, as the page looks them up
+    pick = take[order]
+    stack = [c.raw[pick], c.lower[pick], c.upper[pick]]
+    with_con: list[int] = []
+    if c.constrained is not None:
+        has = np.ones(c.rows.size, dtype=bool) if c.constrained_rows is None else c.constrained_rows
+        # Rows without a constrained row store the raw one (keeps the quantiser's range).
+        stack.append(np.where(has[pick, None], c.constrained[pick], c.raw[pick]))
+        with_con = [int(r) for r in c.rows[pick][has[pick]]]
+    # One quantiser for all arrays: rounding is monotone, so lower ≤ raw, constrained ≤ upper
+    # survive it, and the bands drawn from the codes never exclude the raw weight.
+    codes, off, step = quantise(np.stack(stack), bits)
+    payload = codes.astype("<u2").tobytes() if bits == 16 else codes.tobytes()
+    return {
+        "layer": int(c.layer),
+        "head": int(c.head),
+        "rows": [int(r) for r in rows[order]],
+        "n_rows": int(c.n_rows),
+        "bits": bits,
+        "q": [off, step],
+        "arrays": ["raw", "lower", "upper"]
+        + (["constrained"] if c.constrained is not None else []),
+        "constrained_rows": with_con,
+        # Level 6: level 9 is several times slower on these arrays and gains < 1 %.
+        "blob": base64.b64encode(zlib.compress(payload, 6)).decode("ascii"),
+        "keys": _bits_b64(c.keys[pick]),
+        "ident": _bits_b64(c.identifiable[pick]),
+        "threshold": float(c.threshold),
+        "dropped": int(c.rows.size - rows.size),
+        "note": c.note,
+    }
+
+
+def _entry_size(entry: dict[str, object]) -> int:
+    rows = len(entry["rows"]) + len(entry["constrained_rows"])  # type: ignore[arg-type]
+    return sum(len(str(entry[k])) for k in ("blob", "keys", "ident", "note")) + 8 * rows + 300
+
+
+def encode_certified(
+    c: CertifiedHead | None, *, max_bytes: int
+) -> tuple[dict[str, object] | None, int]:
+    """The certified head as a JSON-ready dict within `max_bytes`, and the bytes it takes.
+
+    All covered rows with 16-bit codes (error ≤ step/2, about 8e-6 for weights up to 1)
+    when they fit; else 8-bit codes (error ≤ 0.002); else the longest prefix of `c.rows`
+    (the spread order) that fits, with "dropped" saying how many rows were left out.
+    The identifiable marks and key sets are exact bit masks, never quantised.
+    """
+    if c is None or c.rows.size == 0:
+        return None, 0
+    every = np.arange(c.rows.size)
+    for bits in (16, 8):
+        entry = _encode_certified_rows(c, every, bits)
+        if _entry_size(entry) <= max_bytes:
+            return entry, _entry_size(entry)
+    lo, hi = 0, c.rows.size  # the largest prefix that fits (at least one row is kept)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _entry_size(_encode_certified_rows(c, every[:mid], 8)) <= max_bytes:
+            lo = mid
+        else:
+            hi = mid
+    entry = _encode_certified_rows(c, every[: max(lo, 1)], 8)
+    return entry, _entry_size(entry)
+
+
+def decode_certified(entry: dict[str, object], n: int) -> dict[str, np.ndarray]:
+    """Inverse of `encode_certified` (what the page's script does), for tests:
+    {"rows", "raw", "lower", "upper", ["constrained"], "keys", "identifiable"}, each `[R, n]`
+    but "rows" `[R]`, and "has_constrained" `[R]` bool."""
+    rows = np.array(entry["rows"], dtype=np.int64)
+    data = zlib.decompress(base64.b64decode(str(entry["blob"])))
+    codes = np.frombuffer(data, dtype="<u2" if entry["bits"] == 16 else np.uint8)
+    off, step = entry["q"]  # type: ignore[misc]
+    names = list(entry["arrays"])  # type: ignore[call-overload]
+    values = dequantise(codes, off, step).reshape(len(names), rows.size, n)
+    out = {"rows": rows} | {name: values[k] for k, name in enumerate(names)}
+    out["keys"] = decode_bits(str(entry["keys"]), (rows.size, n))
+    out["identifiable"] = decode_bits(str(entry["ident"]), (rows.size, n))
+    out["has_constrained"] = np.isin(rows, np.array(entry["constrained_rows"], dtype=np.int64))
+    return out

@@ -6,8 +6,15 @@
 "use strict";
 (function () {
   const KINDS = ["raw", "effective", "null"];
-  // The fourth map: a context-mixing method's per-layer map, shown in place of the three.
-  const ALL_KINDS = [...KINDS, "mixing"];
+  // Maps of the certified head only: constrained attention (on the shared scale) and the
+  // interval widths with the identifiable weights marked.
+  const CERT_KINDS = ["constrained", "width"];
+  const ATTENTION_KINDS = [...KINDS, ...CERT_KINDS];
+  // The last map: a context-mixing method's per-layer map, shown in place of the others.
+  const ALL_KINDS = [...ATTENTION_KINDS, "mixing"];
+  const GREY = [225, 225, 225]; // masked: a key the row cannot see
+  const PALE = [244, 241, 236]; // a row of the certified head that was not computed
+  const GREEN = [27, 122, 58]; // identifiable weight (width below the threshold)
   const fmt = (v) => (Math.abs(v) < 5e-5 ? "0.0000" : v.toFixed(4));
   const el = (tag, text, cls) => {
     const e = document.createElement(tag);
@@ -35,12 +42,21 @@
     return c.map((x) => Math.round(255 + (x - 255) * Math.max(0, Math.min(1, t))));
   }
 
+  // Sequential shade for interval widths: white (0) to purple (1).
+  function purple(t) {
+    const c = [94, 60, 153];
+    return c.map((x) => Math.round(255 + (x - 255) * Math.max(0, Math.min(1, t))));
+  }
+
+  const bit = (bytes, k) => (bytes[k >> 3] >> (7 - (k & 7))) & 1;
+
   function start(root) {
     root.dataset.init = "1";
     const D = JSON.parse(root.querySelector("script.idf-viewer-data").textContent);
     const n = D.n;
     const cache = new Map();
-    const state = { layer: D.start[0], head: D.start[1], row: D.start_row ?? null, mats: null, show: "attention", mix: null };
+    const state = { layer: D.start[0], head: D.start[1], row: D.start_row ?? null, mats: null, show: "attention", mix: null, cert: null, scale: 1 };
+    const THRESHOLD = D.threshold ?? 0.01;
     const METHODS = D.mixing || {};
     const part = (name) => root.querySelector('[data-part="' + name + '"]');
     const parts = (sel) => root.querySelectorAll(sel);
@@ -91,6 +107,55 @@
       return mats;
     }
 
+    // The certified head (interval bands, identifiable marks, constrained attention), decoded
+    // once: {layer, head, rows: Map row -> index, raw, lower, upper, constrained, keys, ident,
+    // err, maxWidth, maxConstrained}, or null when the page has none.
+    async function certified() {
+      const C = D.certified;
+      if (!C) return null;
+      const bytes = await inflate(C.blob);
+      const R = C.rows.length;
+      const size = R * n;
+      const arrays = {};
+      const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+      C.arrays.forEach((name, a) => {
+        const v = new Float64Array(size);
+        for (let k = 0; k < size; k++) {
+          const code = C.bits === 16 ? view.getUint16(2 * (a * size + k), true) : bytes[a * size + k];
+          v[k] = C.q[0] + code * C.q[1];
+        }
+        arrays[name] = v;
+      });
+      const keys = await inflate(C.keys), ident = await inflate(C.ident);
+      // Rows whose constrained row was computed (the time budget may cover fewer of them).
+      const conRows = new Set(arrays.constrained ? C.constrained_rows : []);
+      let maxWidth = 0, maxConstrained = 0;
+      for (let k = 0; k < size; k++) {
+        if (!bit(keys, k)) continue;
+        maxWidth = Math.max(maxWidth, arrays.upper[k] - arrays.lower[k]);
+        if (conRows.has(C.rows[Math.floor(k / n)])) maxConstrained = Math.max(maxConstrained, Math.abs(arrays.constrained[k]));
+      }
+      return {
+        layer: C.layer, head: C.head, rows: new Map(C.rows.map((r, i) => [r, i])),
+        raw: arrays.raw, lower: arrays.lower, upper: arrays.upper, constrained: arrays.constrained || null,
+        keys, ident, err: C.q[1] / 2, maxWidth, maxConstrained, conRows,
+      };
+    }
+
+    // The certified data when it belongs to the head shown, else null.
+    const certHere = () => (state.cert && state.cert.layer === state.layer && state.cert.head === state.head ? state.cert : null);
+
+    // One certified row i as {lo, hi, weights, constrained, ident, keys} over all n keys, or null.
+    function certRow(i) {
+      const c = certHere();
+      if (!c || !c.rows.has(i)) return null;
+      const base = c.rows.get(i) * n;
+      const take = (v) => (v ? Array.from(v.subarray(base, base + n)) : null);
+      const flags = (bytes) => Array.from({ length: n }, (_, j) => bit(bytes, base + j) === 1);
+      const con = c.conRows.has(i) ? take(c.constrained) : null;
+      return { lo: take(c.lower), hi: take(c.upper), weights: take(c.raw), constrained: con, ident: flags(c.ident), keys: flags(c.keys) };
+    }
+
     const current = () => (state.show === "attention" ? state.mats : state.mix);
 
     function draw(kind) {
@@ -98,13 +163,27 @@
       const ctx = canvas.getContext("2d");
       ctx.setTransform(1, 0, 0, 1, 0, 0);
       ctx.clearRect(0, 0, canvas.width, canvas.height);
-      const mats = kind === "mixing" ? state.mix : state.mats;
-      if (!mats) {
+      const placeholder = (text) => {
         ctx.fillStyle = "#f4f6f8";
         ctx.fillRect(0, 0, canvas.width, canvas.height);
         ctx.fillStyle = "#5b6673";
         ctx.font = "13px sans-serif";
-        ctx.fillText(kind === "mixing" ? "map not embedded in this page" : "head not embedded in this page", 40, canvas.height / 2);
+        text.split("\n").forEach((line, k) => ctx.fillText(line, 20, canvas.height / 2 + 18 * k));
+      };
+      if (CERT_KINDS.includes(kind)) {
+        const c = certHere();
+        if (!c) {
+          placeholder(state.cert
+            ? "computed for layer " + (state.cert.layer + 1) + ", head " + state.cert.head + " only"
+            : "not computed for this page");
+        } else if (kind === "constrained" && !c.conRows.size) {
+          placeholder("constrained attention not computed");
+        } else drawCertified(canvas, ctx, kind, c);
+        return;
+      }
+      const mats = kind === "mixing" ? state.mix : state.mats;
+      if (!mats) {
+        placeholder(kind === "mixing" ? "map not embedded in this page" : "head not embedded in this page");
         return;
       }
       const m = mats.m;
@@ -117,7 +196,7 @@
       for (let i = 0; i < m; i++) {
         for (let j = 0; j < m; j++) {
           const p = 4 * (i * m + j);
-          const rgb = masked(i, j) ? [225, 225, 225] : colour(vals[i * m + j], mats.max);
+          const rgb = masked(i, j) ? GREY : colour(vals[i * m + j], kind === "mixing" ? mats.max : state.scale);
           img.data[p] = rgb[0];
           img.data[p + 1] = rgb[1];
           img.data[p + 2] = rgb[2];
@@ -129,12 +208,48 @@
       // A preview's last block may be partial: scale so that blocks line up with token positions.
       const side = (canvas.width * m * mats.f) / n;
       ctx.drawImage(off, 0, 0, side, side);
-      if (state.row !== null) {
-        const cell = canvas.height / n;
-        ctx.strokeStyle = "#f0a500";
-        ctx.lineWidth = 2;
-        ctx.strokeRect(1, state.row * cell, canvas.width - 2, Math.max(cell, 2));
+      markRow(canvas, ctx);
+    }
+
+    function markRow(canvas, ctx) {
+      if (state.row === null) return;
+      const cell = canvas.height / n;
+      ctx.strokeStyle = "#f0a500";
+      ctx.lineWidth = 2;
+      ctx.strokeRect(1, state.row * cell, canvas.width - 2, Math.max(cell, 2));
+    }
+
+    // Constrained attention (shared scale) or interval widths (white to purple, identifiable
+    // weights green) of the certified head; rows not computed are pale, unseen keys grey.
+    function drawCertified(canvas, ctx, kind, c) {
+      const off = document.createElement("canvas");
+      off.width = n;
+      off.height = n;
+      const octx = off.getContext("2d");
+      const img = octx.createImageData(n, n);
+      for (let i = 0; i < n; i++) {
+        const r = c.rows.get(i);
+        for (let j = 0; j < n; j++) {
+          const p = 4 * (i * n + j);
+          let rgb;
+          if (r === undefined || (kind === "constrained" && !c.conRows.has(i))) rgb = PALE;
+          else {
+            const k = r * n + j;
+            if (!bit(c.keys, k)) rgb = GREY;
+            else if (kind === "constrained") rgb = colour(c.constrained[k], state.scale);
+            else if (bit(c.ident, k)) rgb = GREEN;
+            else rgb = purple(c.maxWidth > 0 ? (c.upper[k] - c.lower[k]) / c.maxWidth : 0);
+          }
+          img.data[p] = rgb[0];
+          img.data[p + 1] = rgb[1];
+          img.data[p + 2] = rgb[2];
+          img.data[p + 3] = 255;
+        }
       }
+      octx.putImageData(img, 0, 0);
+      ctx.imageSmoothingEnabled = false;
+      ctx.drawImage(off, 0, 0, canvas.width, canvas.height);
+      markRow(canvas, ctx);
     }
 
     function drawColourBar() {
@@ -142,7 +257,7 @@
       const ctx = canvas.getContext("2d");
       const w = canvas.width, hgt = canvas.height;
       const mats = current();
-      const max = mats ? mats.max : 1;
+      const max = !mats ? 1 : state.show === "attention" ? state.scale : mats.max;
       for (let x = 0; x < w; x++) {
         const rgb = colour(((2 * x) / (w - 1) - 1) * max, max);
         ctx.fillStyle = "rgb(" + rgb.join(",") + ")";
@@ -153,7 +268,7 @@
     }
 
     function drawAll() {
-      if (state.show === "attention") KINDS.forEach(draw);
+      if (state.show === "attention") ATTENTION_KINDS.forEach(draw);
       else draw("mixing");
       drawColourBar();
     }
@@ -280,7 +395,8 @@
       parts(".idf-tokens span").forEach((s) => {
         const i = +s.dataset.index;
         s.classList.toggle("idf-selected", i === state.row);
-        s.classList.toggle("idf-has-intervals", (state.layer + "," + state.head + "," + i) in D.intervals);
+        const c = certHere();
+        s.classList.toggle("idf-has-intervals", (state.layer + "," + state.head + "," + i) in D.intervals || (c !== null && c.rows.has(i)));
       });
     }
 
@@ -289,7 +405,7 @@
       state.show = name in METHODS ? name : "attention";
       part("show").value = state.show;
       const mixing = state.show !== "attention";
-      KINDS.forEach((kind) => (part("figure-" + kind).hidden = mixing));
+      ATTENTION_KINDS.forEach((kind) => (part("figure-" + kind).hidden = mixing));
       part("figure-mixing").hidden = !mixing;
       // A method's map is per layer: the head selector does not apply to it.
       part("head").disabled = mixing;
@@ -304,6 +420,9 @@
       part("head").value = String(head);
       state.mats = await matrices(layer, head);
       state.mix = state.show === "attention" ? null : await mixingMap(state.show, layer);
+      // One colour scale for raw, effective, null and (for the certified head) constrained.
+      const c = certHere();
+      state.scale = Math.max(state.mats ? state.mats.max : 0, c ? c.maxConstrained : 0) || 1;
       const dim = D.null_dims[layer][head];
       const rerun = "identifiable view TEXT --layer " + (layer + 1) + " --head " + head;
       const mats = state.mats;
@@ -311,7 +430,7 @@
       if (D.distance) status += ", ‖A − A_eff‖_F / ‖A‖_F = " + D.distance[layer][head].toFixed(3);
       if (!mats) status += " · matrices not embedded (page size limit). Run: " + rerun;
       else {
-        status += " · colour scale ±" + mats.max.toFixed(3) + " (shared by the three maps)";
+        status += " · colour scale ±" + state.scale.toFixed(3) + " (shared by the attention maps)";
         if (mats.f > 1) status += " · preview: means of " + mats.f + "×" + mats.f + " token blocks (page size limit); full resolution: " + rerun;
       }
       if (state.show !== "attention") {
@@ -353,6 +472,10 @@
         ].join("\n");
         return;
       }
+      if (CERT_KINDS.includes(ev.currentTarget.dataset.kind)) {
+        out.textContent = certReadout(i, j);
+        return;
+      }
       if (!state.mats) return;
       const m = state.mats;
       const bi = Math.floor(i / m.f), bj = Math.floor(j / m.f);
@@ -370,6 +493,25 @@
       out.textContent = lines.join("\n");
     }
 
+    function certReadout(i, j) {
+      const head = "query " + i + " “" + D.tokens[i] + "” → key " + j + " “" + D.tokens[j] + "”";
+      const c = certHere();
+      if (!c) return head + "\nintervals and constrained attention not computed for this head";
+      const r = c.rows.get(i);
+      if (r === undefined) return head + "\nrow not computed (time budget): see the note below the maps";
+      const k = r * n + j;
+      if (!bit(c.keys, k)) return head + "\nmasked (the query cannot see this key)";
+      const err = " (±" + c.err.toPrecision(2) + ")";
+      const parts = [
+        "raw " + fmt(c.raw[k]) + err,
+        c.conRows.has(i) ? "constrained " + fmt(c.constrained[k]) : "constrained not computed for this row",
+        "interval [" + fmt(c.lower[k]) + ", " + fmt(c.upper[k]) + "]",
+        "width " + fmt(c.upper[k] - c.lower[k]),
+        bit(c.ident, k) ? "✓ identifiable (width < " + THRESHOLD + ")" : "not identifiable (width ≥ " + THRESHOLD + ")",
+      ];
+      return head + "\n" + parts.filter((x) => x !== null).join("   ");
+    }
+
     function chooseRow(i) {
       state.row = i;
       markTokens();
@@ -377,9 +519,9 @@
       renderPanel();
     }
 
-    function bar(lo, hi, a, w) {
+    function bar(lo, hi, a, w, cw, ok) {
       const b = el("div", null, "idf-bar");
-      const span = el("div", null, "idf-span");
+      const span = el("div", null, ok ? "idf-span idf-span-ident" : "idf-span");
       span.style.left = (100 * lo).toFixed(2) + "%";
       span.style.width = Math.max(0.5, 100 * (hi - lo)).toFixed(2) + "%";
       const mark = el("div", null, "idf-mark");
@@ -390,9 +532,16 @@
         wit.style.left = (100 * w).toFixed(2) + "%";
         b.append(wit);
       }
+      if (cw !== null) {
+        const con = el("div", null, "idf-con");
+        con.style.left = (100 * cw).toFixed(2) + "%";
+        b.append(con);
+      }
       return b;
     }
 
+    // The chosen row's intervals: bounds from the interval map where the page has it (else
+    // the row's own entry), the witness from the row's entry, constrained attention from the map.
     function renderPanel() {
       const panel = part("interval-panel");
       panel.replaceChildren();
@@ -401,27 +550,41 @@
         return;
       }
       const i = state.row;
-      const key = state.layer + "," + state.head + "," + i;
-      const iv = D.intervals[key];
+      const entry = D.intervals[state.layer + "," + state.head + "," + i] || null;
+      const fromMap = certRow(i);
       panel.appendChild(el("h3", "Layer " + (state.layer + 1) + ", head " + state.head + ", query " + i + " “" + D.tokens[i] + "”"));
-      if (!iv) {
+      if (!entry && !fromMap) {
         panel.appendChild(el("p", "Intervals were not precomputed for this row.", "idf-missing"));
         if (D.interval_note) panel.appendChild(el("p", D.interval_note, "idf-note"));
         return;
       }
-      // Causal rows: keys after the query cannot be attended and are left out.
-      const keys = iv.lo.map((_, j) => j).filter((j) => !masked(i, j));
+      const iv = fromMap || entry;
+      const witness = entry ? entry.witness : null;
+      const con = fromMap ? fromMap.constrained : null;
+      const identSet = fromMap ? null : new Set(entry.ident || []);
+      const isIdent = (j) => (fromMap ? fromMap.ident[j] : identSet.has(j));
+      // Keys the row cannot see (causal or windowed) are left out.
+      const keys = iv.lo.map((_, j) => j).filter((j) => (fromMap ? fromMap.keys[j] : !masked(i, j)));
       keys.sort((a, b) => iv.weights[b] - iv.weights[a]);
       const wide = keys.filter((j) => iv.hi[j] - iv.lo[j] > 0.1).length;
+      const nIdent = keys.filter(isIdent).length;
       let text = "Any attention row within these intervals that satisfies the same constraints (non-negative, " +
-        "summing to 1) gives this head exactly the same output. " + wide + " of " + keys.length +
-        " keys have an interval wider than 0.1.";
-      if (iv.witness) {
-        const moved = Math.max(...keys.map((j) => Math.abs(iv.witness[j] - iv.weights[j])));
+        "summing to 1) gives this head exactly the same output. " + nIdent + " of " + keys.length +
+        " keys are identifiable (width < " + THRESHOLD + "); " + wide + " have an interval wider than 0.1.";
+      if (witness) {
+        const moved = Math.max(...keys.map((j) => Math.abs(witness[j] - iv.weights[j])));
         text += " The witness (red) is one such row; it changes a weight by up to " + fmt(moved) + ".";
       }
+      if (con) {
+        const moved = keys.reduce((s, j) => s + Math.abs(con[j] - iv.weights[j]), 0);
+        text += " The constrained row C (purple) is another; it moves " + fmt(moved) + " of L1 mass.";
+      }
       panel.appendChild(el("p", text, "idf-summary"));
-      if (iv.note) panel.appendChild(el("p", iv.note, "idf-note"));
+      if (fromMap) {
+        panel.appendChild(el("p", "Values from the page's interval map, each within ±" + state.cert.err.toPrecision(2) +
+          " (quantised); the identifiable marks come from the exact bounds.", "idf-note"));
+      }
+      if (entry && entry.note) panel.appendChild(el("p", entry.note, "idf-note"));
       const legend = el("p", null, "idf-legend");
       legend.append("bar 0 … 1: ");
       const addKey = (colourCss, label) => {
@@ -430,23 +593,42 @@
         legend.append(sw, label);
       };
       addKey("#9fbfe3", "interval");
+      addKey("#1b7a3a", "interval of an identifiable weight");
       addKey("#1d232b", "raw weight");
       addKey("#d1495b", "witness");
+      addKey("#7b4fc4", "constrained");
       panel.appendChild(legend);
       const table = el("table");
       const head = el("tr");
-      ["key", "token", "raw a", "witness ã", "min", "max", ""].forEach((t) => head.appendChild(el("th", t)));
+      ["key", "token", "raw a", "witness ã", "constrained c", "min", "max", "identifiable", ""].forEach((t) => head.appendChild(el("th", t)));
       table.appendChild(head);
       keys.forEach((j) => {
         const tr = el("tr");
-        tr.append(el("td", j), el("td", D.tokens[j], "idf-tok"), el("td", fmt(iv.weights[j])), el("td", iv.witness ? fmt(iv.witness[j]) : "–"),
-          el("td", fmt(iv.lo[j])), el("td", fmt(iv.hi[j])));
+        tr.dataset.key = j;
+        const ok = isIdent(j);
+        if (ok) tr.classList.add("idf-ident");
+        tr.append(el("td", j), el("td", D.tokens[j], "idf-tok"), el("td", fmt(iv.weights[j])), el("td", witness ? fmt(witness[j]) : "–"),
+          el("td", con ? fmt(con[j]) : "–"), el("td", fmt(iv.lo[j])), el("td", fmt(iv.hi[j])), el("td", ok ? "✓" : "", "idf-ident-mark"));
         const td = el("td");
-        td.appendChild(bar(iv.lo[j], iv.hi[j], iv.weights[j], iv.witness ? iv.witness[j] : null));
+        td.appendChild(bar(iv.lo[j], iv.hi[j], iv.weights[j], witness ? witness[j] : null, con ? con[j] : null, ok));
         tr.appendChild(td);
         table.appendChild(tr);
       });
       panel.appendChild(table);
+    }
+
+    function coverageNote() {
+      const box = part("coverage-note");
+      const C = D.certified;
+      part("threshold-note").hidden = !C && !Object.keys(D.intervals).length;
+      if (!C) {
+        box.textContent = "This page has no interval map (identifiable view --certify computes one for the chosen head).";
+        return;
+      }
+      let text = C.note || "";
+      if (C.dropped) text += " " + C.dropped + " computed rows were left out to keep the page within its size limit.";
+      text += " Stored with " + C.bits + "-bit codes (values within ±" + (C.q[1] / 2).toPrecision(2) + ").";
+      box.textContent = text.trim();
     }
 
     buildControls();
@@ -462,7 +644,11 @@
         if (cell) chooseRow(cell[0]);
       });
     });
-    return select(state.layer, state.head).then(() => {
+    coverageNote();
+    return certified().then((c) => {
+      state.cert = c;
+      return select(state.layer, state.head);
+    }).then(() => {
       root.dataset.ready = "1";
       // A standalone page marks its body too, once every viewer in it is ready.
       if (root.dataset.standalone && !document.querySelector(".idf-viewer:not([data-ready])")) {
