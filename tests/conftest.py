@@ -178,10 +178,23 @@ VISION_CONFIGS: dict[str, dict] = {
 VISION_FAMILIES = list(VISION_CONFIGS)
 
 
+def _skip_if_missing_in_tf4(model_type: str) -> None:
+    """Under transformers 4.x (.venv-tf4, the low end of the supported range) a family that
+    4.x does not have is skipped, naming it; under 5.x a missing family is an error."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if transformers.__version__.startswith("4.") and model_type not in CONFIG_MAPPING_NAMES:
+        pytest.skip(
+            f"model type '{model_type}' does not exist in transformers {transformers.__version__}"
+        )
+
+
 def tiny_config(arch: str):
     """A 2-layer, 4-head, width-64 (head width 16) config for `arch`."""
     from transformers import AutoConfig
 
+    _skip_if_missing_in_tf4(arch)
     common = {"vocab_size": 30522}
     if arch == "bert":
         return AutoConfig.for_model(

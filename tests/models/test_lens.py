@@ -15,7 +15,11 @@ from identifiable.errors import IdentifiableError
 from identifiable.models import Model
 from identifiable.models.lens import trace_from_lens
 
-pytest.importorskip("transformer_lens", reason="TransformerLens is the optional extra `lens`")
+pytest.importorskip(
+    "transformer_lens",
+    reason="TransformerLens is the optional extra `lens` (not installed; TransformerLens 4 "
+    "needs transformers >= 5.9, so .venv-tf4 has none)",
+)
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,23 @@ def test_iter_layers_stops_early_and_reports_errors(tiny_model):
     assert first == 0 and threading.active_count() == before  # the worker ended
     with pytest.raises(IdentifiableError, match="a list of 2 texts is ambiguous"):
         next(m.iter_layers(["a", "b"]))
-    # DeBERTa's attention returns weights only when output_attentions is requested
-    with pytest.raises(IdentifiableError, match="returns no attention weights per layer"):
-        list(tiny_model("deberta-v2").iter_layers(TEXT))
+    # an attention module that returns no weights: a one-line error, not a wrong trace
+    gpt2 = tiny_model("gpt2")
+    strip = gpt2.layers[1].attn.register_forward_hook(lambda m, a, o: (o[0], None))
+    try:
+        with pytest.raises(IdentifiableError, match="returns no attention weights per layer"):
+            list(gpt2.iter_layers(TEXT))
+    finally:
+        strip.remove()
+
+
+def test_iter_layers_asks_attention_modules_for_weights(tiny_model):
+    """DeBERTa's attention returns weights only when called with output_attentions=True
+    (as do all attention modules of transformers 4.x): iter_layers asks each one."""
+    deberta = tiny_model("deberta-v2")
+    full = deberta.trace(TEXT)
+    got = list(deberta.iter_layers(TEXT))
+    assert [i for i, _ in got] == list(range(deberta.info.n_layers))
+    for i, tr in got:
+        torch.testing.assert_close(tr.attentions[0], full.attentions[i], atol=1e-6, rtol=1e-5)
+        assert tr.verify().max() < 1e-5

@@ -91,55 +91,119 @@ def _check_model(name: str, device: str) -> None:
     )
 
 
+TargetOption = Annotated[
+    str | None,
+    typer.Option(
+        "--target",
+        help="Encoder–decoder models (T5, BART, …): the decoder's text, read shifted right "
+        "behind the start token as in training. Without it the decoder reads the source.",
+    ),
+]
+
+
 def trace(
-    text: Annotated[str, typer.Argument(help="The text to trace.")],
+    text: Annotated[
+        str, typer.Argument(help="The text to trace (the source text of an encoder–decoder model).")
+    ],
     pair: PairOption = None,
+    target: TargetOption = None,
     model: ModelOption = "minilm",
     no_truncate: NoTruncateOption = False,
     json_out: JsonOption = None,
     device: DeviceOption = "cpu",
 ) -> None:
-    """Trace one forward pass and check that the captured pieces reproduce the model."""
+    """Trace one forward pass and check that the captured pieces reproduce the model.
+
+    Encoder–decoder models print three tables: the encoder's self-attention, the
+    decoder's causal self-attention and the decoder's cross-attention over the source.
+    """
+    from identifiable.errors import IdentifiableError
     from identifiable.models import load_model
     from identifiable.models.devices import resolve_device
+    from identifiable.models.seq2seq import Seq2SeqModel
 
     check_writable(json_out)
     resolve_device(device)
     m = load(model) if device == "cpu" else load_model(model, device=device)
-    tr = m.trace((text, pair) if pair is not None else text, truncate=not no_truncate)
-    errs = tr.reconstruction_errors()
-    tol = tr.tolerance
-    table = Table(title=f"{m.info.name}: {tr.n_tokens} tokens")
-    for col in ("layer", "heads", "head width", "n", "reconstruction error"):
-        table.add_column(col, justify="right")
-    for layer, err in enumerate(errs.tolist()):
-        table.add_row(
-            str(layer + 1), str(tr.n_heads), str(tr.head_dim), str(tr.n_tokens), f"{err:.2e}"
+    if getattr(m, "modality", "text") == "image":
+        raise IdentifiableError(
+            f"'{model}' is an image model ({m.spec.name}); the CLI traces text. Trace images "
+            "from Python: load_model(...).trace(pixel_values or a PIL image)"
         )
-    console.print(table)
-    ok = bool((errs <= tol).all())
-    console.print(
-        "self-check: "
-        + ("[green]passed[/green]" if ok else "[red]FAILED[/red]")
-        + f" (tolerance {tol:g}, {tr.capture_dtype})"
-    )
+    source = (text, pair) if pair is not None else text
+    if isinstance(m, Seq2SeqModel):
+        s2s = m.trace(source, target, truncate=not no_truncate)
+        parts = {"encoder": s2s.encoder, "decoder": s2s.decoder, "cross": s2s.cross}
+        titles = {
+            "encoder": f"{m.info.name}: encoder self-attention, {s2s.encoder.n_tokens} source tokens",
+            "decoder": f"decoder causal self-attention, {s2s.decoder.n_tokens} decoder tokens",
+            "cross": f"cross-attention: {s2s.cross.n_tokens} decoder tokens × "
+            f"{s2s.cross.n_keys} source tokens",
+        }
+    else:
+        if target is not None:
+            raise IdentifiableError(
+                f"--target is for encoder–decoder models (T5, BART, …); '{model}' is "
+                f"{m.spec.name}: give a second text with --pair"
+            )
+        tr = m.trace(source, truncate=not no_truncate)
+        parts = {"": tr}
+        titles = {"": f"{m.info.name}: {tr.n_tokens} tokens"}
+    errors = {part: t.reconstruction_errors() for part, t in parts.items()}
+    passed = {part: bool((errors[part] <= t.tolerance).all()) for part, t in parts.items()}
+    for part, t in parts.items():
+        table = Table(title=titles[part])
+        for col in ("layer", "heads", "head width", "n", "keys", "reconstruction error"):
+            table.add_column(col, justify="right")
+        for layer, err in enumerate(errors[part].tolist()):
+            table.add_row(
+                str(layer + 1),
+                str(t.n_heads),
+                str(t.head_dim),
+                str(t.n_tokens),
+                str(t.n_keys),
+                f"{err:.2e}",
+            )
+        console.print(table)
+        label = f"{part} self-check: " if part else "self-check: "
+        console.print(
+            label
+            + ("[green]passed[/green]" if passed[part] else "[red]FAILED[/red]")
+            + f" (tolerance {t.tolerance:g}, {t.capture_dtype})"
+        )
+    ok = all(passed.values())
     if json_out is not None:
-        write_json(
-            json_out,
-            {
-                "model": m.info.name,
-                "architecture": m.info.architecture,
-                "tokens": tr.tokens,
-                "n_layers": tr.n_layers,
-                "n_heads": tr.n_heads,
-                "head_dim": tr.head_dim,
-                "truncated": tr.truncated,
-                "reconstruction_error": errs.tolist(),
-                "self_check_passed": ok,
-                "tolerance": tol,
-                "capture_dtype": tr.capture_dtype,
-            },
-        )
+        first = next(iter(parts.values()))
+        payload = {
+            "model": m.info.name,
+            "architecture": m.info.architecture if not isinstance(m, Seq2SeqModel) else m.spec.name,
+            "tokens": first.tokens,
+            "n_layers": first.n_layers,
+            "n_heads": first.n_heads,
+            "head_dim": first.head_dim,
+            "truncated": first.truncated,
+            "reconstruction_error": errors[next(iter(parts))].tolist(),
+            "self_check_passed": ok,
+            "tolerance": first.tolerance,
+            "capture_dtype": first.capture_dtype,
+        }
+        if isinstance(m, Seq2SeqModel):
+            # "tokens" … "reconstruction_error" above describe the encoder, as for any model
+            payload["decoder_tokens"] = parts["decoder"].tokens
+            payload["attention"] = {
+                part: {
+                    "n_layers": t.n_layers,
+                    "n_heads": t.n_heads,
+                    "head_dim": t.head_dim,
+                    "n_queries": t.n_tokens,
+                    "n_keys": t.n_keys,
+                    "reconstruction_error": errors[part].tolist(),
+                    "self_check_passed": passed[part],
+                    "tolerance": t.tolerance,
+                }
+                for part, t in parts.items()
+            }
+        write_json(json_out, payload)
     if not ok:
         raise typer.Exit(1)
 

@@ -28,8 +28,16 @@ def get_submodule(root: nn.Module, path: str) -> nn.Module:
 
 
 def first_tensor(output: Any) -> torch.Tensor:
-    """Layers return a tensor or a tuple whose first item is the hidden states."""
-    return output[0] if isinstance(output, tuple | list) else output
+    """Layers return a tensor or a tuple whose first item is the hidden states.
+
+    transformers 4.x DistilBERT returns (attention weights, hidden states) when asked for
+    attentions: a leading 4-D attention map is skipped (hidden states are 3-D, [B, N, d]).
+    """
+    if not isinstance(output, tuple | list):
+        return output
+    if len(output) > 1 and isinstance(output[0], torch.Tensor) and output[0].dim() == 4:
+        return output[1]
+    return output[0]
 
 
 class HookSet:

@@ -15,6 +15,13 @@ import torch
 from torch import nn
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.compat import (
+    VISION_TOWERS,
+    adapt_spec,
+    ask_for_attention_weights,
+    dtype_of,
+    window_config,
+)
 from identifiable.models.hooks import (
     HookSet,
     first_tensor,
@@ -178,7 +185,7 @@ class Model:
         hf_model.eval()
         base = base_model_of(hf_model)
         vision = getattr(base, "vision_model", None)
-        if config.model_type == "clip" and isinstance(vision, nn.Module):
+        if config.model_type in VISION_TOWERS and isinstance(vision, nn.Module):
             base, config = vision, vision.config  # CLIP: the vision tower (images in)
         self.tokenizer = _resolve_tokenizer(hf_model, tokenizer)
         self.discovery = None  # a `Discovery` when the spec was found by introspection
@@ -208,6 +215,7 @@ class Model:
 
     def _setup(self, base: nn.Module, spec: ArchSpec, name: str) -> None:
         config = base.config
+        spec = adapt_spec(base, spec)  # transformers 4.x module paths, where they differ
         self.spec: ArchSpec = spec
         self.hf_model = base.eval()
         self.layers = _logical_layers(base, spec)
@@ -302,6 +310,16 @@ class Model:
     @property
     def device(self) -> torch.device:
         return next(self.hf_model.parameters()).device
+
+    def __repr__(self) -> str:
+        info = self.info
+        kv = f" ({info.n_kv_heads} key/value)" if info.n_kv_heads != info.n_heads else ""
+        dtype = str(next(self.hf_model.parameters()).dtype).removeprefix("torch.")
+        return (
+            f"Model({info.name!r}, family={info.architecture!r}, layers={info.n_layers}, "
+            f"heads={info.n_heads}{kv}, head_dim={info.head_dim}, dtype={dtype}, "
+            f"device={self.device})"
+        )
 
     @property
     def fingerprint(self) -> str:
@@ -584,7 +602,7 @@ class Model:
     def _batch_inputs(self, encs: Sequence[Encoding]) -> dict[str, torch.Tensor]:
         if self.modality == "image":
             px = torch.stack([e.pixel_values for e in encs])  # type: ignore[misc]
-            return {"pixel_values": px.to(self.device, self.hf_model.dtype)}
+            return {"pixel_values": px.to(self.device, dtype_of(self.hf_model))}
         n_max = max(len(e) for e in encs)
         ids = torch.full((len(encs), n_max), self._pad_id(), dtype=torch.long)
         mask = torch.zeros((len(encs), n_max), dtype=torch.long)
@@ -816,6 +834,8 @@ class Model:
                 hooks.post(layer, layer_out)
             for mod in _distinct(parents):
                 hooks.post(mod, weights)
+                if (ask := ask_for_attention_weights(mod)) is not None:  # transformers 4.x
+                    hooks.pre(mod, ask, with_kwargs=True)
             for mod in _distinct(self._value_modules):
                 hooks.pre(mod, lambda m, a: state.__setitem__("e", a[0]))
             for mod in _distinct(self._out_modules):
@@ -956,8 +976,7 @@ def _logical_layers(base: nn.Module, spec: ArchSpec) -> list[nn.Module]:
 
 def _layer_windows(config: Any, spec: ArchSpec, n_layers: int) -> list[int | None]:
     """The attention window of each layer (None: the layer sees every key its row may see)."""
-    window = getattr(config, spec.window_attr, None)
-    types = getattr(config, spec.layer_types_attr, None)
+    window, types = window_config(config, spec)
     if not isinstance(window, int) or window <= 0:
         return [None] * n_layers
     if isinstance(types, list | tuple) and len(types) == n_layers:

@@ -1,0 +1,109 @@
+"""What differs between the transformers releases the package supports (4.57 to 5.x).
+
+The specs in `identifiable.models.specs` name the modules of transformers 5.x. The
+newest 4.x release (tested in CI beside 5.x, see scripts/setup_tf4.sh) lays out a few
+modelling files differently; each difference is written here once, as data where it
+can be, so that the rest of models/ reads one vocabulary:
+
+- module paths: 4.x ViT and DeiT keep `encoder.layer[i].attention.attention.value`
+  (`LEGACY_PATHS`, tried only when the 5.x path is missing);
+- attention weights: a 4.x attention module returns its probabilities only when it is
+  called with `output_attentions=True` (`ask_for_attention_weights`);
+- layer outputs: a 4.x DistilBERT block puts its attention weights before its hidden
+  states (`hooks.first_tensor` skips a leading attention map);
+- configs: 4.x ModernBERT names its local layers by `local_attention` and
+  `global_attn_every_n_layers`, 5.x by `sliding_window` and `layer_types`
+  (`window_config`);
+- base models: 4.x `CLIPVisionModel` is its own base model (5.x: its `vision_model`
+  tower), so the tower is taken for `clip_vision_model` too (`VISION_TOWERS`);
+- dtypes: 4.x CLIP's vision tower is a plain `nn.Module` without `.dtype` (`dtype_of`).
+
+`dtype=` in `from_pretrained` needs no shim: 4.57 accepts it (and `torch_dtype=`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from identifiable.models.specs import ArchSpec
+
+LEGACY_PATHS: dict[str, tuple[str, str, str]] = {
+    # spec name → (layers, value, out_proj) in transformers 4.x's modelling file
+    "vit": ("encoder.layer", "attention.attention.value", "attention.output.dense"),
+}
+
+# model types whose base model holds the traced tower as `vision_model`: a full CLIP model,
+# and (transformers 4.x only; 5.x's base model is the tower) a CLIP vision model
+VISION_TOWERS = ("clip", "clip_vision_model")
+
+
+def adapt_spec(base: nn.Module, spec: ArchSpec) -> ArchSpec:
+    """`spec` with the 4.x module paths when the model lacks the 5.x ones and has the 4.x ones."""
+    legacy = LEGACY_PATHS.get(spec.name)
+    if legacy is None or _has_module(base, spec.layers) or not _has_module(base, legacy[0]):
+        return spec
+    layers, value, out_proj = legacy
+    return dataclasses.replace(spec, layers=layers, value=value, out_proj=out_proj)
+
+
+def _has_module(root: nn.Module, path: str) -> bool:
+    try:
+        root.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+def ask_for_attention_weights(module: nn.Module) -> Callable[..., Any] | None:
+    """A forward pre-hook (register with `with_kwargs=True`) that calls `module` with
+    `output_attentions=True`, or None when its forward has no such parameter (5.x
+    attention modules return their weights unasked).
+
+    Used where the model as a whole is not asked for attention maps (layer streaming):
+    4.x attention modules return their probabilities only when asked. The argument is
+    set by name whether the caller passed it by position (4.x ALBERT) or by keyword.
+    """
+    signature = inspect.signature(module.forward)
+    if "output_attentions" not in signature.parameters:
+        return None
+
+    def hook(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        bound = signature.bind_partial(*args, **kwargs)
+        bound.arguments["output_attentions"] = True
+        return bound.args, bound.kwargs
+
+    return hook
+
+
+def window_config(config: Any, spec: ArchSpec) -> tuple[Any, Any]:
+    """(window size, per-layer attention types) as named by `spec`, else as a 4.x
+    ModernBERT config states them: layer i is global when i is a multiple of
+    `global_attn_every_n_layers`, otherwise local, seeing |i − j| ≤ local_attention / 2.
+    """
+    window = getattr(config, spec.window_attr, None)
+    types = getattr(config, spec.layer_types_attr, None)
+    local, every = (
+        getattr(config, a, None) for a in ("local_attention", "global_attn_every_n_layers")
+    )
+    if window is None and types is None and isinstance(local, int) and isinstance(every, int):
+        n_layers = int(config.num_hidden_layers)
+        types = [
+            "full_attention" if i % every == 0 else "sliding_attention" for i in range(n_layers)
+        ]
+        window = local // 2
+    return window, types
+
+
+def dtype_of(module: nn.Module) -> torch.dtype:
+    """The dtype of a module's weights (`PreTrainedModel.dtype`, which 4.x CLIP's vision
+    tower, a plain `nn.Module`, lacks)."""
+    dtype = getattr(module, "dtype", None)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    return next(module.parameters()).dtype
