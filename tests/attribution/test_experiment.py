@@ -118,3 +118,88 @@ def test_run_on_tiny_model(tiny_model):
     assert set(t.own_summary["layer"]) == {1, 2}
     assert "own_stderr" in t.tokens and t.tokens["own_stderr"].notna().all()
     assert set(t.special["special_token"]) == {"[CLS]", "[SEP]", "any"}
+
+
+def _stage_tables(lengths: list[int], seed: int = 0) -> dict[str, pd.DataFrame]:
+    """The attribution stage's per-sequence tables for random contributions of given lengths."""
+    from identifiable.experiments.attribution import ATTRIBUTION_COLUMNS, reduce_attribution
+
+    rows: dict[str, list] = {name: [] for name in ATTRIBUTION_COLUMNS}
+    for seq, n in enumerate(lengths):
+        c = random_result(n, seed + seq).contributions
+        special = torch.zeros(n, dtype=torch.bool)
+        special[[0, n - 1]] = True
+        for name, new in reduce_attribution(seq, c, special, 0.01 * c).items():
+            rows[name] += new
+    return {name: pd.DataFrame(r, columns=ATTRIBUTION_COLUMNS[name]) for name, r in rows.items()}
+
+
+def test_expanded_quantile_matches_numpy_and_repeats_values():
+    from identifiable.experiments.attribution import _expanded_quantile
+
+    rng = np.random.default_rng(0)
+    values = np.sort(rng.random(11))
+    for q in (0.25, 0.5, 0.75):
+        ones = np.ones((1, 11), dtype=np.int64)
+        assert _expanded_quantile(values, ones, q)[0] == pytest.approx(np.quantile(values, q))
+        weights = rng.integers(0, 3, size=(1, 11))
+        weights[0, 0] = 1
+        expanded = np.repeat(values, weights[0])
+        assert _expanded_quantile(values, weights, q)[0] == pytest.approx(np.quantile(expanded, q))
+
+
+def test_bootstrap_summaries_agree_with_the_report_and_bracket_it():
+    from identifiable.experiments.attribution import attribution_reduce
+    from identifiable.report import claims
+
+    tables = _stage_tables([9, 14, 20, 11, 16])
+    half = len(tables["own"]) // 2
+    parts = [{k: v.iloc[:half] if k == "own" else v for k, v in tables.items()}]
+    parts.append({"own": tables["own"].iloc[half:]})
+    out = attribution_reduce(parts, probes=3, seed=1, resamples=200)
+    own = out["own_summary"].set_index("layer")
+    medians = tables["own"].groupby("layer")["own"].median() * 100
+    np.testing.assert_allclose(own["median"], medians.to_numpy())
+    share, _ = claims.not_top_share(tables["own"])
+    np.testing.assert_allclose(own["p_tilde"], share["percent"].to_numpy())
+    groups = out["groups_summary"].merge(
+        claims.neighbour_groups(tables["groups"]), on=["layer", "group"]
+    )
+    np.testing.assert_allclose(groups["percent_x"], groups["percent_y"])
+    pos = out["offsets_summary"].merge(
+        claims.relative_positions(tables["offsets"]), on=["layer", "offset"]
+    )
+    assert len(pos) == len(out["offsets_summary"])
+    np.testing.assert_allclose(pos["total_x"], pos["total_y"])
+    for name, stat in (
+        ("own_summary", "median"),
+        ("own_summary", "p_tilde"),
+        ("groups_summary", "percent"),
+    ):
+        t = out[name]
+        assert (t[f"{stat}_lo"] <= t[stat] + 1e-9).all() and (
+            t[stat] <= t[f"{stat}_hi"] + 1e-9
+        ).all()
+        assert (t[f"{stat}_hi"] > t[f"{stat}_lo"]).any()  # five sequences do vary
+    est = out["estimator"].iloc[0]
+    assert (
+        est["n_sequences"] == 5
+        and est["probes"] == 3
+        and est["median_rel_stderr_own"] == pytest.approx(0.01)
+    )
+    again = attribution_reduce(parts, probes=3, seed=1, resamples=200)
+    other = attribution_reduce(parts, probes=3, seed=2, resamples=200)
+    pd.testing.assert_frame_equal(out["own_summary"], again["own_summary"])  # seeded
+    assert not out["groups_summary"]["percent_lo"].equals(other["groups_summary"]["percent_lo"])
+
+
+def test_pairs_are_drawn_from_the_stated_length_range(tiny_model):
+    from identifiable.experiments.attribution import items_in_length_range
+
+    model = tiny_model("bert")
+    items = ["a b c", "one two three four five six seven eight nine ten", "x", "p q r s t u v w"]
+    lengths = [len(model.encode(t, truncate=True)) for t in items]
+    chosen = items_in_length_range(model, items, 8, 12, 2)
+    assert all(8 <= len(model.encode(t, truncate=True)) <= 12 for t in chosen) and len(chosen) == 2
+    filled = items_in_length_range(model, items, 11, 12, 3)  # one qualifies; the longest fill up
+    assert len(filled) == 3 and items[2] not in filled, lengths

@@ -4,82 +4,222 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 import torch
 
 from identifiable.experiments import attribution as stages
 from identifiable.report import claims
 
 
-def by_length(long_r: float) -> pd.DataFrame:
-    return pd.DataFrame({"length": [10, 20, 40, 60], "pearson_r": [1.0, 1.0, long_r, long_r]})
+def by_length(long_r: list[float], lengths: list[int] | None = None) -> pd.DataFrame:
+    """Two short sequences at r = 1, then one sequence per value of `long_r`."""
+    lengths = lengths or [40 + 10 * k for k in range(len(long_r))]
+    return pd.DataFrame({"length": [10, 20, *lengths], "pearson_r": [1.0, 1.0, *long_r]})
 
 
-def test_fig1a() -> None:
-    assert claims.pearson_by_length(by_length(0.5), head_dim=32).status == claims.SUPPORTED
-    assert claims.pearson_by_length(by_length(0.999), head_dim=32).status == claims.PARTLY
-    assert claims.pearson_by_length(by_length(0.5), head_dim=64).status == claims.NOT_TESTED
-    bad = by_length(0.999).assign(pearson_r=[0.9, 1.0, 0.999, 0.999])
-    assert claims.pearson_by_length(bad, head_dim=32).status == claims.NOT_SUPPORTED
-    assert "0.500" in claims.pearson_by_length(by_length(0.5), head_dim=32).sentence
+FALLING = [0.95, 0.8, 0.7, 0.6, 0.5, 0.45]
 
 
-def to_tokens(raw: float, eff: float) -> pd.DataFrame:
+def test_fig1a_passes_only_when_r_falls_beyond_the_head_width() -> None:
+    ok = claims.pearson_by_length(by_length(FALLING), head_dim=32)
+    assert ok.status == claims.SUPPORTED and ok.numbers["spearman_rho_long"] < -0.9
+    assert "0.650" in ok.sentence  # the median of the longer sequences is quoted
+    # identity below d_v alone is not enough: flat r = 0.999 beyond d_v fails
+    flat = claims.pearson_by_length(by_length([0.999] * 6), head_dim=32)
+    assert flat.status == claims.NOT_SUPPORTED
+    # low but not falling with length: only the departure holds
+    low_flat = claims.pearson_by_length(by_length([0.5, 0.4, 0.5, 0.4, 0.5, 0.45]), head_dim=32)
+    assert low_flat.status == claims.PARTLY
+    # r rising with length beyond d_v fails the trend even when low
+    rising = claims.pearson_by_length(by_length(FALLING[::-1]), head_dim=32)
+    assert rising.status == claims.PARTLY and rising.numbers["spearman_rho_long"] > 0
+    # a broken computation below d_v (r < 1 where A_eff = A) is never supported
+    broken = by_length(FALLING).assign(pearson_r=[0.9, 1.0, *FALLING])
+    assert claims.pearson_by_length(broken, head_dim=32).status == claims.NOT_SUPPORTED
+    assert claims.pearson_by_length(by_length(FALLING), head_dim=128).status == claims.NOT_TESTED
+
+
+def to_tokens(cells: dict[tuple[str, int], tuple[float, float]], layers: int = 3) -> pd.DataFrame:
+    """Layer means per (target, layer): raw, effective; other cells quiet (raw 0.05)."""
     rows = []
-    for layer in (1, 2):
-        for head in range(3):
-            rows += [
-                (layer, head, "raw", "SEP", raw if layer == 2 else 0.05),
-                (layer, head, "effective", "SEP", eff),
-            ]
+    for layer in range(1, layers + 1):
+        for target in ("CLS", "SEP", "PUNCT"):
+            raw, eff = cells.get((target, layer), (0.05, 0.02))
+            for head in range(3):
+                rows += [(layer, head, "raw", target, raw), (layer, head, "effective", target, eff)]
     return pd.DataFrame(rows, columns=["layer", "head", "kind", "target", "value"])
 
 
-def test_fig1bc() -> None:
-    v = claims.effective_vs_raw_targets(to_tokens(0.6, 0.05))
-    assert v.status == claims.SUPPORTED and v.numbers["layer"] == 2 and v.numbers["target"] == "SEP"
-    assert claims.effective_vs_raw_targets(to_tokens(0.6, 0.5)).status == claims.NOT_SUPPORTED
-    assert claims.effective_vs_raw_targets(to_tokens(0.1, 0.05)).status == claims.NOT_TESTED
+def test_fig1bc_covers_every_layer_and_target() -> None:
+    good = {("SEP", 2): (0.6, 0.05), ("CLS", 1): (0.4, 0.1), ("PUNCT", 3): (0.5, 0.2)}
+    v = claims.effective_vs_raw_targets(to_tokens(good))
+    assert v.status == claims.SUPPORTED and v.numbers["cells_tested"] == 3
+    # the largest cell passes but another concentrated cell does not: no longer supported
+    one_bad = good | {("PUNCT", 3): (0.5, 0.4)}
+    v = claims.effective_vs_raw_targets(to_tokens(one_bad))
+    assert v.status == claims.PARTLY
+    assert (v.numbers["worst_target"], v.numbers["worst_layer"]) == ("PUNCT", 3)
+    all_bad = {k: (raw, 0.9 * raw) for k, (raw, _) in good.items()}
+    assert claims.effective_vs_raw_targets(to_tokens(all_bad)).status == claims.NOT_SUPPORTED
+    quiet = claims.effective_vs_raw_targets(to_tokens({("SEP", 2): (0.1, 0.05)}))
+    assert quiet.status == claims.NOT_TESTED
 
 
-def per_layer(cos: list[float], l2: list[float]) -> pd.DataFrame:
+def test_output_change_summary_uses_only_sequences_beyond_the_head_width() -> None:
+    changes = pd.DataFrame(
+        {
+            "seq": [0, 0, 1, 1],
+            "length": [10, 10, 50, 50],
+            "layer": [1, 1, 1, 1],
+            "head": [0, 1, 0, 1],
+            "bias_free": [0.0, 0.0, 1e-15, 2e-15],
+            "biased": [0.0, 0.0, 0.05, 0.3],
+        }
+    )
+    s = claims.output_change(changes, head_dim=32)
+    assert s["n_heads"] == 2 and s["biased_median"] == pytest.approx(0.175)
+    assert s["biased_max"] == 0.3 and s["bias_free_max"] == 2e-15
+
+
+def per_layer(
+    cos: list[float], l2: list[float], mlp: tuple[list[float], list[float]] | None = None
+) -> pd.DataFrame:
+    """Rates of the linear probe (cos, l2) and of the MLP (a copy unless `mlp` is given)."""
+    mlp_cos, mlp_l2 = mlp if mlp is not None else (cos, l2)
     rows = []
-    for probe in ("linear", "mlp"):
-        rows += [(i + 1, probe, "cos", r) for i, r in enumerate(cos)]
-        rows += [(i + 1, probe, "l2", r) for i, r in enumerate(l2)]
+    for probe, c, l2_rates in (("linear", cos, l2), ("mlp", mlp_cos, mlp_l2)):
+        rows += [(i + 1, probe, "cos", r) for i, r in enumerate(c)]
+        rows += [(i + 1, probe, "l2", r) for i, r in enumerate(l2_rates)]
     return pd.DataFrame(rows, columns=["layer", "probe", "objective", "rate"])
 
 
-def test_fig2a() -> None:
+def test_fig2a_cosine_claim_counts_a_copied_mlp_once() -> None:
+    copied = claims.cosine_beats_l2(per_layer([1, 0.95], [1, 0.9]))
+    assert copied.status == claims.SUPPORTED
+    assert copied.numbers["mlp_copies_linear"] and copied.numbers["probes_compared"] == ["linear"]
+    assert "counted once" in copied.sentence
+    distinct = per_layer([1, 0.95], [1, 0.9], mlp=([1, 0.97], [1, 0.92]))
+    v = claims.cosine_beats_l2(distinct)
+    assert v.status == claims.SUPPORTED and v.numbers["cells"] == 4
+    # L2 ahead for the MLP at one of four cells: partly; at every cell: not supported
+    mlp_loses = per_layer([1, 0.95], [1, 0.9], mlp=([1, 0.85], [1, 0.9]))
+    assert claims.cosine_beats_l2(mlp_loses).status == claims.PARTLY
+    l2_everywhere = per_layer([0.9, 0.8], [1, 0.9], mlp=([0.9, 0.8], [0.95, 0.85]))
+    assert claims.cosine_beats_l2(l2_everywhere).status == claims.NOT_SUPPORTED
+
+
+def test_fig2a_depth_claim() -> None:
     control = pd.DataFrame({"rate": [0.05], "chance": [0.04]})
-    assert claims.cosine_beats_l2(per_layer([1, 0.95], [1, 0.9])).status == claims.SUPPORTED
-    assert claims.cosine_beats_l2(per_layer([1, 0.85], [1, 0.9])).status == claims.PARTLY
-    assert (
-        claims.identifiable_at_depth(per_layer([1, 0.9], [1, 0.8]), control).status
-        == claims.SUPPORTED
-    )
-    assert (
-        claims.identifiable_at_depth(per_layer([1, 0.6], [1, 0.5]), control).status == claims.PARTLY
-    )
+    ok = claims.identifiable_at_depth(per_layer([1, 0.9], [1, 0.8]), control)
+    assert ok.status == claims.SUPPORTED
+    low = claims.identifiable_at_depth(per_layer([1, 0.6], [1, 0.5]), control)
+    assert low.status == claims.PARTLY
     leaky = pd.DataFrame({"rate": [0.5], "chance": [0.04]})
     assert (
         claims.identifiable_at_depth(per_layer([1, 0.9], [1, 0.8]), leaky).status == claims.PARTLY
     )
-
-
-def test_attribution_claims() -> None:
-    own = pd.DataFrame(
-        {
-            "layer": [1, 1, 2, 2],
-            "own": [0.5, 0.4, 0.2, 0.1],
-            "own_is_top": [True, True, True, False],
-        }
-    )
-    assert claims.own_contribution_falls(own).status == claims.SUPPORTED
+    no_control = claims.identifiable_at_depth(per_layer([1, 0.9], [1, 0.8]), pd.DataFrame())
     assert (
-        claims.own_contribution_falls(own.assign(layer=[2, 2, 1, 1])).status == claims.NOT_SUPPORTED
+        no_control.status == claims.PARTLY and "no shuffled-target control" in no_control.sentence
     )
-    share, verdict = claims.not_top_share(own)
-    assert share["percent"].tolist() == [0.0, 50.0] and verdict.status == claims.SUPPORTED
+    lost = claims.identifiable_at_depth(per_layer([1, 0.3], [1, 0.2]), control)
+    assert lost.status == claims.NOT_SUPPORTED
+    # the MLP counts when it is a distinct probe: it alone can carry the last layer
+    mlp_carries = per_layer([1, 0.6], [1, 0.5], mlp=([1, 0.85], [1, 0.6]))
+    v = claims.identifiable_at_depth(mlp_carries, control)
+    assert v.status == claims.SUPPORTED and v.numbers["best_probe_last_layer"] == "mlp"
+
+
+def cross(rates: dict[str, float], layers: int = 3) -> pd.DataFrame:
+    """Off-diagonal rate per regime (diagonal 1.0)."""
+    rows = [
+        (regime, "linear", "cos", a, b, 1.0 if a == b else r)
+        for regime, r in rates.items()
+        for a in range(1, layers + 1)
+        for b in range(1, layers + 1)
+    ]
+    return pd.DataFrame(
+        rows, columns=["regime", "probe", "objective", "train_layer", "test_layer", "rate"]
+    )
+
+
+def test_fig2b_reports_each_fitting_regime() -> None:
+    both = claims.cross_layer(cross({"converged": 0.8, "closed form": 0.7}))
+    assert both.status == claims.SUPPORTED
+    hinge = claims.cross_layer(cross({"converged": 0.2, "closed form": 0.7}))
+    assert hinge.status == claims.PARTLY and "hinges on the fitting regime" in hinge.sentence
+    assert hinge.numbers["min_off_diagonal_converged"] == pytest.approx(0.2)
+    assert claims.cross_layer(cross({"converged": 0.2, "closed form": 0.3})).status == (
+        claims.NOT_SUPPORTED
+    )
+    single = cross({"converged": 0.9}).drop(columns="regime")  # tables without regimes
+    assert claims.cross_layer(single).status == claims.SUPPORTED
+    assert claims.cross_layer(cross({"converged": 0.9}, layers=1)).status == claims.NOT_TESTED
+
+
+def own_table(medians: list[float], top: list[float] | None = None) -> pd.DataFrame:
+    """Three tokens per layer around the given median; `top`: share of tokens whose own is top."""
+    rows = []
+    for layer, m in enumerate(medians, start=1):
+        share = 1.0 if top is None else top[layer - 1]
+        for k, v in enumerate((m - 0.01, m, m + 0.01)):
+            rows.append((layer, v, k < round(3 * share)))
+    return pd.DataFrame(rows, columns=["layer", "own", "own_is_top"])
+
+
+def test_fig3a_requires_a_near_monotone_fall() -> None:
+    assert claims.own_contribution_falls(own_table([0.4, 0.3, 0.2, 0.1])).status == claims.SUPPORTED
+    # a rise within the 1-point tolerance is allowed
+    wobble = claims.own_contribution_falls(own_table([0.4, 0.3, 0.305, 0.1]))
+    assert wobble.status == claims.SUPPORTED
+    # first > last alone is no longer enough: a 10-point rise in between makes it partial
+    bumpy = claims.own_contribution_falls(own_table([0.4, 0.2, 0.3, 0.1]))
+    assert bumpy.status == claims.PARTLY and bumpy.numbers["rises"] == {3: pytest.approx(10.0)}
+    assert claims.own_contribution_falls(own_table([0.2, 0.3, 0.4])).status == claims.NOT_SUPPORTED
+    flat = claims.own_contribution_falls(own_table([0.3, 0.3, 0.295]))
+    assert flat.status == claims.NOT_SUPPORTED  # a fall within the tolerance is no fall
+
+
+def test_fig3b_not_top_share() -> None:
+    rising = own_table([0.4, 0.2], top=[1.0, 1 / 3])
+    share, v = claims.not_top_share(rising)
+    assert share["percent"].round(6).tolist() == [0.0, pytest.approx(66.666667)]
+    assert v.status == claims.SUPPORTED
+    _, v = claims.not_top_share(own_table([0.4, 0.2], top=[1 / 3, 1 / 3]))
+    assert v.status == claims.NOT_SUPPORTED  # no rise
+    _, v = claims.not_top_share(own_table([0.4, 0.2], top=[2 / 3, 0.0]))
+    assert v.status == claims.PARTLY  # rises, but layer 1 already far above 5 %
+
+
+def groups_table(percent: dict[int, dict[str, float]]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [(layer, g, p) for layer, row in percent.items() for g, p in row.items()],
+        columns=["layer", "group", "percent"],
+    )
+
+
+def test_fig4a_neighbours_spread() -> None:
+    base = {g: 15.0 for g in claims.GROUPS}
+    spread = groups_table({1: base | {"1": 30.0, "11+": 5.0}, 2: base | {"1": 20.0, "11+": 12.0}})
+    assert claims.neighbours_spread(spread).status == claims.SUPPORTED
+    no_spread = groups_table({1: base | {"1": 30.0, "11+": 5.0}, 2: base | {"1": 30.0, "11+": 4.0}})
+    assert claims.neighbours_spread(no_spread).status == claims.PARTLY
+    inverted = groups_table({1: base | {"1": 5.0, "11+": 30.0}, 2: base | {"1": 5.0, "11+": 20.0}})
+    assert claims.neighbours_spread(inverted).status == claims.NOT_SUPPORTED
+
+
+def test_fig4b_peak_at_neighbours() -> None:
+    def positions(peak: int) -> pd.DataFrame:
+        offsets = [o for o in range(-10, 11) if o != 0]
+        return pd.DataFrame(
+            [(1, o, 1.0 if o == peak else 0.3) for o in offsets],
+            columns=["layer", "offset", "total"],
+        )
+
+    assert claims.peak_at_neighbours(positions(-1)).status == claims.SUPPORTED
+    assert claims.peak_at_neighbours(positions(5)).status == claims.NOT_SUPPORTED
+    empty = pd.DataFrame(columns=["layer", "offset", "total"])
+    assert claims.peak_at_neighbours(empty).status == claims.NOT_TESTED
 
 
 def contributions(decay: list[float], n: int, gen: torch.Generator) -> torch.Tensor:

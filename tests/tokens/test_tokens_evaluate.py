@@ -8,9 +8,15 @@ import torch
 from identifiable.errors import IdentifiableError
 from identifiable.tokens.evaluate import evaluate_pairs
 from identifiable.tokens.extract import TokenPairs
+from identifiable.tokens.probes import ProbeConfig
 from tokens.tokens_synth import synthetic_pairs, vocabulary
 
-FAST = {"cross_layer": (), "controls": ()}
+# small MLPs and short selection keep the protocol but not its cost (synthetic d = 16)
+FAST = {
+    "cross_layer": (),
+    "controls": (),
+    "probe_config": ProbeConfig(mlp_width=32, max_steps=400, select_steps=20),
+}
 
 
 def _rate(df, layer, probe, objective, column="rate"):
@@ -77,10 +83,14 @@ def test_cross_layer_diagonal_equals_the_per_layer_rate():
     pairs = synthetic_pairs(n_seq=50, d=16, n_layers=3, noise=0.4)
     ev = evaluate_pairs(pairs, probes=["linear"], objectives=["cos"], controls=())
     cross = ev.cross_layer
-    assert len(cross) == 9 and set(cross["train_layer"]) == {1, 2, 3}
+    assert len(cross) == 2 * 9 and set(cross["regime"]) == {"converged", "closed form"}
+    assert set(cross["train_layer"]) == {1, 2, 3}
+    converged = cross[cross["regime"] == "converged"]
     for layer in (1, 2, 3):
-        diag = cross[(cross["train_layer"] == layer) & (cross["test_layer"] == layer)]
+        diag = converged[(converged["train_layer"] == layer) & (converged["test_layer"] == layer)]
         assert float(diag["rate"].iloc[0]) == _rate(ev.per_layer, layer, "linear", "cos")
+    with pytest.raises(IdentifiableError, match="unknown cross-layer regime"):
+        evaluate_pairs(pairs, probes=["linear"], cross_layer_regimes=["best"], controls=())
 
 
 @pytest.mark.parametrize("candidates", ["corpus", "vocabulary"])
@@ -102,8 +112,8 @@ def test_other_candidate_sets(candidates):
 
 def test_evaluation_is_deterministic_under_a_seed():
     pairs = synthetic_pairs(n_seq=40, d=12, n_layers=2, noise=0.5)
-    a, b = (evaluate_pairs(pairs, seed=7) for _ in range(2))
-    c = evaluate_pairs(pairs, seed=8)
+    a, b = (evaluate_pairs(pairs, seed=7, probe_config=FAST["probe_config"]) for _ in range(2))
+    c = evaluate_pairs(pairs, seed=8, probe_config=FAST["probe_config"])
     assert a.per_layer.equals(b.per_layer) and a.control.equals(b.control)
     assert a.cross_layer.equals(b.cross_layer)
     assert not torch.equal(a.split.test, c.split.test)

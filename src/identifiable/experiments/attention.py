@@ -252,9 +252,10 @@ def attention_tables(
 
     Tables: by_length (seq, length, pearson_r, null_dim_mean);
     by_layer (seq, length, layer, pearson_r); to_tokens (seq, layer, head, kind, target, value),
-    value = mean over query tokens of the summed weight on the target keys (SPEC §2).
+    value = mean over query tokens of the summed weight on the target keys (docs/definitions.md#effective-attention);
+    output_change (seq, length, layer, head, bias_free, biased): see `head_output_change`.
     """
-    by_length, by_layer, to_tokens = [], [], []
+    by_length, by_layer, to_tokens, output_change = [], [], [], []
     factors = None
     for k, tr in enumerate(model.trace_many(list(shard), batch_size=8)):
         seq = first + k
@@ -272,6 +273,17 @@ def attention_tables(
             pooled += sums
             dims.append(le.dim[:, -1].double())
             by_layer.append((seq, n, le.layer + 1, pearson_from_sums(sums)))
+            change = head_output_change(
+                le.raw,
+                le.effective,
+                tr.values[le.layer],
+                tr.value_bias[le.layer],
+                tr.out_proj[le.layer],
+            )
+            output_change.extend(
+                (seq, n, le.layer + 1, h, free, biased)
+                for h, (free, biased) in enumerate(change.tolist())
+            )
             for kind, mat in (("raw", le.raw), ("effective", le.effective)):
                 for target, pos in targets.items():
                     if not pos:
@@ -292,4 +304,40 @@ def attention_tables(
         "to_tokens": pd.DataFrame(
             to_tokens, columns=["seq", "layer", "head", "kind", "target", "value"]
         ),
+        "output_change": pd.DataFrame(
+            output_change, columns=["seq", "length", "layer", "head", "bias_free", "biased"]
+        ),
     }
+
+
+def head_output_change(
+    raw: torch.Tensor,
+    effective: torch.Tensor,
+    values: torch.Tensor,
+    value_bias: torch.Tensor,
+    out_proj: torch.Tensor,
+) -> torch.Tensor:
+    """Relative change of each head's output when A is replaced by A_eff, `[H, 2]` float64.
+
+    The null space is defined for the bias-free T = E W_V H, so A_eff T = A T and the
+    bias-free output cannot change; the model, however, computes A (E W_V + 1 b_Vᵀ) H, and
+    the rows of the paper's A_eff need not sum to 1, so the value bias enters with other
+    weights and the real head output does change.
+
+    Args:
+        raw, effective: `[H, n, n]` A and A_eff; values: `[H, n, d_v]` E W_V (no bias);
+        value_bias: `[H, d_v]` b_V; out_proj: `[H, d_v, d]` H.
+    Returns:
+        Column 0: ‖(A_eff − A) E W_V H‖_F / ‖A E W_V H‖_F (bias-free; zero up to rounding).
+        Column 1: the same with the biased values E W_V + 1 b_Vᵀ the model computes with.
+    """
+    a, diff = raw.double(), effective.double() - raw.double()
+    v, h = values.double(), out_proj.double()
+    biased = v + value_bias.double()[:, None, :]
+    out = []
+    for x in (v, biased):
+        t = x @ h  # [H, n, d]
+        num = torch.linalg.matrix_norm(diff @ t)
+        den = torch.linalg.matrix_norm(a @ t).clamp_min(1e-300)
+        out.append(num / den)
+    return torch.stack(out, dim=-1)

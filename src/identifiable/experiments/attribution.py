@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -276,7 +277,7 @@ def run_attribution_experiment(
     def results() -> Iterable[HTAResult]:
         for s, text in enumerate(texts_list):
             yield hidden_token_attribution(
-                model, text, probes, seed=seed + s, memory_budget=memory_budget
+                model, text, probes, seed=seed + s, memory_budget=memory_budget, progress=False
             )
 
     stream: Iterable[HTAResult] = results()
@@ -292,17 +293,20 @@ def run_attribution_experiment(
 # ---- the reproduction stage (shard → partial tables) ----------------------------
 
 ATTRIBUTION_COLUMNS = {
-    "own": ["seq", "layer", "position", "own", "own_is_top", "special"],
+    "own": ["seq", "layer", "position", "own", "own_is_top", "special", "own_stderr"],
     "groups": ["seq", "layer", "group", "per_position_sum", "tokens"],
     "offsets": ["seq", "layer", "offset", "total"],
     "specials": ["seq", "layer", "share_sum", "queries"],
 }
 
 
-def reduce_attribution(seq: int, c: torch.Tensor, special: torch.Tensor) -> dict[str, list[tuple]]:
+def reduce_attribution(
+    seq: int, c: torch.Tensor, special: torch.Tensor, stderr: torch.Tensor | None = None
+) -> dict[str, list[tuple]]:
     """Rows of the attribution tables for one sequence, with `identifiable.attribution.stats`.
 
-    c: `[L, n, n]` contributions; special: `[n]` bool. Tables (see ATTRIBUTION_COLUMNS), all
+    c: `[L, n, n]` contributions; special: `[n]` bool; stderr: `[L, n, n]` the estimator's
+    standard error of c (None in exact mode: own_stderr is NaN). Tables (see ATTRIBUTION_COLUMNS), all
     of which add up over sequences exactly as `experiments.attribution` aggregates them:
     own: c^l_{i,i} and whether the own input is the top contributor (ties count as top);
     groups: Σ over tokens of (the group's summed contribution / its number of positions), and
@@ -312,6 +316,11 @@ def reduce_attribution(seq: int, c: torch.Tensor, special: torch.Tensor) -> dict
     c, special = c.double(), special.bool()
     n_layers, n = c.shape[0], c.shape[1]
     own, is_top = own_contribution(c), own_is_top(c)
+    own_err = (
+        own_contribution(stderr.double())
+        if stderr is not None
+        else torch.full_like(own, float("nan"))
+    )
     sums, counts = distance_group_sums(c)  # [L, n, G], [n, G]
     per_pos = torch.where(counts > 0, sums / counts.clamp_min(1), 0.0).sum(1)  # [L, G]
     with_group = (counts > 0).sum(0)  # [G]
@@ -321,7 +330,15 @@ def reduce_attribution(seq: int, c: torch.Tensor, special: torch.Tensor) -> dict
     rows: dict[str, list[tuple]] = {name: [] for name in ATTRIBUTION_COLUMNS}
     for layer in range(n_layers):
         rows["own"] += [
-            (seq, layer + 1, i, float(own[layer, i]), bool(is_top[layer, i]), bool(special[i]))
+            (
+                seq,
+                layer + 1,
+                i,
+                float(own[layer, i]),
+                bool(is_top[layer, i]),
+                bool(special[i]),
+                float(own_err[layer, i]),
+            )
             for i in range(n)
         ]
         rows["groups"] += [
@@ -342,10 +359,211 @@ def attribution_shard_tables(
     reduced by `reduce_attribution`."""
     rows: dict[str, list[tuple]] = {name: [] for name in ATTRIBUTION_COLUMNS}
     for k, item in enumerate(shard):
-        res = hidden_token_attribution(model, item, probes, seed=seed + first + k)
-        for name, new in reduce_attribution(first + k, res.contributions, res.special).items():
+        res = hidden_token_attribution(model, item, probes, seed=seed + first + k, progress=False)
+        rows_k = reduce_attribution(first + k, res.contributions, res.special, res.stderr)
+        for name, new in rows_k.items():
             rows[name] += new
         advance(1)
     return {
         name: pd.DataFrame(rows[name], columns=cols) for name, cols in ATTRIBUTION_COLUMNS.items()
     }
+
+
+def items_in_length_range(
+    model: Any, items: Sequence[Item], min_tokens: int, max_tokens: int, count: int
+) -> list[Item]:
+    """The first `count` items whose token count n satisfies min_tokens ≤ n ≤ max_tokens.
+
+    The paper attributes Wikipedia pairs of up to 128 tokens; own contributions and P̃
+    depend strongly on n (at the last layer of MiniLM P̃ is about twice as high on ≤ 40-token
+    sequences as on 110-token pairs), so the reproduction draws its pairs from a stated
+    length range. If too few items qualify, the longest items of at most `max_tokens`
+    tokens fill up (so small test corpora still run), in corpus order.
+    """
+    lengths: list[int] = []
+    chosen: list[int] = []
+    for i, item in enumerate(items):
+        lengths.append(len(model.encode(item, truncate=True)))
+        if min_tokens <= lengths[-1] <= max_tokens:
+            chosen.append(i)
+            if len(chosen) == count:
+                return [items[k] for k in chosen]
+    rest = [k for k in range(len(items)) if lengths[k] <= max_tokens and k not in set(chosen)]
+    rest = sorted(rest, key=lambda k: -lengths[k])[: count - len(chosen)]
+    return [items[k] for k in sorted(chosen + rest)]
+
+
+# ---- bootstrap intervals over sequences (the stage's reduce) -----------------------
+
+BOOTSTRAP_RESAMPLES = 1000
+
+
+def _expanded_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> np.ndarray:
+    """Quantile q of `values` `[T]` (sorted) repeated `weights` `[B, T]` times, per row b.
+
+    Linear interpolation between order statistics, as numpy's and pandas' default, so that
+    all-ones weights give exactly `np.quantile(values, q)`.
+    """
+    cum = np.cumsum(weights, axis=1)  # [B, T]
+    total = cum[:, -1]
+    pos = (total - 1) * q
+    lo, hi = np.floor(pos), np.ceil(pos)
+    i_lo = (cum <= lo[:, None]).sum(1)
+    i_hi = (cum <= hi[:, None]).sum(1)
+    v_lo, v_hi = (
+        values[np.minimum(i_lo, len(values) - 1)],
+        values[np.minimum(i_hi, len(values) - 1)],
+    )
+    return v_lo + (pos - lo) * (v_hi - v_lo)
+
+
+def _interval(samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile 95 % interval over the first axis."""
+    return np.nanpercentile(samples, 2.5, axis=0), np.nanpercentile(samples, 97.5, axis=0)
+
+
+def bootstrap_summaries(
+    tables: dict[str, pd.DataFrame], *, seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES
+) -> dict[str, pd.DataFrame]:
+    """Every plotted statistic of Figs. 3-4 with a 95 % bootstrap interval over sequences.
+
+    Sequences are resampled with replacement (`resamples` times, `numpy` generator seeded
+    by `seed`, so the intervals are deterministic); each resample recomputes the statistic
+    from its sequences exactly as the point estimate is computed from all of them
+    (percentile intervals). Tables:
+    own_summary: layer, n_sequences, n_tokens, and for q1 / median / q3 of c^l_{i,i} (%)
+    and p_tilde (% of tokens whose own input is not the top contributor) the estimate with
+    _lo and _hi; groups_summary: layer, group, percent, percent_lo, percent_hi;
+    offsets_summary: layer, offset, total (normalised to a maximum of 1 per layer,
+    offset 0 left out), total_lo, total_hi.
+    """
+    own, groups, offsets = tables["own"], tables["groups"], tables["offsets"]
+    seqs = np.array(sorted(own["seq"].unique()))
+    n_seq = len(seqs)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, n_seq, size=(resamples, n_seq))
+    counts = np.stack([np.bincount(d, minlength=n_seq) for d in draws])  # [B, S]
+    ones = np.ones((1, n_seq), dtype=counts.dtype)
+    slot = {s: k for k, s in enumerate(seqs)}
+
+    own_rows = []
+    for layer, t in own.groupby("layer", sort=True):
+        order = np.argsort(t["own"].to_numpy(), kind="stable")
+        values = t["own"].to_numpy()[order] * 100
+        where = np.array([slot[s] for s in t["seq"].to_numpy()[order]])
+        row: dict[str, Any] = {
+            "layer": int(layer),
+            "n_sequences": n_seq,
+            "n_tokens": len(t),
+        }
+        for name, q in (("q1", 0.25), ("median", 0.5), ("q3", 0.75)):
+            row[name] = float(_expanded_quantile(values, ones[:, where], q)[0])
+            lo, hi = _interval(_expanded_quantile(values, counts[:, where], q))
+            row[f"{name}_lo"], row[f"{name}_hi"] = float(lo), float(hi)
+        not_top = (~t["own_is_top"].astype(bool)).to_numpy()
+        per_seq_k = np.bincount([slot[s] for s in t["seq"]], weights=not_top, minlength=n_seq)
+        per_seq_n = np.bincount([slot[s] for s in t["seq"]], minlength=n_seq)
+        row["p_tilde"] = float(100 * per_seq_k.sum() / per_seq_n.sum())
+        lo, hi = _interval(100 * (counts @ per_seq_k) / (counts @ per_seq_n))
+        row["p_tilde_lo"], row["p_tilde_hi"] = float(lo), float(hi)
+        own_rows.append(row)
+
+    labels = [label for label, _, _ in DISTANCE_GROUPS]
+    group_rows = []
+    for layer, t in groups.groupby("layer", sort=True):
+        sums = np.zeros((n_seq, len(labels)))
+        toks = np.zeros((n_seq, len(labels)))
+        for s, g, v, k in t[["seq", "group", "per_position_sum", "tokens"]].itertuples(index=False):
+            sums[slot[s], labels.index(g)] += v
+            toks[slot[s], labels.index(g)] += k
+
+        def percent(w: np.ndarray, sums=sums, toks=toks) -> np.ndarray:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                mean = (w @ sums) / np.where(w @ toks > 0, w @ toks, np.nan)
+                return 100 * mean / np.nansum(mean, axis=1, keepdims=True)
+
+        point = percent(ones.astype(float))[0]
+        lo, hi = _interval(percent(counts.astype(float)))
+        group_rows += [
+            {
+                "layer": int(layer),
+                "group": g,
+                "percent": float(point[k]),
+                "percent_lo": float(lo[k]),
+                "percent_hi": float(hi[k]),
+            }
+            for k, g in enumerate(labels)
+        ]
+
+    off = offsets[(offsets["offset"] != 0) & (offsets["offset"].abs() <= 60)]
+    offset_rows = []
+    for layer, t in off.groupby("layer", sort=True):
+        keys = np.array(sorted(t["offset"].unique()))
+        col = {o: k for k, o in enumerate(keys)}
+        totals = np.zeros((n_seq, len(keys)))
+        for s, o, v in t[["seq", "offset", "total"]].itertuples(index=False):
+            totals[slot[s], col[o]] += v
+
+        def normalised(w: np.ndarray, totals=totals) -> np.ndarray:
+            agg = w @ totals
+            return agg / np.maximum(agg.max(axis=1, keepdims=True), 1e-300)
+
+        point = normalised(ones.astype(float))[0]
+        lo, hi = _interval(normalised(counts.astype(float)))
+        offset_rows += [
+            {
+                "layer": int(layer),
+                "offset": int(o),
+                "total": float(point[k]),
+                "total_lo": float(lo[k]),
+                "total_hi": float(hi[k]),
+            }
+            for k, o in enumerate(keys)
+        ]
+    return {
+        "own_summary": pd.DataFrame(own_rows),
+        "groups_summary": pd.DataFrame(group_rows),
+        "offsets_summary": pd.DataFrame(offset_rows),
+    }
+
+
+def estimator_summary(own: pd.DataFrame, probes: int | None, resamples: int) -> pd.DataFrame:
+    """One row: sample sizes and the estimator's stated error, for captions and the methods.
+
+    median_rel_stderr_own: median over tokens and layers of the estimator's standard error
+    of c^l_{i,i} relative to c^l_{i,i} (NaN when exact). Lengths are tokens per sequence.
+    """
+    per_seq = own[own["layer"] == own["layer"].min()].groupby("seq").size()
+    rel = (own["own_stderr"] / own["own"]).replace([np.inf, -np.inf], np.nan)
+    return pd.DataFrame(
+        [
+            {
+                "n_sequences": int(per_seq.size),
+                "n_tokens": int(per_seq.sum()),
+                "min_length": int(per_seq.min()),
+                "max_length": int(per_seq.max()),
+                "median_length": float(per_seq.median()),
+                "estimator": "exact" if probes is None else f"{probes} random probes per token",
+                "probes": -1 if probes is None else int(probes),
+                "median_rel_stderr_own": float(rel.median()) if rel.notna().any() else float("nan"),
+                "bootstrap_resamples": int(resamples),
+            }
+        ]
+    )
+
+
+def attribution_reduce(
+    parts: Sequence[dict[str, pd.DataFrame]],
+    *,
+    probes: int | None,
+    seed: int = 0,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+) -> dict[str, pd.DataFrame]:
+    """The attribution stage's reduce: shard tables concatenated, plus the bootstrap summaries
+    (`bootstrap_summaries`) and the estimator summary (`estimator_summary`)."""
+    from identifiable.experiments.pipeline import concat_reduce
+
+    tables = concat_reduce(parts)
+    tables |= bootstrap_summaries(tables, seed=seed, resamples=resamples)
+    tables["estimator"] = estimator_summary(tables["own"], probes, resamples)
+    return tables

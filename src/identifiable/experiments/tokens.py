@@ -21,6 +21,7 @@ import torch
 
 from identifiable.errors import IdentifiableError
 from identifiable.experiments.pipeline import Advance, Item
+from identifiable.results import Result
 from identifiable.tokens.cache import cache_paths, corpus_fingerprint, load_pairs, save_pairs
 from identifiable.tokens.evaluate import Candidates, Kind, evaluate_pairs
 from identifiable.tokens.extract import STORAGE_DTYPES, TokenPairs, collect_token_pairs
@@ -32,7 +33,14 @@ DEFAULT_CORPUS = "wikipedia-sample"
 
 
 @dataclass
-class TokenIdentifiabilityResult:
+class TokenIdentifiabilityResult(
+    Result,
+    tables={
+        "per_layer": ("layer", "probe", "objective"),
+        "cross_layer": ("probe", "objective", "train_layer", "test_layer"),
+        "control": ("layer", "probe", "objective"),
+    },
+):
     """Tidy results; every table is long format (one row per measurement).
 
     Attributes:
@@ -205,7 +213,8 @@ def token_identifiability(
         corpus: an iterable of texts or (text, text) pairs, or a corpus name for
             `identifiable.corpus.load_corpus`.
         max_tokens: token cap (whole sequences); `QUICK_MAX_TOKENS` for a fast run.
-        probes, objectives: every probe kind × objective is fitted at every layer.
+        probes: probe kinds; every kind × objective is fitted at every layer.
+        objectives: probe objectives ("l2", "cos").
         candidates: "sequence" (default), "corpus" or "vocabulary" (see `identifiable.tokens.evaluate`).
         layers: hidden-state indices 0..L to probe (0 = e^0); default 1..L.
         cross_layer: (kind, objective) pairs also tested on every other layer.
@@ -285,23 +294,70 @@ def _evaluate_with_progress(pairs: TokenPairs, progress: bool, **kwargs: Any):
 # ---- the reproduction stage (one shard: probes are fitted on all tokens at once) ----
 
 
+def smoke_safe_tokens(requested: int, hidden_size: int, max_sequence_tokens: int = 128) -> int:
+    """The token cap a stage asks for: `requested`, raised so the split by sequence can work.
+
+    The split needs 2·(d + 1) tokens for width d (`min_tokens_for`), and extraction stops
+    at whole sequences, so one more sequence of up to `max_sequence_tokens` is added on
+    top. A budget written for one model (e.g. smoke's 400 tokens) thus runs on any width
+    (MiniLM, d = 384: at least 898 tokens).
+    """
+    from identifiable.tokens.split import min_tokens_for
+
+    return max(int(requested), min_tokens_for(hidden_size) + int(max_sequence_tokens))
+
+
+def probe_config_for(budget: Any) -> ProbeConfig:
+    """The probe protocol of a budget: the package defaults, with the budget's step cap,
+    MLP width and learning-rate grid where it sets them."""
+    changes: dict[str, Any] = {}
+    steps = getattr(budget, "probe_max_steps", None)
+    if steps:
+        changes |= {"max_steps": steps, "select_steps": min(steps, ProbeConfig().select_steps)}
+    if getattr(budget, "probe_mlp_width", None):
+        changes["mlp_width"] = budget.probe_mlp_width
+    if getattr(budget, "probe_lr_grid", None):
+        changes["lr_grid"] = tuple(budget.probe_lr_grid)
+    return ProbeConfig(**changes)
+
+
 def token_tables(
     model: Any, items: Sequence[Item], budget: Any, seed: int, cache_dir: Path, advance: Advance
 ) -> dict[str, pd.DataFrame]:
-    """Tables per_layer, cross_layer, control of `identifiable.experiments.tokens` (layers 1-based)."""
+    """Fig. 2 tables (layers 1-based): per_layer, cross_layer (two fitting regimes), control,
+    fits (every probe's loss curve), grid (every hyperparameter tried on validation),
+    counts (tokens, sequences and the split) and protocol (the probe settings, one row)."""
     from identifiable.tokens.evaluate import evaluate_pairs
-    from identifiable.tokens.probes import ProbeConfig
 
     # Extracted hidden states are cached by the tokens package itself, so a run killed
     # while fitting probes does not trace the corpus again.
-    pairs, _ = extract(model, list(items), max_tokens=budget.token_max_tokens, cache_dir=cache_dir)
-    config = (
-        ProbeConfig(max_steps=budget.probe_max_steps) if budget.probe_max_steps else ProbeConfig()
+    max_tokens = smoke_safe_tokens(
+        budget.token_max_tokens, model.info.hidden_size, getattr(budget, "max_tokens", 128)
     )
+    pairs, _ = extract(model, list(items), max_tokens=max_tokens, cache_dir=cache_dir)
+    config = probe_config_for(budget)
     ev = evaluate_pairs(pairs, seed=seed, probe_config=config, on_layer=lambda _layer: advance(1))
+    train_seq, val_seq, test_seq = ev.split.sequences(pairs.seq_ids)
+    counts = {
+        "n_tokens": pairs.n_tokens,
+        "n_sequences": pairs.n_sequences,
+        "token_cap": max_tokens,
+        "train_sequences": len(train_seq),
+        "val_sequences": len(val_seq),
+        "test_sequences": len(test_seq),
+        "train_tokens": int(ev.split.train.numel()),
+        "val_tokens": int(ev.split.val.numel()),
+        "test_tokens": int(ev.split.test.numel()),
+    }
+    protocol = {
+        k: (", ".join(map(str, v)) if isinstance(v, tuple) else v) for k, v in vars(config).items()
+    }
     return {
         "per_layer": ev.per_layer.reset_index(drop=True),
         "cross_layer": ev.cross_layer.reset_index(drop=True),
         "control": ev.control.reset_index(drop=True),
-        "counts": pd.DataFrame({"n_tokens": [pairs.n_tokens], "n_sequences": [pairs.n_sequences]}),
+        "fits": ev.fits.reset_index(drop=True),
+        "grid": ev.grid.reset_index(drop=True),
+        "counts": pd.DataFrame([counts]),
+        "protocol": pd.DataFrame([{k: str(v) for k, v in protocol.items()}]),
     }

@@ -35,9 +35,23 @@ PACKAGES = (
 
 EFFECTIVE_NOTE = (
     "Effective attention is not a probability distribution: it is raw attention with its null-space part "
-    "removed, the part that provably cannot change the head's output. Its entries may be negative and its "
-    "rows need not sum to 1."
+    "removed. That part cannot change the head's output as the paper writes it, A·E·W_V·H, without the value "
+    "bias (A_eff T = A T for T = E W_V H); the model's heads also add the value bias b_V, and since the rows "
+    "of A_eff need not sum to 1, replacing A by A_eff does change the real head output (measured below). "
+    "Its entries may be negative and its rows need not sum to 1."
 )
+
+
+def _change_note(change: dict[str, Any], d_v: int) -> str:
+    """The measured change of the real (biased) head output, for the sentence above."""
+    if not change.get("n_heads"):
+        return f"No sequence is longer than d_v = {d_v}, so A_eff = A and nothing changes."
+    return (
+        f"Measured on this run ({change['n_heads']} heads × layers of {change['n_sequences']} sequences longer "
+        f"than d_v = {d_v}; table fig1_output_change): replacing A by A_eff changes the bias-free output by at "
+        f"most {change['bias_free_max']:.1e} (rounding) but the real, biased head output by a median of "
+        f"{change['biased_median']:.1%} and up to {change['biased_max']:.1%} (relative Frobenius norm)."
+    )
 
 
 @dataclass
@@ -46,7 +60,7 @@ class Section:
     title: str
     claim: str
     explain: str
-    figures: list[tuple[str, bytes]]  # (stem, png)
+    figures: list[tuple[str, bytes, str]]  # (stem, png, caption)
     verdicts: list[claims.Verdict]
     tables: list[tuple[str, pd.DataFrame]]
 
@@ -66,6 +80,7 @@ def _tables(
 ) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
     """Final tables (name → DataFrame) and the verdicts that go with them."""
     att, tok, hta = results["attention"], results["tokens"], results["attribution"]
+    empty = pd.DataFrame()
     to_tokens = (
         att["to_tokens"]
         .groupby(["layer", "head", "kind", "target"], as_index=False)["value"]
@@ -75,7 +90,11 @@ def _tables(
     )
     groups = claims.neighbour_groups(hta["groups"])
     positions = claims.relative_positions(hta["offsets"])
-    share, v3b = claims.not_top_share(hta["own"])
+    _, v3b = claims.not_top_share(hta["own"])
+    own_summary = hta.get("own_summary", empty)
+    share = own_summary[["layer", "p_tilde", "p_tilde_lo", "p_tilde_hi"]].rename(
+        columns={"p_tilde": "percent", "p_tilde_lo": "percent_lo", "p_tilde_hi": "percent_hi"}
+    )
     specials = hta["specials"].groupby("layer", as_index=False)[["share_sum", "queries"]].sum()
     specials["percent_from_special_inputs"] = 100 * specials["share_sum"] / specials["queries"]
     specials = specials[["layer", "percent_from_special_inputs"]]
@@ -83,16 +102,65 @@ def _tables(
         "fig1a_pearson_by_length": att["by_length"],
         "fig1a_pearson_by_layer": att["by_layer"],
         "fig1bc_attention_to_tokens": to_tokens,
+        "fig1_output_change": att.get("output_change", empty),
         "fig2a_identifiability": tok["per_layer"],
         "fig2a_control": tok["control"],
+        "fig2a_fits": tok.get("fits", empty),
+        "fig2a_grid": tok.get("grid", empty),
+        "fig2_split": tok.get("counts", empty),
+        "fig2_protocol": tok.get("protocol", empty),
         "fig2b_cross_layer": tok["cross_layer"],
         "fig3a_own_contribution": hta["own"],
+        "fig3a_own_summary": own_summary,
         "fig3b_own_not_top": share,
         "fig4a_neighbour_groups": groups,
+        "fig4a_groups_summary": hta.get("groups_summary", empty),
         "fig4b_relative_position": positions,
+        "fig4b_positions_summary": hta.get("offsets_summary", empty),
         "fig4_special_share": specials,
+        "fig34_estimator": hta.get("estimator", empty),
     }
     return tables, {"fig3b": v3b}
+
+
+def _first(df: pd.DataFrame, column: str, default: Any = "?") -> Any:
+    return df[column].iloc[0] if column in df and len(df) else default
+
+
+def _sample_captions(tables: dict[str, pd.DataFrame], d_v: int) -> dict[str, str]:
+    """Sample sizes and estimator for each figure's caption (read from the tables)."""
+    by_length = tables["fig1a_pearson_by_length"]
+    split = tables["fig2_split"]
+    est = tables["fig34_estimator"]
+    att = (
+        f"{len(by_length)} sequences of {int(by_length['length'].min())}–{int(by_length['length'].max())} "
+        f"tokens ({int((by_length['length'] > d_v).sum())} longer than d_v = {d_v}); effective attention: "
+        "paper variant (bias-free T), float64."
+        if len(by_length)
+        else "no sequences."
+    )
+    tok = (
+        f"{_first(split, 'n_tokens')} tokens of {_first(split, 'n_sequences')} sequences, split by sequence into "
+        f"train {_first(split, 'train_sequences')} / validation {_first(split, 'val_sequences')} / test "
+        f"{_first(split, 'test_sequences')} sequences ({_first(split, 'test_tokens')} test tokens); rates on test "
+        "tokens only, candidates: the e^0 of the token's own sequence; bands: 95% Wilson intervals; "
+        f"MLP: one hidden layer of {_first(tables['fig2_protocol'], 'mlp_width')} units; every probe trained "
+        "to early stopping (Methods)."
+    )
+    probes = int(_first(est, "probes", -1))
+    err = _first(est, "median_rel_stderr_own", float("nan"))
+    estimator = (
+        "exact Jacobian norms"
+        if probes < 0
+        else f"estimator with {probes} random orthonormal probes per input token (median relative standard "
+        f"error of c_ii {err:.1%})"
+    )
+    hta = (
+        f"{_first(est, 'n_sequences')} sequences of {_first(est, 'min_length')}–{_first(est, 'max_length')} tokens "
+        f"({_first(est, 'n_tokens')} tokens per layer); {estimator}; error bars and bands: 95% bootstrap "
+        f"intervals over sequences ({_first(est, 'bootstrap_resamples')} resamples, seeded)."
+    )
+    return {"attention": att, "tokens": tok, "attribution": hta}
 
 
 def _sections(
@@ -100,15 +168,16 @@ def _sections(
 ) -> list[Section]:
     info = model.info
     d_v, n_layers, name = info.head_dim, info.n_layers, info.name
-    figs: dict[str, bytes] = {}
+    caption = _sample_captions(tables, d_v)
 
-    def fig(stem: str, f: Any) -> tuple[str, bytes]:
+    def fig(stem: str, f: Any, text: str) -> tuple[str, bytes, str]:
         png, _ = write_figure(f, out / "figures" / stem)
         figures.close(f)
-        figs[stem] = png
-        return stem, png
+        return stem, png, text
 
     to_tokens = tables["fig1bc_attention_to_tokens"]
+    change = claims.output_change(tables["fig1_output_change"], d_v)
+    fig2 = tables["fig2a_identifiability"]
     return [
         Section(
             "attention",
@@ -118,11 +187,13 @@ def _sections(
             "correlation is exactly 1 up to n = d_v and falls beyond (paper Fig. 1a).",
             "Left: each dot is one sequence; r compares every raw attention weight with its effective counterpart "
             "(all heads and layers pooled). Middle: the measured null-space dimension, with the lower bound n − d_v. "
-            "The dotted line marks the head width, where non-identifiability starts.",
+            "The dotted line marks the head width, where non-identifiability starts. r = 1 below d_v holds by "
+            "construction (there A_eff = A); the verdict tests the fall beyond it.",
             [
                 fig(
                     "fig1a_pearson_by_length",
                     figures.fig1a_pearson(tables["fig1a_pearson_by_length"], d_v, name),
+                    "Fig. 1a. " + caption["attention"],
                 )
             ],
             [claims.pearson_by_length(tables["fig1a_pearson_by_length"], d_v)],
@@ -134,18 +205,29 @@ def _sections(
             "Raw attention piles up on [CLS], [SEP] and punctuation in some layers, but much of that weight lies in "
             "the null space: effective attention to these tokens is far smaller (paper Figs. 1b, 1c).",
             "Dots: one head each (average attention its query tokens pay to the token type); lines: the layer mean. "
-            + EFFECTIVE_NOTE,
+            + EFFECTIVE_NOTE
+            + " "
+            + _change_note(change, d_v),
             [
                 fig(
-                    "fig1b_raw_attention", figures.fig1bc_targets(to_tokens, "raw", n_layers, name)
+                    "fig1b_raw_attention",
+                    figures.fig1bc_targets(to_tokens, "raw", n_layers, name),
+                    "Fig. 1b. " + caption["attention"],
                 ),
                 fig(
                     "fig1c_effective_attention",
                     figures.fig1bc_targets(to_tokens, "effective", n_layers, name),
+                    "Fig. 1c. " + caption["attention"],
                 ),
             ],
             [claims.effective_vs_raw_targets(to_tokens)],
-            [("fig1bc_attention_to_tokens (layer means)", claims.layer_means(to_tokens))],
+            [
+                ("fig1bc_attention_to_tokens (layer means)", claims.layer_means(to_tokens)),
+                (
+                    "fig1_output_change (relative change of each head's output, A → A_eff)",
+                    tables["fig1_output_change"],
+                ),
+            ],
         ),
         Section(
             "tokens",
@@ -155,21 +237,20 @@ def _sections(
             "the rate falls with depth yet stays high (paper Fig. 2).",
             "Rate: share of test tokens (held-out sequences) whose nearest input embedding, among the sequence's "
             "own, is their own; bands are 95% intervals; the dotted grey line is a probe fitted on shuffled "
-            "targets, which should sit at chance. Right figure: a linear cosine probe trained on one layer, "
-            "tested on every layer.",
+            "targets, which should sit at chance. Every learned probe is trained to convergence by the protocol "
+            "in Methods; its convergence record (steps, why it stopped, final training and validation loss) is "
+            "in the table below and its loss curve in tables/fig2a_fits.csv. Fig. 2b: a linear cosine probe "
+            "trained on one layer, tested on every layer, fitted two ways (converged, and the closed-form "
+            "least-squares start) because the transfer depends on the fitting regime.",
             [
                 fig(
                     "fig2a_identifiability",
                     figures.fig2a_identifiability(
-                        pd.concat(
-                            [
-                                tables["fig2a_identifiability"],
-                                tables["fig2a_control"].assign(probe="shuffled"),
-                            ]
-                        ),
+                        pd.concat([fig2, tables["fig2a_control"].assign(probe="shuffled")]),
                         n_layers,
                         name,
                     ),
+                    "Fig. 2a. " + caption["tokens"],
                 ),
                 fig(
                     "fig2b_cross_layer",
@@ -180,22 +261,41 @@ def _sections(
                         n_layers,
                         name,
                     ),
+                    "Fig. 2b. " + caption["tokens"],
                 ),
             ],
             [
-                claims.cosine_beats_l2(tables["fig2a_identifiability"]),
-                claims.identifiable_at_depth(
-                    tables["fig2a_identifiability"], tables["fig2a_control"]
-                ),
+                claims.cosine_beats_l2(fig2),
+                claims.identifiable_at_depth(fig2, tables["fig2a_control"]),
                 claims.cross_layer(tables["fig2b_cross_layer"]),
             ],
             [
                 (
-                    "fig2a_identifiability",
-                    tables["fig2a_identifiability"][
-                        ["layer", "probe", "objective", "rate", "ci_low", "ci_high"]
+                    "fig2a_identifiability (rates and convergence record)",
+                    fig2[
+                        [
+                            c
+                            for c in (
+                                "layer",
+                                "probe",
+                                "objective",
+                                "rate",
+                                "ci_low",
+                                "ci_high",
+                                "steps",
+                                "stopped",
+                                "lr",
+                                "weight_decay",
+                                "ridge",
+                                "train_loss",
+                                "val_loss",
+                                "late_gain",
+                            )
+                            if c in fig2
+                        ]
                     ],
-                )
+                ),
+                ("fig2a_grid (hyperparameters tried on validation)", tables["fig2a_grid"]),
             ],
         ),
         Section(
@@ -204,18 +304,25 @@ def _sections(
             "Hidden Token Attribution measures how much each input token contributes to a hidden token (gradient "
             "norms, rows sum to 100%). The share of the token's own input falls with depth, and in deeper layers "
             "a growing share of tokens gets more from another input than from its own (paper Fig. 3).",
-            "Left: distribution over tokens of the contribution of the token's own input (boxes: quartiles). "
-            "Second figure: percent of tokens whose largest contributor is another input.",
+            "Left: the median over tokens of the contribution of the token's own input, with its quartiles "
+            "(band), each with a 95% bootstrap interval over sequences. Second figure: percent of tokens whose "
+            "largest contributor is another input. Both depend on sequence length, so the pairs are drawn from "
+            "the paper's length range.",
             [
                 fig(
                     "fig3a_own_contribution",
-                    figures.fig3a_own(tables["fig3a_own_contribution"], n_layers, name),
+                    figures.fig3a_own(tables["fig3a_own_summary"], n_layers, name),
+                    "Fig. 3a. " + caption["attribution"],
                 ),
-                fig("fig3b_own_not_top", figures.fig3b_not_top(tables["fig3b_own_not_top"], name)),
+                fig(
+                    "fig3b_own_not_top",
+                    figures.fig3b_not_top(tables["fig3a_own_summary"], name),
+                    "Fig. 3b. " + caption["attribution"],
+                ),
             ],
             [claims.own_contribution_falls(tables["fig3a_own_contribution"]), extra["fig3b"]],
             [
-                ("fig3b_own_not_top", tables["fig3b_own_not_top"]),
+                ("fig3a_own_summary", tables["fig3a_own_summary"]),
                 ("fig4_special_share", tables["fig4_special_share"]),
             ],
         ),
@@ -226,19 +333,22 @@ def _sections(
             "to tokens further away (paper Fig. 4).",
             f"Fig. 4a normalisation ({claims.GROUP_NORMALISATION}); the paper does not state its own, so compare "
             "shapes, not levels. Fig. 4b: total contribution of the input at each relative position (the token "
-            "itself left out), normalised to a maximum of 1 per layer.",
+            "itself left out), normalised to a maximum of 1 per layer. Bands: 95% bootstrap intervals over "
+            "sequences.",
             [
                 fig(
                     "fig4a_neighbour_groups",
-                    figures.fig4a_groups(tables["fig4a_neighbour_groups"], n_layers, name),
+                    figures.fig4a_groups(tables["fig4a_groups_summary"], n_layers, name),
+                    "Fig. 4a. " + caption["attribution"],
                 ),
                 fig(
                     "fig4b_relative_position",
                     figures.fig4b_positions(
-                        tables["fig4b_relative_position"],
+                        tables["fig4b_positions_summary"],
                         sorted({1, (n_layers + 1) // 2, n_layers}),
                         name,
                     ),
+                    "Fig. 4b. " + caption["attribution"],
                 ),
             ],
             [
@@ -255,6 +365,100 @@ def _sections(
             ],
         ),
     ]
+
+
+def _methods(tables: dict[str, pd.DataFrame], settings: dict[str, Any], d_v: int, d: int) -> Markup:
+    """The Methods section: splits, probe fitting, sample sizes, estimator, deviations."""
+    split, proto, est = tables["fig2_split"], tables["fig2_protocol"], tables["fig34_estimator"]
+    fig2 = tables["fig2a_identifiability"]
+    budget = settings.get("budget", {})
+    p = {c: _first(proto, c) for c in proto.columns} if len(proto) else {}
+    capped = int((fig2["stopped"] == "max steps").sum()) if "stopped" in fig2 else 0
+    worst_gain = (
+        float(fig2["late_gain"].max()) if "late_gain" in fig2 and len(fig2) else float("nan")
+    )
+    items = [
+        (
+            "Data",
+            f"Corpus {settings.get('corpus', {}).get('name', '?')}, formatted as [CLS] a [SEP] b [SEP] pairs of "
+            f"at most {budget.get('max_tokens', '?')} tokens, shuffled under seed {settings.get('seed', '?')}. "
+            f"Fig. 1 uses the first {budget.get('attention_sequences', '?')} pairs.",
+        ),
+        (
+            "Split (Fig. 2)",
+            f"{_first(split, 'n_tokens')} tokens of {_first(split, 'n_sequences')} sequences (cap "
+            f"{_first(split, 'token_cap')} tokens, raised to what the split needs for the model's width), split "
+            f"by sequence, never by token: train {_first(split, 'train_sequences')} sequences / "
+            f"{_first(split, 'train_tokens')} tokens, validation {_first(split, 'val_sequences')} / "
+            f"{_first(split, 'val_tokens')}, test {_first(split, 'test_sequences')} / {_first(split, 'test_tokens')}. "
+            "Every fitting choice uses the validation sequences; rates are measured on the test sequences only.",
+        ),
+        (
+            "Probe fitting (Fig. 2)",
+            "Linear-L2: ridge least squares in closed form (the exact minimiser), ridge chosen from "
+            f"{p.get('ridge_grid', '?')} (× mean eigenvalue of the centred Gram matrix) by validation loss. "
+            "Linear-cos: the closed-form fit to unit-normalised targets (ridge chosen likewise), then minibatch "
+            "Adam on 1 − cos. MLP: the paper's plain network with one hidden ReLU layer of width "
+            f"{p.get('mlp_width', '?')}, from a random start, minibatch Adam (batch {p.get('batch_size', '?')}). "
+            f"Adam learning rate from {p.get('lr_grid', '?')} and decoupled weight decay from "
+            f"{p.get('weight_decay_grid', '?')}: every pair trains {p.get('select_steps', '?')} steps from the same "
+            "start on the same minibatches at the deepest layer, the pair with the lowest validation loss is used "
+            "at every layer. Early stopping: validation loss every "
+            f"{p.get('eval_every', '?')} steps, stop after {p.get('patience', '?')} checks without a relative "
+            f"improvement of 1e-4, keep the best state; cap {p.get('max_steps', '?')} steps. "
+            f"In this run {capped} fit(s) hit the cap; the largest fall of the best validation loss over the "
+            f"second half of any fit is {worst_gain:.2%} (tests check on synthetic data that doubling the "
+            "steps lowers validation loss by at most 1%). The shuffled-target control uses closed-form linear "
+            "fits.",
+        ),
+        (
+            "Fig. 2b regimes",
+            "Converged: the Fig. 2a linear-cos probe. Closed form: least squares to unit-normalised targets with "
+            "the smallest ridge of the grid and no refinement. Both are shown because the transfer across layers "
+            "depends on the fitting regime; the verdict reports each.",
+        ),
+        (
+            "Attribution (Figs. 3-4)",
+            f"{_first(est, 'n_sequences')} pairs of {_first(est, 'min_length')}–{_first(est, 'max_length')} tokens "
+            f"(the first pairs of the corpus in the range {budget.get('attribution_min_tokens', '?')}–"
+            f"{budget.get('attribution_max_tokens', '?')} tokens); "
+            + (
+                "exact Jacobian norms."
+                if int(_first(est, "probes", -1)) < 0
+                else f"unbiased estimator of the squared Frobenius norms with {_first(est, 'probes')} random "
+                f"orthonormal probes per input token, median relative standard error of c_ii "
+                f"{_first(est, 'median_rel_stderr_own', float('nan')):.1%} (delta method). "
+            )
+            + f"Intervals: {_first(est, 'bootstrap_resamples')} bootstrap resamples of the sequences (seeded), "
+            "percentile 95% intervals.",
+        ),
+        (
+            "Deviations from the paper",
+            f"Model: {settings.get('model', '?')} instead of BERT-base (head width d_v = {d_v} instead of 64). "
+            "Sample sizes are the budget's (above), smaller than the paper's. The paper states neither the MLP "
+            "width nor its training schedule nor the normalisation of Fig. 4a; ours are given here. Fig. 2a's "
+            "quick-budget probes choose Adam hyperparameters once, on the deepest layer, to fit the time budget "
+            "(the protocol allows a choice per layer). Figs. 3-4 use the estimator where the paper's exact "
+            "computation is too slow for the budget."
+            + (
+                f" The budget narrows the MLP to {p.get('mlp_width')} hidden units, below the model's width "
+                f"d = {d} (the package default is 512), to keep probes trained to convergence within its time."
+                if str(p.get("mlp_width", "")).isdigit() and int(p["mlp_width"]) < d
+                else ""
+            ),
+        ),
+    ]
+    return h(
+        "section",
+        h("h2", "Methods"),
+        h("dl", [(h("dt", k), h("dd", v)) for k, v in items]),
+        h(
+            "details",
+            h("summary", "table fig2_protocol (probe settings)"),
+            table_html(proto, max_rows=4),
+        ),
+        id="methods",
+    )
 
 
 def _badge(status: str) -> Markup:
@@ -275,9 +479,9 @@ def _render_section(s: Section) -> Markup:
             h(
                 "figure",
                 png_img(png, f"figure {stem}", data_figure=stem),
-                h("figcaption", f"figures/{stem}.png · .svg"),
+                h("figcaption", text, " ", h("span", f"figures/{stem}.png · .svg", class_="files")),
             )
-            for stem, png in s.figures
+            for stem, png, text in s.figures
         ],
         h("p", s.explain, class_="explain"),
         [
@@ -300,7 +504,7 @@ def write_report(
     files += [
         out / "figures" / f"{stem}.{ext}"
         for s in sections
-        for stem, _ in s.figures
+        for stem, _, _ in s.figures
         for ext in ("png", "svg")
     ]
     info = model.info
@@ -324,6 +528,9 @@ def write_report(
         "supported": sum(v.status == "supported" for v in verdicts),
         "claims_tested": sum(v.status != "not tested" for v in verdicts),
         "paper_reference": PAPER_LABEL,
+        "output_change": claims.output_change(tables["fig1_output_change"], info.head_dim)
+        if not tables["fig1_output_change"].empty
+        else {},
         "tables": sorted(tables),
     }
     files.append(
@@ -332,7 +539,10 @@ def write_report(
             json.dumps(summary, indent=2, default=_json_default, allow_nan=True),
         )
     )
-    files.append(atomic_write_text(out / "index.html", render_index(model, sections, summary)))
+    methods = _methods(tables, settings, info.head_dim, info.hidden_size)
+    files.append(
+        atomic_write_text(out / "index.html", render_index(model, sections, summary, methods))
+    )
     return files, summary
 
 
@@ -342,7 +552,9 @@ def _json_default(x: Any) -> Any:
     return str(x)
 
 
-def render_index(model: Any, sections: list[Section], summary: dict[str, Any]) -> str:
+def render_index(
+    model: Any, sections: list[Section], summary: dict[str, Any], methods: Markup | None = None
+) -> str:
     info = model.info
     settings = summary["settings"]
     budget = settings["budget"]
@@ -391,6 +603,7 @@ def render_index(model: Any, sections: list[Section], summary: dict[str, Any]) -
             overview,
         ),
         [_render_section(s) for s in sections],
+        methods if methods is not None else [],
         h(
             "section",
             h("h2", "Files and settings"),

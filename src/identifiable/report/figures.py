@@ -12,6 +12,8 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never open a window
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 from matplotlib import pyplot as plt
@@ -201,25 +203,43 @@ def fig2a_identifiability(rates: pd.DataFrame, n_layers: int, model: str) -> Fig
 
 
 def fig2b_cross_layer(cross: pd.DataFrame, n_layers: int, model: str) -> Figure:
-    """Linear cosine probe trained on one layer, tested on every layer.
+    """Linear cosine probe trained on one layer, tested on every layer; one panel per regime.
 
-    cross: columns train_layer, test_layer, rate.
+    cross: columns train_layer, test_layer, rate, and optionally regime (one heat map each,
+    side by side, so the sensitivity to the fitting regime is visible).
     """
-    fig, (ax, ax_paper) = _figure(2)
-    grid = cross.pivot(index="train_layer", columns="test_layer", values="rate").sort_index()
-    im = ax.imshow(
-        grid.to_numpy(),
-        vmin=0,
-        vmax=1,
-        cmap="viridis",
-        origin="lower",
-        aspect="auto",
-        extent=(0.5, grid.shape[1] + 0.5, 0.5, grid.shape[0] + 0.5),
-    )
-    ax.set(xlabel="tested on layer", ylabel="trained on layer", title=f"our run: {model}")
-    ax.set_xticks(grid.columns.to_list())
-    ax.set_yticks(grid.index.to_list())
-    fig.colorbar(im, ax=ax, label="identifiability rate")
+    if "regime" not in cross:
+        cross = cross.assign(regime="converged")
+    regimes = list(dict.fromkeys(cross["regime"]))
+    fig, axes = _figure(len(regimes) + 1, width=4.6)
+    im = None
+    for ax, regime in zip(axes, regimes, strict=False):
+        t = cross[cross["regime"] == regime]
+        grid = t.pivot(index="train_layer", columns="test_layer", values="rate").sort_index()
+        im = ax.imshow(
+            grid.to_numpy(),
+            vmin=0,
+            vmax=1,
+            cmap="viridis",
+            origin="lower",
+            aspect="auto",
+            extent=(0.5, grid.shape[1] + 0.5, 0.5, grid.shape[0] + 0.5),
+        )
+        for (i, j), v in np.ndenumerate(grid.to_numpy()):
+            ax.text(
+                j + 1, i + 1, f"{v:.2f}", ha="center", va="center", fontsize=6,
+                color="white" if v < 0.6 else "black",
+            )  # fmt: skip
+        ax.set(
+            xlabel="tested on layer",
+            ylabel="trained on layer",
+            title=f"our run: {model}\nprobe fitted: {regime}",
+        )
+        ax.set_xticks(grid.columns.to_list())
+        ax.set_yticks(grid.index.to_list())
+    if im is not None:
+        fig.colorbar(im, ax=axes[len(regimes) - 1], label="identifiability rate")
+    ax_paper = axes[-1]
     ref = paper_reference()["fig2b_lin_cos_trained_on_layer_tested_on_all"]
     for key, ys in ref.items():
         ax_paper.plot(range(1, len(ys) + 1), ys, "o-", ms=3, label=f"trained on layer {key[1:]}")
@@ -230,18 +250,29 @@ def fig2b_cross_layer(cross: pd.DataFrame, n_layers: int, model: str) -> Figure:
     return fig
 
 
-def fig3a_own(own: pd.DataFrame, n_layers: int, model: str) -> Figure:
-    """Distribution per layer of a token's contribution to its own hidden state (percent).
+def _errorbar(ax: Axes, x: Any, y: Any, lo: Any, hi: Any, **kw: Any) -> None:
+    y, lo, hi = (np.asarray(v, dtype=float) for v in (y, lo, hi))
+    ax.errorbar(x, y, yerr=np.vstack([y - lo, hi - y]).clip(min=0), capsize=2, **kw)
 
-    own: columns layer, own (fraction).
+
+def fig3a_own(summary: pd.DataFrame, n_layers: int, model: str) -> Figure:
+    """Own-input contribution per layer: median and quartiles over tokens (percent), each with
+    its 95 % bootstrap interval over sequences.
+
+    summary: columns layer, q1, median, q3 and their _lo / _hi.
     """
     fig, (ax, ax_paper) = _figure(2)
-    data = [
-        own.loc[own["layer"] == layer, "own"].to_numpy() * 100 for layer in range(1, n_layers + 1)
-    ]
-    ax.boxplot(data, positions=range(1, n_layers + 1), showfliers=False, widths=0.5)
+    x = summary["layer"].to_numpy()
+    ax.fill_between(x, summary["q1"], summary["q3"], color="#1f5fa8", alpha=0.12, lw=0,
+                    label="quartiles of tokens")  # fmt: skip
+    _errorbar(ax, x, summary["median"], summary["median_lo"], summary["median_hi"],
+              fmt="o-", ms=3, color="#1f5fa8", label="median (95% CI over sequences)")  # fmt: skip
+    for q in ("q1", "q3"):
+        _errorbar(ax, x, summary[q], summary[f"{q}_lo"], summary[f"{q}_hi"],
+                  fmt="_", ms=6, color="#1f5fa8", alpha=0.6)  # fmt: skip
     ax.set(ylabel="contribution of the token's own input (%)", title=f"our run: {model}")
     _layer_axis(ax, n_layers)
+    ax.legend(fontsize=7)
     ys = paper_reference()["fig3a_own_token_contribution_median_percent"]
     ax_paper.plot(range(1, len(ys) + 1), ys, "o-", ms=3, color="#777", label="median")
     _layer_axis(ax_paper, len(ys))
@@ -250,17 +281,20 @@ def fig3a_own(own: pd.DataFrame, n_layers: int, model: str) -> Figure:
     return fig
 
 
-def fig3b_not_top(share: pd.DataFrame, model: str) -> Figure:
-    """Percent of tokens whose own input is not their largest contributor, per layer.
+def fig3b_not_top(summary: pd.DataFrame, model: str) -> Figure:
+    """Percent of tokens whose own input is not their largest contributor (P̃), per layer,
+    with 95 % bootstrap intervals over sequences.
 
-    share: columns layer, percent.
+    summary: columns layer, p_tilde, p_tilde_lo, p_tilde_hi.
     """
     fig, (ax, ax_paper) = _figure(2)
-    ax.bar(share["layer"], share["percent"], color="#1f5fa8")
+    y = summary["p_tilde"].to_numpy(dtype=float)
+    err = np.vstack([y - summary["p_tilde_lo"], summary["p_tilde_hi"] - y]).clip(min=0)
+    ax.bar(summary["layer"], y, color="#1f5fa8", yerr=err, capsize=3, ecolor="#333")
     ax.set(
         ylabel="tokens whose own input is not the top contributor (%)", title=f"our run: {model}"
     )
-    _layer_axis(ax, len(share))
+    _layer_axis(ax, len(summary))
     ys = paper_reference()["fig3b_percent_tokens_own_input_not_top_contributor"]
     ax_paper.bar(range(1, len(ys) + 1), ys, color="#999")
     _layer_axis(ax_paper, len(ys))
@@ -270,22 +304,20 @@ def fig3b_not_top(share: pd.DataFrame, model: str) -> Figure:
 
 
 def fig4a_groups(groups: pd.DataFrame, n_layers: int, model: str) -> Figure:
-    """Contribution of neighbours by distance group per layer.
+    """Contribution of neighbours by distance group per layer, with 95 % bootstrap bands.
 
-    groups: columns layer, group (one of GROUPS), percent.
+    groups: columns layer, group (one of GROUPS), percent, and optionally percent_lo / _hi.
     """
     fig, (ax, ax_paper) = _figure(2)
     cmap = plt.get_cmap("viridis")
     for k, group in enumerate(GROUPS):
         t = groups[groups["group"] == group].sort_values("layer")
-        ax.plot(
-            t["layer"],
-            t["percent"],
-            "o-",
-            ms=3,
-            color=cmap(k / (len(GROUPS) - 1)),
-            label=f"{group} away",
-        )
+        colour = cmap(k / (len(GROUPS) - 1))
+        ax.plot(t["layer"], t["percent"], "o-", ms=3, color=colour, label=f"{group} away")
+        if "percent_lo" in t:
+            ax.fill_between(
+                t["layer"], t["percent_lo"], t["percent_hi"], color=colour, alpha=0.15, lw=0
+            )
     ax.set(
         ylabel="relative contribution (%)", title=f"our run: {model}\n(normalisation: see the text)"
     )
@@ -304,22 +336,21 @@ def fig4a_groups(groups: pd.DataFrame, n_layers: int, model: str) -> Figure:
 
 
 def fig4b_positions(positions: pd.DataFrame, layers: list[int], model: str) -> Figure:
-    """Total contribution per relative position, normalised to a maximum of 1 per layer.
+    """Total contribution per relative position, normalised to a maximum of 1 per layer,
+    with 95 % bootstrap bands.
 
-    positions: columns layer, offset, total.
+    positions: columns layer, offset, total, and optionally total_lo / total_hi.
     """
     fig, (ax,) = _figure(1, width=7.0)
     cmap = plt.get_cmap("viridis")
     for k, layer in enumerate(layers):
         t = positions[positions["layer"] == layer].sort_values("offset")
-        ax.plot(
-            t["offset"],
-            t["total"],
-            "-",
-            lw=1.2,
-            color=cmap(k / max(1, len(layers) - 1)),
-            label=f"layer {layer}",
-        )
+        colour = cmap(k / max(1, len(layers) - 1))
+        ax.plot(t["offset"], t["total"], "-", lw=1.2, color=colour, label=f"layer {layer}")
+        if "total_lo" in t:
+            ax.fill_between(
+                t["offset"], t["total_lo"], t["total_hi"], color=colour, alpha=0.15, lw=0
+            )
     ax.set(
         xlabel="relative position of the contributing input (j − i)",
         ylabel="total contribution (max = 1)",

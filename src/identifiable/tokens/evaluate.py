@@ -17,7 +17,7 @@ Candidates (`candidates=`):
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import pandas as pd
@@ -25,7 +25,7 @@ import torch
 
 from identifiable.errors import IdentifiableError
 from identifiable.tokens.extract import TokenPairs
-from identifiable.tokens.fitting import RidgeSolver, fit_probes
+from identifiable.tokens.fitting import RidgeSolver, fit_probes, select_adam
 from identifiable.tokens.lookup import (
     LookupOutcome,
     SequenceLayout,
@@ -48,6 +48,8 @@ from identifiable.tokens.probes import (
 from identifiable.tokens.split import SequenceSplit, min_tokens_for, split_by_sequence
 
 Candidates = Literal["sequence", "corpus", "vocabulary"]
+Regime = Literal["converged", "closed form"]
+REGIMES: tuple[Regime, ...] = ("converged", "closed form")
 CANDIDATES: tuple[Candidates, ...] = ("sequence", "corpus", "vocabulary")
 Kind = tuple[ProbeKind, Objective]
 
@@ -150,6 +152,19 @@ class Evaluation:
     cross_layer: pd.DataFrame
     control: pd.DataFrame
     split: SequenceSplit
+    fits: pd.DataFrame = field(default_factory=pd.DataFrame)
+    grid: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+
+def _adam_kinds(kinds: Sequence[Kind], cfg: ProbeConfig) -> list[Kind]:
+    """The kinds fitted with Adam (their learning rate and weight decay are chosen on validation)."""
+    return [
+        k
+        for k in kinds
+        if k[0] == "mlp"
+        or (k == ("linear", "l2") and not cfg.linear_l2_closed_form)
+        or (k == ("linear", "cos") and cfg.cos_optimizer == "adam" and cfg.cos_steps > 0)
+    ]
 
 
 def evaluate_pairs(
@@ -160,6 +175,7 @@ def evaluate_pairs(
     candidates: Candidates = "sequence",
     layers: Sequence[int] | None = None,
     cross_layer: Sequence[Kind] = (("linear", "cos"),),
+    cross_layer_regimes: Sequence[str] = REGIMES,
     controls: Sequence[Kind] = (("linear", "l2"), ("linear", "cos")),
     seed: int = 0,
     test_fraction: float = 0.2,
@@ -176,6 +192,10 @@ def evaluate_pairs(
         candidates: "sequence", "corpus" or "vocabulary" (needs `vocab_embeddings` `[V, d']`).
         layers: hidden-state indices to probe (0..L, 0 = e^0); default 1..L.
         cross_layer: (kind, objective) pairs whose probe of layer l is also tested on every layer.
+        cross_layer_regimes: how the cross-layer linear-cos probe is fitted (Fig. 2b's
+            sensitivity): "converged" is the Fig. 2a probe (ridge chosen on validation,
+            Gauss–Newton to early stopping); "closed form" is the least-squares fit to
+            unit-normalised targets with the smallest ridge of the grid and no refinement.
         controls: (kind, objective) pairs refitted on shuffled targets (should sit at chance).
         seed: seeds the split, subsampling, initialisation and the shuffles.
         test_fraction, val_fraction: shares of sequences held out (see `split_by_sequence`).
@@ -183,11 +203,14 @@ def evaluate_pairs(
         on_layer: called after each layer (progress).
 
     Returns:
-        An `Evaluation` with three long-format DataFrames:
+        An `Evaluation` with long-format DataFrames:
         per_layer (layer, probe, objective, rate, ci_low, ci_high, rate_strict, n_tokens,
-        n_tied, chance, steps, val_loss), control (same columns) and cross_layer
-        (probe, objective, train_layer, test_layer, rate, ci_low, ci_high, rate_strict,
-        n_tokens, n_tied, chance).
+        n_tied, chance, steps, stopped, ridge, lr, weight_decay, train_loss, val_loss_start,
+        val_loss, late_gain), control (same columns), cross_layer (regime, probe, objective,
+        train_layer, test_layer, rate, ci_low, ci_high, rate_strict, n_tokens, n_tied,
+        chance), fits (layer, probe, objective, step, train_loss, val_loss: every fit's
+        loss curve) and grid (layer, probe, objective, ridge, lr, weight_decay, val_loss,
+        chosen: every hyperparameter setting tried on validation).
     """
     if candidates not in CANDIDATES:
         raise IdentifiableError(
@@ -195,10 +218,17 @@ def evaluate_pairs(
         )
     if candidates == "vocabulary" and vocab_embeddings is None:
         raise IdentifiableError("candidates='vocabulary' needs the vocabulary embedding matrix")
+    bad_regimes = [r for r in cross_layer_regimes if r not in REGIMES]
+    if bad_regimes:
+        raise IdentifiableError(
+            f"unknown cross-layer regime '{bad_regimes[0]}': choose from {', '.join(REGIMES)}"
+        )
     kinds = _kinds(probes, objectives)
     cfg = probe_config or ProbeConfig()
     # The control only has to show chance level: closed-form linear fits, no refinement.
     control_cfg = replace(cfg, cos_steps=0)
+    # Fig. 2b's second regime: least squares to unit targets, smallest ridge, no refinement.
+    closed_cfg = replace(cfg, cos_steps=0, ridge=min(cfg.ridge_grid))
     cross_layer = [(str(k), str(o)) for k, o in cross_layer]  # type: ignore[misc]
     controls = _kinds_list(controls)
     vocab = vocab_embeddings.float() if vocab_embeddings is not None else None
@@ -230,7 +260,37 @@ def evaluate_pairs(
     shuffled_val = y_val[torch.randperm(y_val.shape[0], generator=gen)]
     rows: list[dict] = []
     control_rows: list[dict] = []
-    kept: dict[tuple[Kind, int], Probe] = {}
+    curve_rows: list[dict] = []
+    grid_rows: list[dict] = []
+    kept: dict[tuple[str, Kind, int], Probe] = {}
+
+    def record_grid(layer: int, kind: str, obj: str, fit: FitInfo) -> None:
+        for hp, loss in fit.grid:
+            grid_rows.append(
+                {
+                    "layer": layer,
+                    "probe": kind,
+                    "objective": obj,
+                    "ridge": hp.get("ridge", float("nan")),
+                    "lr": hp.get("lr", float("nan")),
+                    "weight_decay": hp.get("weight_decay", float("nan")),
+                    "val_loss": loss,
+                    "chosen": all(fit.extras.get(k) == v for k, v in hp.items()),
+                }
+            )
+
+    # Adam hyperparameters: chosen on validation, once on the deepest layer (or per layer).
+    adam = _adam_kinds(kinds, cfg)
+    adam_cfg: dict[Kind, ProbeConfig] = {}
+    if adam and not cfg.select_per_layer and len(cfg.adam_grid()) > 1:
+        deepest = layer_list[-1]
+        x_sel, x_sel_val = pairs.layer(deepest, split.train), pairs.layer(deepest, split.val)
+        for kind in adam:
+            sel = select_adam(x_sel, y_tr, x_sel_val, y_val, kind, config=cfg, seed=seed + 17)
+            record_grid(deepest, kind[0], kind[1], sel)
+            adam_cfg[kind] = replace(
+                cfg, lr=sel.extras["lr"], weight_decay=sel.extras["weight_decay"]
+            )
 
     def measure(layer: int, kind: str, obj: Objective, fit: FitInfo, x_te: torch.Tensor) -> dict:
         with torch.no_grad():
@@ -241,8 +301,14 @@ def evaluate_pairs(
             "objective": obj,
             **summary,
             "steps": fit.steps,
+            "stopped": fit.stopped,
             "ridge": fit.extras.get("ridge", float("nan")),
+            "lr": fit.extras.get("lr", float("nan")),
+            "weight_decay": fit.extras.get("weight_decay", float("nan")),
+            "train_loss": fit.train_loss,
+            "val_loss_start": fit.val_loss_start,
             "val_loss": fit.val_loss,
+            "late_gain": fit.late_gain(),
         }
 
     for layer in layer_list:
@@ -251,13 +317,47 @@ def evaluate_pairs(
         layer_seed = seed * 1_000_003 + layer
         # Factorised once per layer, shared by the probes and the control.
         solver = RidgeSolver(x_tr) if needs_solver else None
+        plain = [k for k in kinds if k not in adam_cfg]
         fits = fit_probes(
-            x_tr, y_tr, x_val, y_val, kinds, config=cfg, seed=layer_seed, solver=solver
+            x_tr, y_tr, x_val, y_val, plain, config=cfg, seed=layer_seed, solver=solver
         )
-        for (kind, obj), fit in fits.items():
+        for kind, kcfg in adam_cfg.items():
+            fits |= fit_probes(
+                x_tr, y_tr, x_val, y_val, [kind], config=kcfg, seed=layer_seed, solver=solver
+            )
+        for kind, obj in kinds:
+            fit = fits[(kind, obj)]
             rows.append(measure(layer, kind, obj, fit, x_te))
-            if (kind, obj) in cross_layer:
-                kept[((kind, obj), layer)] = fit.probe
+            if kind != "naive":
+                curve_rows += [
+                    {
+                        "layer": layer,
+                        "probe": kind,
+                        "objective": obj,
+                        "step": step,
+                        "train_loss": train,
+                        "val_loss": val,
+                    }
+                    for step, train, val in fit.curve
+                ]
+                if (kind, obj) not in adam_cfg:
+                    record_grid(layer, kind, obj, fit)
+            if (kind, obj) in cross_layer and "converged" in cross_layer_regimes:
+                kept[("converged", (kind, obj), layer)] = fit.probe
+        if "closed form" in cross_layer_regimes:
+            for kind, obj in cross_layer:
+                if kind == "linear":
+                    closed = fit_probes(
+                        x_tr,
+                        y_tr,
+                        x_val,
+                        y_val,
+                        [(kind, obj)],
+                        config=closed_cfg,
+                        seed=layer_seed,
+                        solver=solver,
+                    )
+                    kept[("closed form", (kind, obj), layer)] = closed[(kind, obj)].probe
         if controls:
             ctrl = fit_probes(
                 x_tr,
@@ -273,12 +373,13 @@ def evaluate_pairs(
         if on_layer is not None:
             on_layer(layer)
     cross_rows = []
-    for ((kind, obj), train_layer), probe in kept.items():
+    for (regime, (kind, obj), train_layer), probe in kept.items():
         for test_layer in layer_list:
             with torch.no_grad():
                 summary = _summary(lookup.run(probe(x_test_all[:, test_layer]), obj))
             cross_rows.append(
                 {
+                    "regime": regime,
                     "probe": kind,
                     "objective": obj,
                     "train_layer": train_layer,
@@ -291,4 +392,20 @@ def evaluate_pairs(
         cross_layer=pd.DataFrame(cross_rows),
         control=pd.DataFrame(control_rows),
         split=split,
+        fits=pd.DataFrame(
+            curve_rows, columns=["layer", "probe", "objective", "step", "train_loss", "val_loss"]
+        ),
+        grid=pd.DataFrame(
+            grid_rows,
+            columns=[
+                "layer",
+                "probe",
+                "objective",
+                "ridge",
+                "lr",
+                "weight_decay",
+                "val_loss",
+                "chosen",
+            ],
+        ),
     )
