@@ -84,7 +84,7 @@ def reproduce(
         corpus: a name for `load_corpus` (texts are formatted as pairs [CLS] a [SEP] b [SEP]
             of up to `budget.max_tokens` tokens) or a list of texts / pairs.
         out: the output folder; must be empty unless `resume` or `force`.
-        budget: "quick" (default, ≤ 5 min on 2 CPU cores), "full", "smoke" or a `Budget`.
+        budget: "quick" (default, ≤ 5 min on 2 CPU cores), "paper" ("full"), "smoke" or a `Budget`.
         resume: continue an interrupted run with the same arguments.
         force: replace a previous run of ours in `out` (only files its manifest lists, and
             only once the new run has finished; see `identifiable.store.outdir`).

@@ -162,7 +162,8 @@ def test_probes_are_trained_to_convergence(kind):
     pairs = synthetic_pairs(n_seq=60, d=12, noise=0.3, n_layers=2)
     x, y = pairs.layer(2)[:600], pairs.layer(0)[:600]
     xv, yv = pairs.layer(2)[600:], pairs.layer(0)[600:]
-    cfg = ProbeConfig(mlp_width=32)
+    # a cap well beyond what early stopping needs here, so that the fit ends by patience
+    cfg = ProbeConfig(mlp_width=32, max_steps=8000)
     fit = fit_probes(x, y, xv, yv, [kind], config=cfg, seed=3)[kind]
     assert fit.stopped == "patience", fit.stopped
     longer = replace(

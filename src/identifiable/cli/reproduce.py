@@ -33,7 +33,7 @@ def reproduce(
         typer.Option(
             "--budget",
             "-b",
-            help="quick (≤ 5 min on 2 CPU cores), full (GPU or long run), smoke (seconds).",
+            help="quick (≤ 5 min on 2 CPU cores), paper (the paper's protocol: GPU or long run), smoke (seconds).",
         ),
     ] = "quick",
     resume: Annotated[
@@ -50,7 +50,7 @@ def reproduce(
     seed: Annotated[int, typer.Option("--seed", help="Seed of every random choice.")] = 0,
     device: Annotated[
         str,
-        typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto (cuda for --budget full)."),
+        typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto (cuda for --budget paper)."),
     ] = "cpu",
     max_corpus_mib: MaxCorpusOption = 256,
     max_line_kib: MaxLineOption = 1024,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from identifiable.report import claims, figures
+from identifiable.report import certify_section, claims, figures, mixing_section
 from identifiable.report.files import write_figure
 from identifiable.report.html import Markup, h, page, png_img, table_html
 from identifiable.report.paper import PAPER_LABEL
@@ -120,6 +120,14 @@ def _tables(
         "fig4_special_share": specials,
         "fig34_estimator": hta.get("estimator", empty),
     }
+    # beyond the paper (present when the run had these stages)
+    if "mixing" in results:
+        tables["mixing_correlations"] = results["mixing"]["correlations"]
+        tables["mixing_summary"] = results["mixing"]["summary"]
+    if "certify" in results:
+        tables["certify_rows"] = results["certify"]["rows"]
+        tables["certify_by_layer"] = results["certify"]["by_layer"]
+        tables["certify_by_length"] = results["certify"]["by_length"]
     return tables, {"fig3b": v3b}
 
 
@@ -364,7 +372,78 @@ def _sections(
                 )
             ],
         ),
+        *_beyond(tables, name, fig),
     ]
+
+
+def _beyond(tables: dict[str, pd.DataFrame], name: str, fig: Any) -> list[Section]:
+    """The two sections beyond the paper, when the run computed them."""
+    out = []
+    if "mixing_summary" in tables:
+        summary = tables["mixing_summary"]
+        corr = tables["mixing_correlations"]
+        n_seq = corr["seq"].nunique() if len(corr) else 0
+        lengths = (
+            f"{int(corr['length'].min())}–{int(corr['length'].max())} tokens" if len(corr) else "—"
+        )
+        verdicts = []
+        for reference in ("hta", "erasure"):
+            status, sentence = mixing_section.mixing_claim(summary, reference)
+            verdicts.append(claims.Verdict(f"mixing_{reference}", status, sentence))
+        out.append(
+            Section(
+                "mixing",
+                "6. Beyond the paper: which account of mixing tracks the gradients?",
+                "Raw attention is not a faithful account of how tokens mix. Measures that also follow "
+                "the values, the residual and the layer norms (norm-based, GlobEnc, ALTI, value "
+                "zeroing) should track Hidden Token Attribution and erasure better than raw attention "
+                "or its rollout.",
+                "Per layer, the row-by-row Spearman correlation of each method's map with HTA (left) "
+                "and with erasure (right), averaged over rows and then over sequences; bands are 95% "
+                "bootstrap intervals over sequences. Rolled-out methods are compared through their "
+                "rollout; attention and norm are single-layer maps. Definitions: docs/mixing.md.",
+                [
+                    fig(
+                        "mixing_correlations",
+                        mixing_section.mixing_figure(summary),
+                        f"Context mixing vs HTA and erasure. {n_seq} sequences of {lengths}; HTA "
+                        "by the estimator or exactly as the Methods section states; flow left out "
+                        "(one max-flow problem per pair of tokens).",
+                    )
+                ],
+                verdicts,
+                [("mixing_summary", summary)],
+            )
+        )
+    if "certify_rows" in tables:
+        rows = tables["certify_rows"]
+        n_seq = rows["seq"].nunique() if len(rows) else 0
+        out.append(
+            Section(
+                "certify",
+                "7. " + certify_section.TITLE,
+                "The null space says how many directions an attention row could move in; with the "
+                "constraints every attention row obeys (weights ≥ 0, summing to 1) most of that "
+                "freedom disappears. Intervals give, for each weight, the least and greatest value "
+                "any valid row with the same head output can give it.",
+                "Left: widest interval and movable mass of each sampled row against sequence length; "
+                "right: by layer, beside the L1 distance that the paper's effective attention and the "
+                "constrained effective attention (the valid row closest to uniform) move from raw "
+                "attention. Every bound is an LP solved to a certificate. Definitions: "
+                "docs/certified_attention.md.",
+                [
+                    fig(
+                        "certify_movement",
+                        certify_section.movement_figure(rows, name),
+                        f"Certified attention. {len(rows)} sampled rows of {n_seq} sequences "
+                        "(every head of every layer); exact LP bounds.",
+                    )
+                ],
+                certify_section.verdicts(rows),
+                [("certify_main", certify_section.main_table(rows))],
+            )
+        )
+    return out
 
 
 def _methods(tables: dict[str, pd.DataFrame], settings: dict[str, Any], d_v: int, d: int) -> Markup:
