@@ -26,6 +26,8 @@ FIGURES = [
     "fig3b_own_not_top",
     "fig4a_neighbour_groups",
     "fig4b_relative_position",
+    "mixing_correlations",  # beyond the paper: context mixing vs HTA and erasure
+    "certify_movement",  # beyond the paper: certified attention
 ]
 
 
@@ -50,6 +52,7 @@ def test_folder_is_complete(finished_run: Path) -> None:
     assert summary["model"]["head_dim"] == 16 and summary["model"]["layers"] == 2
     assert {"torch", "transformers", "identifiable"} <= set(summary["versions"])
     assert set(summary["claims"]) >= {"fig1a", "fig1bc", "fig2a_cos", "fig3a", "fig4a"}
+    assert {"mixing_hta", "mixing_erasure", "certify_pinned"} <= set(summary["claims"])
     for claim in summary["claims"].values():
         assert claim["status"] in {"supported", "partly supported", "not supported", "not tested"}
     html = (out / "index.html").read_text()
@@ -168,5 +171,5 @@ def test_out_is_a_file_or_unwritable(tiny_bert: Any, corpus: list[Any], tmp_path
 
 
 def test_unknown_budget(tiny_bert: Any, corpus: list[Any], tmp_path: Path) -> None:
-    with pytest.raises(IdentifiableError, match="quick, full, smoke"):
+    with pytest.raises(IdentifiableError, match="quick, paper, smoke"):
         reproduce(tiny_bert, corpus, tmp_path / "x", budget="huge", progress=False)

@@ -188,14 +188,17 @@ def stages(model: Any, items: list[Item], budget: Any, seed: int, cache_dir: Pat
         Stage(
             "tokens",
             "Fig. 2  token identifiability",
-            [list(items)],
-            [n_layers],
+            # one shard per layer, each over the same items (their hidden states are
+            # extracted once into the token cache): the probes of different layers are
+            # fitted independently, so ranks can share them
+            [list(items) for _ in range(n_layers)],
+            [1] * n_layers,
             lambda shard, i, adv: token_tables(
-                model, shard, budget, seed, cache_dir / "token-pairs", adv
+                model, shard, budget, seed, cache_dir / "token-pairs", adv, layer=i + 1
             ),
-            # extraction plus probe fitting is the longest single shard: a distributed run
-            # starts it first so the other ranks' shards fill the time it takes
-            cost=[float("inf")],
+            # probe fitting is the costliest work: a distributed run starts it first so the
+            # other ranks' shorter shards fill the gaps at the end
+            cost=[1e9] * n_layers,
         ),
         Stage(
             "attribution",

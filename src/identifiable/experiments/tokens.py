@@ -322,21 +322,54 @@ def probe_config_for(budget: Any) -> ProbeConfig:
 
 
 def token_tables(
-    model: Any, items: Sequence[Item], budget: Any, seed: int, cache_dir: Path, advance: Advance
+    model: Any,
+    items: Sequence[Item],
+    budget: Any,
+    seed: int,
+    cache_dir: Path,
+    advance: Advance,
+    layer: int | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Fig. 2 tables (layers 1-based): per_layer, cross_layer (two fitting regimes), control,
     fits (every probe's loss curve), grid (every hyperparameter tried on validation),
-    counts (tokens, sequences and the split) and protocol (the probe settings, one row)."""
+    counts (tokens, sequences and the split) and protocol (the probe settings, one row).
+
+    With `layer`, only that layer's rows (the reproduction's shards, one per layer, which
+    `torch.distributed` ranks share): the Adam settings are still chosen on the deepest
+    layer, the layer's probe is tested on every layer, and counts, protocol and the
+    selection grid come with layer 1 only, so the shards concatenated in layer order equal
+    one run over all layers.
+    """
     from identifiable.tokens.evaluate import evaluate_pairs
 
     # Extracted hidden states are cached by the tokens package itself, so a run killed
-    # while fitting probes does not trace the corpus again.
+    # while fitting probes (or another shard of this stage) does not trace the corpus again.
     max_tokens = smoke_safe_tokens(
         budget.token_max_tokens, model.info.hidden_size, getattr(budget, "max_tokens", 128)
     )
     pairs, _ = extract(model, list(items), max_tokens=max_tokens, cache_dir=cache_dir)
     config = probe_config_for(budget)
-    ev = evaluate_pairs(pairs, seed=seed, probe_config=config, on_layer=lambda _layer: advance(1))
+    all_layers = list(range(1, pairs.n_layers + 1))
+    one = layer is not None
+    ev = evaluate_pairs(
+        pairs,
+        seed=seed,
+        probe_config=config,
+        on_layer=lambda _layer: advance(1),
+        layers=[layer] if one else None,
+        select_layer=all_layers[-1],
+        test_layers=all_layers,
+        record_selection=not one or layer == all_layers[0],
+    )
+    tables = {
+        "per_layer": ev.per_layer.reset_index(drop=True),
+        "cross_layer": ev.cross_layer.reset_index(drop=True),
+        "control": ev.control.reset_index(drop=True),
+        "fits": ev.fits.reset_index(drop=True),
+        "grid": ev.grid.reset_index(drop=True),
+    }
+    if one and layer != all_layers[0]:
+        return tables
     train_seq, val_seq, test_seq = ev.split.sequences(pairs.seq_ids)
     counts = {
         "n_tokens": pairs.n_tokens,
@@ -352,12 +385,6 @@ def token_tables(
     protocol = {
         k: (", ".join(map(str, v)) if isinstance(v, tuple) else v) for k, v in vars(config).items()
     }
-    return {
-        "per_layer": ev.per_layer.reset_index(drop=True),
-        "cross_layer": ev.cross_layer.reset_index(drop=True),
-        "control": ev.control.reset_index(drop=True),
-        "fits": ev.fits.reset_index(drop=True),
-        "grid": ev.grid.reset_index(drop=True),
-        "counts": pd.DataFrame([counts]),
-        "protocol": pd.DataFrame([{k: str(v) for k, v in protocol.items()}]),
-    }
+    tables["counts"] = pd.DataFrame([counts])
+    tables["protocol"] = pd.DataFrame([{k: str(v) for k, v in protocol.items()}])
+    return tables

@@ -183,6 +183,9 @@ def evaluate_pairs(
     probe_config: ProbeConfig | None = None,
     vocab_embeddings: torch.Tensor | None = None,
     on_layer: Callable[[int], None] | None = None,
+    select_layer: int | None = None,
+    test_layers: Sequence[int] | None = None,
+    record_selection: bool = True,
 ) -> Evaluation:
     """Identifiability rate per layer for every probe kind × objective, control, cross-layer matrix.
 
@@ -201,6 +204,13 @@ def evaluate_pairs(
         test_fraction, val_fraction: shares of sequences held out (see `split_by_sequence`).
         probe_config: training settings of the probes.
         on_layer: called after each layer (progress).
+        select_layer: the layer whose validation split chooses the Adam learning rate and
+            weight decay (default: the deepest of `layers`).
+        test_layers: the layers every cross-layer probe is tested on (default: `layers`).
+        record_selection: list the selection's grid in `grid`. With these three a run over
+            one layer at a time (the reproduction's shards: `layers=[l]`,
+            `select_layer=L`, `test_layers=1..L`, the selection recorded once) gives exactly
+            the rows of one run over all layers, in the same order.
 
     Returns:
         An `Evaluation` with long-format DataFrames:
@@ -283,11 +293,12 @@ def evaluate_pairs(
     adam = _adam_kinds(kinds, cfg)
     adam_cfg: dict[Kind, ProbeConfig] = {}
     if adam and not cfg.select_per_layer and len(cfg.adam_grid()) > 1:
-        deepest = layer_list[-1]
+        deepest = layer_list[-1] if select_layer is None else int(select_layer)
         x_sel, x_sel_val = pairs.layer(deepest, split.train), pairs.layer(deepest, split.val)
         for kind in adam:
             sel = select_adam(x_sel, y_tr, x_sel_val, y_val, kind, config=cfg, seed=seed + 17)
-            record_grid(deepest, kind[0], kind[1], sel)
+            if record_selection:
+                record_grid(deepest, kind[0], kind[1], sel)
             adam_cfg[kind] = replace(
                 cfg, lr=sel.extras["lr"], weight_decay=sel.extras["weight_decay"]
             )
@@ -373,8 +384,9 @@ def evaluate_pairs(
         if on_layer is not None:
             on_layer(layer)
     cross_rows = []
+    tested = layer_list if test_layers is None else check_layers(test_layers, pairs.n_layers)
     for (regime, (kind, obj), train_layer), probe in kept.items():
-        for test_layer in layer_list:
+        for test_layer in tested:
             with torch.no_grad():
                 summary = _summary(lookup.run(probe(x_test_all[:, test_layer]), obj))
             cross_rows.append(
