@@ -9,13 +9,18 @@ one sequence of 512 tokens, CPU. Measured side by side in one run:
 - svd route: per head, the SVD of the explicit n×d matrix T = V H and the
   projection A Q Qᵀ (the route of the paper's public code), on `--svd-layers`
   layers (default all 12), with agreement to ours checked entrywise.
+- public call vs forward (first, at 1 and 2 torch threads, the same on both
+  sides, median of `--repeats` interleaved runs): `effective_attention(trace)`
+  materialising [L, H, n, n] in float64, as it was before the in-place route
+  ("before", kept inline here), as it is now ("after"), and with the float32
+  opt-in; plus each one's worst relative invariant error ‖A_eff T − A T‖ / ‖A T‖.
 Peak memory: each route runs in a child process that loads the saved trace,
 warms up on a short slice, resets the peak-RSS counter (/proc/self/clear_refs)
 and reports VmHWM minus the RSS before the run: memory beyond the trace
 itself. The child runs with MALLOC_MMAP_THRESHOLD_=131072 so that glibc hands
 freed large blocks back at once and the figure is live memory, not retention.
 
-Run: python benchmarks/bench_attention.py [--repeats 5] [--svd-layers 12] [--threads 1]
+Run: python benchmarks/bench_attention.py [--repeats 5] [--svd-layers 12] [--threads 1] [--public-only]
 """
 
 from __future__ import annotations
@@ -95,6 +100,67 @@ def run_svd_route(trace, layers: int, keep: bool = False):
     return kept
 
 
+def run_public_before(trace):
+    """The public `effective_attention(trace)` as it was before the in-place route
+    (kept here to measure before and after in one run): per layer a fresh float64
+    buffer, per head a float64 copy of A and two GEMMs, then a copy into [L, H, n, n]."""
+    from identifiable.attention.effective import _layer_dims, compute_head_factors
+    from identifiable.attention.linalg import project_rows
+
+    factors = compute_head_factors(trace)
+    n_l, n_h, n = trace.n_layers, trace.n_heads, trace.n_tokens
+    effective = torch.empty(n_l, n_h, n, n, dtype=torch.float64)
+    for layer in range(n_l):
+        raw = trace.attentions[layer]
+        _, dim, _, (_, (basis, _)) = _layer_dims(trace, layer, factors)
+        eff = torch.empty(raw.shape, dtype=torch.float64)
+        for h in range(n_h):
+            if dim[h, 0] == 0:
+                eff[h] = raw[h]
+            else:
+                project_rows(raw[h].double(), basis[h], out=eff[h])
+        effective[layer] = eff
+        del eff
+    return effective
+
+
+def public_vs_forward(hf, trace, repeats: int, threads: tuple[int, ...]) -> dict:
+    """Public `effective_attention(trace)` (before / after, float64, and the float32
+    opt-in) against a forward pass, interleaved, same torch threads on both sides."""
+    from identifiable.attention import effective_attention
+
+    previous = torch.get_num_threads()
+    out = {}
+    for nt in threads:
+        torch.set_num_threads(nt)
+        routes = {
+            "before": lambda: run_public_before(trace),
+            "after": lambda: effective_attention(trace, "paper"),
+            "after float32": lambda: effective_attention(trace, "paper", dtype=torch.float32),
+        }
+        for fn in routes.values():
+            fn()  # warm-up
+        times = {name: [] for name in ("forward", *routes)}
+        for _ in range(repeats):
+            times["forward"].append(time_forward(hf, trace.input_ids, 1))
+            for name, fn in routes.items():
+                times[name].append(timed(fn, 1))
+        med = {name: statistics.median(t) for name, t in times.items()}
+        ratios = {name: med[name] / med["forward"] for name in routes}
+        out[nt] = {**ratios, "forward": med["forward"]}
+    torch.set_num_threads(previous)
+    a = trace.attentions.double()
+    t = trace.values.double() @ trace.out_proj.double()
+    at = a @ t
+    scale = at.norm(dim=(-2, -1))
+    e64 = effective_attention(trace, "paper").effective
+    e32 = effective_attention(trace, "paper", dtype=torch.float32).effective.double()
+    out["rel64"] = float(((e64 @ t - at).norm(dim=(-2, -1)) / scale).max())
+    out["rel32"] = float(((e32 @ t - at).norm(dim=(-2, -1)) / scale).max())
+    out["same_as_before"] = float((e64 - run_public_before(trace)).abs().max())
+    return out
+
+
 def timed(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -118,6 +184,8 @@ def child_memory(path: str, mode: str) -> None:
         small[key] = trace.attentions[..., :96, :96].contiguous()
     small["values"] = trace.values[:, :, :96].contiguous()
     small["input_ids"], small["tokens"] = trace.input_ids[:96], trace.tokens[:96]
+    if small.get("key_mask") is not None:  # [L, n, n] per-layer key sets
+        small["key_mask"] = trace.key_mask[:, :96, :96].contiguous()
     small_trace = Trace(**small)
     run_ours(small_trace)
     effective_attention(small_trace, "paper")
@@ -168,6 +236,9 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: steadiest on a shared machine)"
     )
+    parser.add_argument(
+        "--public-only", action="store_true", help="only the public call vs forward lines"
+    )
     parser.add_argument("--child-memory", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="stream", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -180,6 +251,19 @@ def main() -> None:
     n_l, n_h, n = trace.n_layers, trace.n_heads, trace.n_tokens
     print(f"BERT-base random: {n_l} layers × {n_h} heads, d = {trace.hidden_size}, "
           f"d_v = {trace.head_dim}, n = {n}, torch threads = {torch.get_num_threads()}")  # fmt: skip
+    pub = public_vs_forward(hf, trace, args.repeats, (1, 2))
+    print(f"  public call vs forward (paper variant, all heads, materialised; median of "
+          f"{args.repeats} interleaved runs, same torch threads on both sides; target ≤ 0.3):")  # fmt: skip
+    for nt in (1, 2):
+        r = pub[nt]
+        print(f"    {nt} thread{'s' if nt > 1 else ''}: forward {r['forward']:.3f} s; "
+              f"before {r['before']:.3f} ×, after {r['after']:.3f} ×, "
+              f"after with dtype=float32 {r['after float32']:.3f} ×")  # fmt: skip
+    print(f"    max head ‖A_eff T − A T‖ / ‖A T‖: float64 {pub['rel64']:.1e} (≤ 1e-9), "
+          f"float32 {pub['rel32']:.1e} (≤ 1e-5); "
+          f"max |after − before| {pub['same_as_before']:.1e}")  # fmt: skip
+    if args.public_only:
+        return
     run_ours(trace)  # warm-up
     # Interleave the two so that load changes on a shared machine hit both alike;
     # report the minimum (least disturbed run) and the median of each.

@@ -150,3 +150,40 @@ def test_bad_variant_layer_and_shapes():
     trace.out_proj = trace.out_proj.reshape(2, 3 * 4, 10)  # fused W_O, not split per head
     with pytest.raises(IdentifiableError, match="not per-head separable"):
         null_space(trace)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("variant", ["paper", "row-stochastic"])
+def test_float32_opt_in_holds_the_invariant_to_float32_accuracy(causal, variant):
+    """dtype=torch.float32: the same null spaces (decided in float64), A_eff T = A T to
+    1e-5 of ‖A T‖ per head, within 1e-5 of the float64 result, A itself where dim = 0."""
+    big = synthetic_trace(n=40, d_v=8, d=16, causal=causal)
+    small = synthetic_trace(n=6, d_v=8, d=16)  # n ≤ d_v: every head is the identity
+    diffs = []
+    for trace in (big, small):
+        e64 = effective_attention(trace, variant)
+        e32 = effective_attention(trace, variant, dtype=torch.float32)
+        assert e32.effective.dtype == torch.float32 and e32.null.dtype == torch.float32
+        for field in ("rank", "dim", "dim_stochastic"):
+            assert torch.equal(getattr(e32.null_space, field), getattr(e64.null_space, field))
+        a = trace.attentions.double()
+        t = trace.values.double() @ trace.out_proj.double()
+        err = (e32.effective.double() @ t - a @ t).norm(dim=(-2, -1))
+        assert (err <= 1e-5 * (a @ t).norm(dim=(-2, -1))).all()
+        diffs.append(float((e32.effective.double() - e64.effective).abs().max()))
+        assert diffs[-1] <= 1e-5
+        dims = e64.null_space.dim if variant == "paper" else e64.null_space.dim_stochastic
+        full = dims == 0
+        assert torch.equal(e32.effective[full], trace.attentions[full])
+        streamed = list(iter_effective_attention(trace, variant, dtype=torch.float32))
+        for le in streamed:
+            assert torch.equal(le.effective, e32.effective[le.layer])
+    # Projected in float32 where n > d_v (a rounding of float64, not a copy of it);
+    # exactly A where every head is the identity.
+    assert diffs[0] > 0 and diffs[1] == 0
+
+
+def test_unsupported_dtype_is_one_line():
+    trace = synthetic_trace(n=6)
+    with pytest.raises(IdentifiableError, match=r"unsupported dtype torch.float16: use"):
+        effective_attention(trace, dtype=torch.float16)

@@ -57,6 +57,8 @@ def _head_factors(out_proj: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     full = torch.zeros(out_proj.shape[0], dtype=torch.bool, device=out_proj.device)
     gram = out_proj @ out_proj.transpose(-1, -2)
     fast = _well_conditioned(gram)[0] if d_v <= d else full.clone()
+    if d_v <= d and bool(fast.all()):  # the usual case: no gather/scatter copies
+        return torch.linalg.cholesky(gram), full.fill_(True), fast
     if fast.any():
         factor[fast], full[fast] = torch.linalg.cholesky(gram[fast]), True
     if (~fast).any():
@@ -95,14 +97,16 @@ def _column_basis(x: Tensor, width: int | None) -> tuple[Tensor, Tensor, Tensor,
     """
     bsz, n, m = x.shape
     k = min(n, m)
-    basis = x.new_zeros(bsz, n, k)
     rank = torch.zeros(bsz, dtype=torch.long, device=x.device)
     smax = x.new_zeros(bsz)
     if k == 0:
-        return basis, rank, smax, torch.zeros(bsz, dtype=torch.bool, device=x.device)
+        return x.new_zeros(bsz, n, k), rank, smax, torch.zeros_like(rank, dtype=torch.bool)
     tall = n >= m
     gram = x.transpose(-1, -2) @ x if tall else x @ x.transpose(-1, -2)  # [B, k, k]
     fast, lam_max = _well_conditioned(gram)
+    if tall and bool(fast.all()):  # the usual case: no gather/scatter copies of x and the basis
+        return _cholesky_qr(x, gram), rank.fill_(k), lam_max.clamp_min(0).sqrt(), fast
+    basis = x.new_zeros(bsz, n, k)
     if fast.any():
         rank[fast], smax[fast] = k, lam_max[fast].clamp_min(0).sqrt()
         basis[fast] = _cholesky_qr(x[fast], gram[fast]) if tall else torch.eye(n, dtype=x.dtype)
