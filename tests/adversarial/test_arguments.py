@@ -88,7 +88,7 @@ SPECIFIC = [
     (["tokens", "--model", ""], "--model is empty"),
     (["tokens", "--model", "{model}", "--out", "{ws}/a-file"], "is a file"),
     # reproduce
-    (["reproduce", "--model", "{model}", "--budget", "huge"], "quick, full, smoke"),
+    (["reproduce", "--model", "{model}", "--budget", "huge"], "quick, paper, smoke"),
     (["reproduce", "--model", "{model}", "--device", "junk"], "unknown device 'junk'"),
     *(
         [
