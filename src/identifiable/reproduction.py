@@ -42,8 +42,6 @@ from identifiable.store.cache import CACHE_DIR, RunCache, settings_key
 from identifiable.store.files import atomic_write_text
 from identifiable.store.outdir import OutputFolder
 
-OUTPUTS = ("index.html", "summary.json", "figures", "tables")
-
 
 @dataclass
 class Reproduction:
@@ -53,16 +51,6 @@ class Reproduction:
     files: list[Path]
     summary: dict[str, Any]
     timings: dict[str, float]
-
-
-# ---- output folder ----------------------------------------------------------------
-
-
-def prepare_out_dir(out: Path, *, resume: bool, force: bool) -> OutputFolder:
-    """Check `out` (read-only) and return its `OutputFolder`; see `identifiable.store.outdir`."""
-    folder = OutputFolder(out, resume=resume, force=force)
-    folder.check()
-    return folder
 
 
 def reproduce(

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize
 
@@ -60,6 +60,7 @@ def test_projection_is_the_brute_force_optimum(n, d_v, seed):
 
 @settings(max_examples=15, deadline=None)
 @given(n=st.integers(6, 30), d_v=st.integers(1, 5), seed=st.integers(0, 10_000))
+@example(n=30, d_v=5, seed=54)  # the dual objective's decrease fell below round-off here
 def test_entropy_and_projection_match_slsqp(n, d_v, seed):
     a, aq = _problem(n, d_v, seed)
     if aq.shape[0] >= n:

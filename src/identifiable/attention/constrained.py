@@ -147,7 +147,16 @@ def max_entropy_row(aq: np.ndarray, b: np.ndarray, *, max_iter: int = 200) -> np
         hess = (aq * x) @ aq.T
         step = np.linalg.lstsq(hess + 1e-14 * np.eye(hess.shape[0]), -grad, rcond=None)[0]
         f0, t = phi(y), 1.0
-        while phi(y + t * step) > f0 + 1e-4 * t * float(grad @ step) and t > 1e-12:
+        # Armijo on the dual objective; near the optimum its decrease falls below float64
+        # round-off of phi itself, so a step that shrinks the gradient is accepted too
+        # (Newton's step does, quadratically, there)
+        g0 = float(np.linalg.norm(grad))
+        while t > 1e-12:
+            y_new = y + t * step
+            if phi(y_new) <= f0 + 1e-4 * t * float(grad @ step):
+                break
+            if np.linalg.norm(aq @ np.exp(aq.T @ y_new) - b) < 0.5 * g0:
+                break
             t *= 0.5
         y = y + t * step
     raise IdentifiableError(

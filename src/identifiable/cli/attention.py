@@ -13,6 +13,7 @@ from identifiable.cli.common import (
     ModelOption,
     NoTruncateOption,
     PairOption,
+    check_ranges,
     check_writable,
     console,
     load,
@@ -60,25 +61,12 @@ def attention(
     check_writable(json_out)
     m = load(model)
     tr = m.trace((text, pair) if pair is not None else text, truncate=not no_truncate)
-    _check_ranges(tr, layer, head, row)
+    check_ranges(tr, layer, head, row)
     payload = _overview(m.info.name, tr, variant)
     if layer is not None and head is not None:
         payload["head"] = _head_view(tr, layer - 1, head, row, variant)
     if json_out is not None:
         write_json(json_out, payload)
-
-
-def _check_ranges(tr: Any, layer: int | None, head: int | None, row: int | None) -> None:
-    checks = (
-        ("layer", layer, 1, tr.n_layers),
-        ("head", head, 0, tr.n_heads - 1),
-        ("row", row, 0, tr.n_tokens - 1),
-    )
-    for name, value, lo, hi in checks:
-        if value is not None and not lo <= value <= hi:
-            raise IdentifiableError(
-                f"--{name} {value} is out of range: valid {name}s are {lo}..{hi}"
-            )
 
 
 def _overview(name: str, tr: Any, variant: str) -> dict:

@@ -12,6 +12,7 @@ from identifiable.cli.common import (
     ModelOption,
     NoTruncateOption,
     PairOption,
+    check_ranges,
     check_writable,
     console,
     load,
@@ -60,7 +61,7 @@ def certify(
     check_writable(out)
     m = load(model)
     tr = m.trace((text, pair) if pair is not None else text, truncate=not no_truncate)
-    _check_ranges(tr, layer, head, row)
+    check_ranges(tr, layer, head, row)
     layers = [layer - 1] if layer is not None else None
     heads = [head] if head is not None else None
     rows = [row] if row is not None else None
@@ -112,19 +113,6 @@ def certify(
         df = pd.DataFrame(records)
         write_atomic(out, table_bytes(df)[1])
         console.print(f"wrote {len(df)} rows to {out}")
-
-
-def _check_ranges(tr: Any, layer: int | None, head: int | None, row: int | None) -> None:
-    checks = (
-        ("layer", layer, 1, tr.n_layers),
-        ("head", head, 0, tr.n_heads - 1),
-        ("row", row, 0, tr.n_tokens - 1),
-    )
-    for name, value, lo, hi in checks:
-        if value is not None and not lo <= value <= hi:
-            raise IdentifiableError(
-                f"--{name} {value} is out of range: valid {name}s are {lo}..{hi}"
-            )
 
 
 def _span(values: Any) -> str:

@@ -83,6 +83,20 @@ class Interrupted(Exception):
     """Ctrl-C inside a command that wants to say more than "interrupted" (exit 130)."""
 
 
+def check_ranges(tr: Any, layer: int | None, head: int | None, row: int | None) -> None:
+    """Refuse a CLI --layer (1..L), --head (0..H-1) or --row (0..n-1) outside the trace."""
+    checks = (
+        ("layer", layer, 1, tr.n_layers),
+        ("head", head, 0, tr.n_heads - 1),
+        ("row", row, 0, tr.n_tokens - 1),
+    )
+    for name, value, lo, hi in checks:
+        if value is not None and not lo <= value <= hi:
+            raise IdentifiableError(
+                f"--{name} {value} is out of range: valid {name}s are {lo}..{hi}"
+            )
+
+
 def check_model_name(model: str) -> None:
     """Refuse an empty --model before anything loads (it would name the current folder)."""
     if not model.strip():

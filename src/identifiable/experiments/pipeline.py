@@ -105,21 +105,6 @@ def shard_items(items: Sequence[Item], size: int) -> list[list[Item]]:
     return [list(items[i : i + size]) for i in range(0, len(items), size)]
 
 
-def short_items(model: Any, items: Sequence[Item], max_tokens: int, count: int) -> list[Item]:
-    """The first `count` items of at most `max_tokens` tokens (attribution costs O(n²·d));
-    if fewer exist, the shortest items instead, so that the stage always has work."""
-    lengths: list[int] = []
-    short: list[int] = []
-    for i, item in enumerate(items):
-        lengths.append(len(model.encode(item, truncate=True)))
-        if lengths[-1] <= max_tokens:
-            short.append(i)
-            if len(short) == count:
-                return [items[k] for k in short]
-    shortest = sorted(sorted(range(len(items)), key=lambda k: lengths[k])[:count])
-    return [items[k] for k in shortest]
-
-
 # ---- running stages ------------------------------------------------------------
 
 

@@ -38,8 +38,6 @@ from identifiable.experiments.pipeline import (
 )
 from identifiable.experiments.tokens import token_tables
 
-OUTPUTS = ("index.html", "summary.json", "figures", "tables")
-
 
 @dataclass(frozen=True)
 class Budget:
