@@ -187,3 +187,42 @@ def test_unsupported_dtype_is_one_line():
     trace = synthetic_trace(n=6)
     with pytest.raises(IdentifiableError, match=r"unsupported dtype torch.float16: use"):
         effective_attention(trace, dtype=torch.float16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_attention_beyond_the_head_width_names_layer_and_head(dtype, bad):
+    """n > d_v: finiteness is checked on A Q, not A; the message must still name the head."""
+    trace = synthetic_trace(n=12, d_v=4)
+    trace.attentions[1, 2, 7, 0] = bad
+    with pytest.raises(IdentifiableError, match=r"NaN or inf in the attention at layer 1, head 2"):
+        effective_attention(trace, dtype=dtype)
+
+
+def test_head_factors_are_shared_by_traces_of_one_model_and_renewed_after_a_weight_change(
+    bert_tokenizer,
+):
+    from conftest import build_tiny_hf_model
+    from identifiable.models import Model
+
+    hf = build_tiny_hf_model("bert")
+    model = Model.from_hf(hf, bert_tokenizer, name="tiny-bert-fresh")
+    t1, t2 = model.trace("the cat sat on the mat"), model.trace("a dog ran far away today")
+    assert t1.out_proj is t2.out_proj  # one W_O per model, not a copy per trace
+    f1 = compute_head_factors(t1)
+    assert compute_head_factors(t2) is f1
+    # An in-place weight change (as an optimizer step makes) gives a new W_O and new factors.
+    with torch.no_grad():
+        next(iter(model._out_modules[0].parameters())).mul_(2.0)
+    t3 = model.trace("the cat sat on the mat")
+    assert t3.out_proj is not t1.out_proj
+    torch.testing.assert_close(t3.out_proj[0], 2 * t1.out_proj[0])
+    f3 = compute_head_factors(t3)
+    assert f3 is not f1
+    torch.testing.assert_close(f3.factor[0], 2 * f1.factor[0])
+    check_invariants(t3, tol=1e-9)
+    # Editing a trace's W_O in place also invalidates its cached factors.
+    t3.out_proj[1].mul_(3.0)
+    f4 = compute_head_factors(t3)
+    assert f4 is not f3
+    torch.testing.assert_close(f4.factor[1], 3 * f3.factor[1])

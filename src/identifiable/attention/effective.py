@@ -19,14 +19,15 @@ from typing import Literal
 
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
 from identifiable.attention.causal import prefix_coordinates, project_rows_causal
 from identifiable.attention.checks import check_finite, check_shapes
 from identifiable.attention.keysets import keyset_groups, keyset_ranks, project_rows_keysets
 from identifiable.attention.linalg import (
     _column_basis,
-    add_ones,
     head_factors,
+    ones_direction,
 )
 from identifiable.errors import IdentifiableError
 from identifiable.models.trace import Trace
@@ -151,12 +152,28 @@ class EffectiveAttention(
 
 
 def compute_head_factors(trace: Trace) -> HeadFactors:
-    """Factor every head's output projection H once (reusable for any trace of the same model)."""
+    """Factor every head's output projection H once (reusable for any trace of the same model).
+
+    Traces of one `Model` share one W_O tensor, so the factors are cached by
+    that tensor's identity and version (an in-place change invalidates them);
+    the cache holds no reference that keeps a W_O alive.
+    """
     _check_trace_shapes(trace)
-    check_finite(trace.out_proj, "output projection (W_O)", per_layer_head=True)
+    w_o = trace.out_proj
+    hit = _FACTOR_CACHE.get(w_o)
+    if hit is not None and hit[0] == w_o._version:
+        return hit[1]
+    check_finite(w_o, "output projection (W_O)", per_layer_head=True)
     # Layer by layer: a float64 copy of all of W_O (54 MB at BERT-base) is not needed at once.
-    parts = [head_factors(trace.out_proj[layer].double()) for layer in range(trace.n_layers)]
-    return HeadFactors(*(torch.stack(p) for p in zip(*parts, strict=True)))
+    parts = [head_factors(w_o[layer].double()) for layer in range(trace.n_layers)]
+    factors = HeadFactors(*(torch.stack(p) for p in zip(*parts, strict=True)))
+    _FACTOR_CACHE[w_o] = (w_o._version, factors)
+    return factors
+
+
+# W_O tensor → (its version when factored, factors). Keys by identity (a tensor's ==
+# is elementwise) and weak: a dropped trace or model frees its entry.
+_FACTOR_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def null_space(trace: Trace, *, factors: HeadFactors | None = None) -> NullSpace:
@@ -259,10 +276,10 @@ def _iter_layers(
     for layer in range(trace.n_layers) if layers is None else layers:
         trace.check_layer(layer)
         raw = trace.attentions[layer]
-        check_finite(raw, "attention", layer=layer)
         rank, dim, dim_s, bases = _layer_dims(trace, layer, factors)
         route, data = bases
         if route in ("keysets", "causal"):  # float64 routes; rounded only if asked
+            check_finite(raw, "attention", layer=layer)
             if route == "keysets":
                 res = project_rows_keysets(raw, data, stochastic=variant != "paper")
             else:
@@ -271,31 +288,42 @@ def _iter_layers(
             del res
         else:
             eff = torch.empty(raw.shape, dtype=dtype) if out is None else out[layer]
-            basis = data[0] if variant == "paper" else data[1]
+            q, w = data
+            basis = q if variant == "paper" else torch.cat([q, w], dim=-1)
             full = (dim if variant == "paper" else dim_s)[:, 0] == 0
-            _project_encoder_layer(raw, basis, full, eff)
+            _project_encoder_layer(raw, basis, full, eff, layer)
         yield LayerEffective(layer, raw, eff, rank, dim, dim_s)
         del eff  # do not hold this layer while the next one is computed
 
 
-def _project_encoder_layer(raw: Tensor, basis: Tensor, full: Tensor, out: Tensor) -> None:
+def _project_encoder_layer(
+    raw: Tensor, basis: Tensor, full: Tensor, out: Tensor, layer: int
+) -> None:
     """out[h] = A[h] Q[h] Q[h]ᵀ for every head, and A[h] itself where `full[h]`.
 
-    A is converted once, straight into `out` (the only n×n write besides the
-    product), then projected in place with two batched GEMMs over the heads
-    that need it: A Q is a small [H, n, k] temporary, so `out` can take the
-    second product. Rows with rank(T) = keys seen keep A exactly, not A up to
-    rounding. The basis is cast to `out`'s dtype (float32 only when opted in).
+    Two batched GEMMs over the heads: A Q is a small [H, n, k] temporary, so
+    `out` can take the second product. A float64 `out` first receives A (the
+    one conversion); a float32 `out` multiplies the trace's float32 A directly,
+    with no n×n copy. Rows with rank(T) = keys seen keep A exactly, not A up
+    to rounding. The basis is cast to `out`'s dtype (float32 only when opted in).
+
+    Finiteness of A is checked on A Q ([H, n, k], not n×n): a NaN or inf
+    anywhere in a row of A makes every entry of that row of A Q non-finite
+    (inf · 0 is NaN), so only then is A itself scanned, to name the head.
     """
-    out.copy_(raw)
-    if bool(full.all()):
-        return
-    q = basis.to(out.dtype)
     if bool(full.any()):  # rare (n ≤ d_v): project head by head, skipping the identity ones
+        check_finite(raw, "attention", layer=layer)
+        out.copy_(raw)
+        q = basis.to(out.dtype)
         for h in torch.nonzero(~full).flatten().tolist():
             torch.matmul(out[h] @ q[h], q[h].transpose(-1, -2), out=out[h])
         return
-    torch.matmul(out @ q, q.transpose(-1, -2), out=out)
+    q = basis.to(out.dtype)
+    # A float64 `out` first receives A (the one conversion); float32 uses A as it is.
+    aq = raw @ q if raw.dtype == out.dtype else out.copy_(raw) @ q
+    if not bool(torch.isfinite(aq.sum())):
+        check_finite(raw, "attention", layer=layer)
+    torch.matmul(aq, q.transpose(-1, -2), out=out)
 
 
 def _check_trace_shapes(trace: Trace) -> None:
@@ -334,9 +362,11 @@ def _layer_dims(
     mask = trace.keys_seen(layer)
     if bool(mask.all()):
         q, rank = _encoder_basis(v, factor, factors.well_conditioned[layer])
-        qa, rank_a = add_ones(q, rank)
+        # The row-stochastic basis [q, w] is formed only when that variant is asked for.
+        w, new = ones_direction(q)
+        rank_a = rank + new.long()
         r = rank[:, None].expand(n_h, mask.shape[0])  # one value per query row
-        return r, n - r, n - rank_a[:, None].expand(n_h, mask.shape[0]), ("all", (q, qa))
+        return r, n - r, n - rank_a[:, None].expand(n_h, mask.shape[0]), ("all", (q, w))
     if mask.shape[0] != n:
         raise IdentifiableError(
             f"layer {layer}: a cross-attention trace must let every row see every key "

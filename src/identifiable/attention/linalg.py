@@ -150,6 +150,23 @@ def add_ones(basis: Tensor, rank: Tensor) -> tuple[Tensor, Tensor]:
     Returns:
         basis: `[..., n, k + 1]`, rank: `[...]` of [T, 1].
     """
+    w, new = ones_direction(basis)
+    return torch.cat([basis, w], dim=-1), rank + new.long()
+
+
+def ones_direction(basis: Tensor) -> tuple[Tensor, Tensor]:
+    """The unit direction the ones vector adds to col(T), without forming [basis, w].
+
+    Callers that need only rank([T, 1]) (the paper variant's dim LN([T, 1]))
+    skip the `[..., n, k + 1]` copy of `add_ones`.
+
+    Args:
+        basis: `[..., n, k]` orthonormal columns (zero columns allowed).
+    Returns:
+        w: `[..., n, 1]` unit vector orthogonal to the basis, or zeros where the
+            ones vector already lies in col(T) (see `add_ones` for the tolerance).
+        new: `[...]` bool, whether w is a new direction.
+    """
     n, k = basis.shape[-2:]
     ones = basis.new_full((n, 1), n**-0.5)
     w = ones.expand(*basis.shape[:-1], 1)
@@ -158,7 +175,7 @@ def add_ones(basis: Tensor, rank: Tensor) -> tuple[Tensor, Tensor]:
     norm = torch.linalg.vector_norm(w, dim=(-2, -1))
     new = norm > max(n, k + 1) * _EPS64
     w = w / torch.where(new, norm, torch.ones_like(norm))[..., None, None] * new[..., None, None]
-    return torch.cat([basis, w], dim=-1), rank + new.long()
+    return w, new
 
 
 def project_rows(a: Tensor, basis: Tensor, *, out: Tensor | None = None) -> Tensor:

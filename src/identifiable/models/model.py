@@ -307,6 +307,26 @@ class Model:
             )
         return _HeadWeights(*(t.detach() for t in (w_v, b_v, w_o, b_o)))
 
+    def _stacked_out_proj(self) -> torch.Tensor:
+        """`[L, H, d_v, d]` float32 CPU W_O, one tensor shared by every trace of this model.
+
+        Sharing saves a copy per trace (2 GB for a 7B model) and lets
+        `attention.effective` reuse its factorisation of W_O across traces (it
+        caches by tensor identity). The copy is rebuilt whenever a weight was
+        changed in place (an optimizer step, `load_state_dict`): the detached
+        views in `_weights` share their parameters' version counters.
+        """
+        versions = tuple(w.w_o._version for w in self._weights)
+        cached = getattr(self, "_out_proj_cache", None)
+        if cached is not None and cached[0] == versions:
+            return cached[1]
+        w_o = torch.stack(
+            [w.w_o.reshape(self.info.n_heads, self.info.head_dim, -1) for w in self._weights]
+        )
+        w_o = w_o.float().cpu()
+        self._out_proj_cache = (versions, w_o)
+        return w_o
+
     @property
     def device(self) -> torch.device:
         return next(self.hf_model.parameters()).device
@@ -676,9 +696,7 @@ class Model:
         blocks = torch.stack(attn_out, 1)  # [B, L, N, d]
         vals = torch.stack(values, 1)  # [B, L, H, N, d_v]
         b_v = torch.stack([self._per_query_head(w.b_v) for w in self._weights])  # [L, H, d_v]
-        w_o = torch.stack(
-            [w.w_o.reshape(self.info.n_heads, self.info.head_dim, -1) for w in self._weights]
-        )
+        w_o = self._stacked_out_proj()
         b_o = torch.stack([w.b_o for w in self._weights])
         masks = self.key_mask(att.shape[-1]).to(att.device)  # [L, N, N]
         traces = []
@@ -694,7 +712,7 @@ class Model:
                     attentions=a_b.float().cpu().contiguous(),
                     values=vals[b, :, :, :n].float().cpu().contiguous(),
                     value_bias=b_v.float().cpu(),
-                    out_proj=w_o.float().cpu(),
+                    out_proj=w_o,
                     out_bias=b_o.float().cpu(),
                     hidden_states=hidden[b, :, :n].float().cpu().contiguous(),
                     attn_outputs=blocks[b, :, :n].float().cpu().contiguous(),
