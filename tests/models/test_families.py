@@ -11,6 +11,7 @@ import torch
 
 from conftest import FAMILIES
 from identifiable.attention import effective_attention, null_space
+from identifiable.models.hooks import HookSet, first_tensor, replace_hidden_input
 
 TEXT = "The cat sat on the mat. It was happy, and so was I."
 CAUSAL_FAMILIES = set(FAMILIES) - {"albert", "deberta-v2", "modernbert"}
@@ -76,45 +77,67 @@ def test_effective_attention_invariant(traces, arch, variant):
     assert bool((ns.dim > 0).any()) == bool((seen > tr.head_dim).any())
 
 
-def _forward_mode_ok(module: torch.nn.Module) -> bool:
-    """Whether `module` has a forward-mode derivative (a jvp against finite differences)."""
-    x, v = torch.randn(5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
-    try:
-        _, jvp = torch.func.jvp(module, (x,), (v,))
-    except RuntimeError:
-        return False
-    fd = (module(x + 1e-6 * v) - module(x - 1e-6 * v)) / 2e-6
-    torch.testing.assert_close(jvp, fd, atol=1e-6, rtol=1e-5)
-    return True
-
-
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_hta_runs(tiny_model, arch):
     from identifiable.attribution import hidden_token_attribution
-    from identifiable.errors import IdentifiableError
 
     m = tiny_model(arch)
-    if arch == "bloom" and not _forward_mode_ok(m.hf_model.h[0].mlp.gelu_impl):
-        # BLOOM's GELU is a custom autograd.Function without forward-mode AD (transformers
-        # 5.x applies it in eval mode too; 4.x only in training): a clean error.
-        with pytest.raises(IdentifiableError, match="cannot be differentiated in forward mode"):
-            hidden_token_attribution(m, "a short text", probes=4)
-        return
-    if arch == "mixtral" and hasattr(m.task_model, "set_experts_implementation"):
-        # grouped_mm (transformers 5.x) has no forward-mode AD; the eager experts loop
-        # (the only one in 4.x) does.
-        m.task_model.set_experts_implementation("eager")
+    before = getattr(m.hf_model.config, "_experts_implementation", None)
     r = hidden_token_attribution(m, "a short text", probes=4)
     n = len(m.encode("a short text"))
     assert r.contributions.shape == (m.info.n_layers, n, n)
     torch.testing.assert_close(
         r.contributions.sum(-1), torch.ones(m.info.n_layers, n, dtype=torch.float64)
     )
+    # the model is left as it was (experts implementation, no instance-level forwards)
+    assert getattr(m.hf_model.config, "_experts_implementation", None) == before
+    assert not any("forward" in mod.__dict__ for mod in m.hf_model.modules())
     # the functional view reproduces the traced hidden states
     tr = m.trace("a short text")
     torch.testing.assert_close(
         m.layer_outputs(m.embed(tr.input_ids), tr.input_ids), tr.hidden_states, atol=1e-5, rtol=1e-5
     )
+
+
+@pytest.mark.parametrize("arch", ["bloom", "mixtral"])
+def test_forward_mode_substitutes_give_the_models_own_jacobian(tiny_model, bert_tokenizer, arch):
+    """BLOOM's GELU (a backward-only autograd.Function in transformers 5.x) and MoE
+    grouped_mm have no forward-mode AD; HTA runs plain-torch equivalents. Checked against
+    the model's own reverse-mode derivative (HF's GeLUFunction.backward, grouped_mm's
+    backward), taken without any substitute."""
+    import dataclasses
+
+    from identifiable.attribution import hidden_token_attribution
+    from identifiable.attribution.reference import reverse_mode_sq_norms
+    from identifiable.models import Model
+
+    m = tiny_model(arch)
+    plain = Model.from_hf(
+        m.task_model, bert_tokenizer, spec=dataclasses.replace(m.spec, forward_ad=())
+    )
+    enc = m.encode("a short text about cats")
+    e0 = m.embed(enc.input_ids, enc.token_type_ids)
+    n = len(enc)
+
+    def own(x):  # the model as configured, no substitutes, no switch of experts
+        with HookSet() as hooks:
+            outs = []
+            hooks.pre(plain.layers[0], replace_hidden_input(x[None], first_call_only=True),
+                      with_kwargs=True)  # fmt: skip
+            for layer in plain.layers:
+                hooks.post(layer, lambda mod, a, o: outs.append(first_tensor(o)))
+            ids = enc.input_ids.reshape(1, -1)
+            plain.hf_model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        return torch.stack([x, *(o[0] for o in outs)])
+
+    with torch.no_grad():
+        torch.testing.assert_close(m.layer_outputs(e0, enc.input_ids), own(e0), atol=1e-6, rtol=0)
+    rows = [(1, 0), (2, n // 2), (2, n - 1)]
+    ref = reverse_mode_sq_norms(own, e0, rows=rows)
+    got = hidden_token_attribution(m, "a short text about cats", probes=None)
+    for layer, i in rows:
+        sq = got.sq_norms[layer - 1, i]
+        torch.testing.assert_close(sq, ref[layer - 1, i], rtol=1e-4, atol=1e-10)
 
 
 @pytest.mark.parametrize("arch", FAMILIES)

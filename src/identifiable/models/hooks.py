@@ -45,6 +45,7 @@ class HookSet:
 
     def __init__(self) -> None:
         self._handles: list[RemovableHandle] = []
+        self._undo: list[Callable[[], None]] = []
 
     def pre(self, module: nn.Module, fn: Callable[..., Any], *, with_kwargs: bool = False) -> None:
         self._handles.append(module.register_forward_pre_hook(fn, with_kwargs=with_kwargs))
@@ -52,9 +53,31 @@ class HookSet:
     def post(self, module: nn.Module, fn: Callable[..., Any]) -> None:
         self._handles.append(module.register_forward_hook(fn))
 
+    def replace_forward(self, module: nn.Module, fn: Callable[..., Any]) -> None:
+        """Run `fn` in place of `module.forward` until the set is removed.
+
+        For a module whose own forward cannot be transformed (a custom
+        `autograd.Function` without forward-mode AD) but has a plain-torch
+        equivalent. Hooks still run (they wrap `__call__`). An instance-level
+        forward that was there before (accelerate's device hooks) is restored.
+        """
+        had = "forward" in module.__dict__
+        before = module.__dict__.get("forward")
+        module.forward = fn  # type: ignore[method-assign]
+
+        def undo() -> None:
+            if had:
+                module.forward = before  # type: ignore[method-assign]
+            else:
+                del module.forward
+
+        self._undo.append(undo)
+
     def remove(self) -> None:
         while self._handles:
             self._handles.pop().remove()
+        while self._undo:
+            self._undo.pop()()
 
     def __enter__(self) -> HookSet:
         return self

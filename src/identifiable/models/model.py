@@ -911,7 +911,8 @@ class Model:
         x = e0 if batched else e0.unsqueeze(0)
         ids = input_ids.to(self.device).reshape(1, -1).expand(x.shape[0], -1)
         outs: list[torch.Tensor] = []
-        with HookSet() as hooks:
+        with HookSet() as hooks, self._forward_mode_experts():
+            self._forward_ad_substitutes(hooks)
             hooks.pre(
                 self.layers[0], replace_hidden_input(x, first_call_only=True), with_kwargs=True
             )
@@ -927,6 +928,36 @@ class Model:
                 self.hf_model(input_ids=ids, attention_mask=torch.ones_like(ids))
         result = torch.stack([x, *outs], dim=1)
         return result if batched else result[0]
+
+    def _forward_ad_substitutes(self, hooks: HookSet) -> None:
+        """Swap in the spec's plain-torch equivalents of forward-AD-less modules (`ArchSpec.forward_ad`)."""
+        for path, fn_name in self.spec.forward_ad:
+            for layer in _distinct(self.layers):
+                module = get_submodule(layer, path)
+                fn = getattr(sys.modules[type(module).__module__], fn_name, None)
+                if fn is None:  # a transformers version without it: the module is left as it is
+                    continue
+                hooks.replace_forward(module, fn)
+
+    @contextlib.contextmanager
+    def _forward_mode_experts(self) -> Iterator[None]:
+        """Mixture-of-experts layers on the eager experts loop while `layer_outputs` runs.
+
+        transformers 5.x dispatches experts to `grouped_mm`, which has no forward-mode
+        derivative; the eager loop computes the same function. The model's own setting
+        is restored afterwards.
+        """
+        config = self.hf_model.config
+        before = getattr(config, "_experts_implementation", None)
+        switch = getattr(self.hf_model, "set_experts_implementation", None)
+        if before in (None, "eager") or switch is None:
+            yield
+            return
+        switch("eager")
+        try:
+            yield
+        finally:
+            switch(before)
 
 
 def _check_text(text: TextOrPair) -> tuple[str, ...]:

@@ -60,6 +60,11 @@ class ArchSpec:
             `identifiable.models.discover` and proved by `verify()` on a probe.
         modality: "text" (token ids in) or "image" (`pixel_values` in; the tokens
             are [CLS] (and DeiT's distillation token) then the patches row by row).
+        forward_ad: modules (dotted path inside a layer, name of a plain function
+            in the module's own modelling file) whose forward is a custom
+            `autograd.Function` without forward-mode AD, and the function that
+            computes the same numbers with plain torch ops. Hidden Token
+            Attribution runs the function in their place (BLOOM's GELU).
     """
 
     name: str
@@ -78,6 +83,7 @@ class ArchSpec:
     layer_types_attr: str = "layer_types"
     source: Literal["table", "discovered"] = "table"
     modality: Literal["text", "image"] = "text"
+    forward_ad: tuple[tuple[str, str], ...] = ()
 
 
 SPECS: tuple[ArchSpec, ...] = (
@@ -178,6 +184,8 @@ SPECS: tuple[ArchSpec, ...] = (
         fused="per_kv_group",
         causal=True,
         norm="pre",
+        # transformers 5.x runs GeLUFunction (backward only) in eval mode too.
+        forward_ad=(("mlp.gelu_impl", "bloom_gelu_forward"),),
     ),
     ArchSpec(
         name="falcon",
