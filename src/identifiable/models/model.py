@@ -354,9 +354,15 @@ class Model:
     # ---- encoding ------------------------------------------------------------
     def encode(self, text: TextOrPair, *, truncate: bool = True) -> Encoding:
         """Tokenise a text or a pair `(a, b)` in the model's own format (an image for
-        vision models, see `encode_image`)."""
+        vision models, see `encode_image`). Token ids and a `BatchEncoding` are accepted
+        too, as by `trace`, so every analysis that encodes takes what `trace` takes."""
         if self.modality == "image":
             return self.encode_image(text)
+        is_text = isinstance(text, str) or (
+            isinstance(text, tuple) and all(isinstance(p, str) for p in text)
+        )
+        if not is_text:  # ids, tensors, BatchEncoding, Encoding; ambiguous lists are refused there
+            return self._encode_any(text, truncate)
         parts = _check_text(text)
         tokenizer = self._need_tokenizer("encode text")
         max_len = self.info.max_positions
