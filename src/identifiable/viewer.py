@@ -1,5 +1,9 @@
-"""The attention viewer for one text: runs the model and the attention analysis, then
-renders the page with `identifiable.report.viewer.viewer_html`.
+"""The attention viewer for one text or image: runs the model and the attention analysis,
+then renders the page with `identifiable.report.viewer.viewer_html`.
+
+For an image model (ViT, DeiT, CLIP's vision tower) the tokens are [CLS] (DeiT: then [DIST])
+and the patches row by row, named "patch(r,c)"; `patch_grid` lays them out on the grid and
+the page shows that grid, over the image when there is one, in place of the token strip.
 
 This sits on the top floor with `cli/`: it computes (trace, effective attention, the
 chosen head's interval map and constrained effective attention, witnesses) and hands
@@ -9,6 +13,7 @@ plain arrays to the report floor, which only renders.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -29,6 +34,8 @@ from identifiable.report.viewer_data import (
     CertifiedHead,
     IntervalRow,
     MixingMaps,
+    PatchGrid,
+    png_bytes,
     spread_order,
 )
 
@@ -38,7 +45,7 @@ if TYPE_CHECKING:
 
 def build_viewer(
     model: Any,
-    text: str | tuple[str, str],
+    text: Any,
     *,
     layer: int = 0,
     head: int = 0,
@@ -50,15 +57,25 @@ def build_viewer(
     certify: bool = True,
     interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
     identifiable_below: float = IDENTIFIABLE_BELOW,
+    show_image: bool = True,
 ) -> str:
     """Trace `text` with `model` and build the viewer page for it.
 
+    text: a text or a pair (a, b); for an image model, the image as `Model.trace` takes it
+    (a PIL image, `pixel_values` `[C, H, W]` or `[1, C, H, W]`, or an image processor's
+    output). The page then shows the patch grid; with `show_image` the image the model saw
+    is drawn under it (an embedded PNG).
     mixing: context-mixing methods (`identifiable.mixing.method_names()`) whose per-layer
     maps the page offers in place of raw, effective and null attention.
     certify, interval_seconds, identifiable_below: see `viewer_html_for_trace`.
     """
     maps = mixing_maps(model, text, mixing)
     trace: Trace = model.trace(text)
+    image = None
+    if getattr(model, "modality", "text") == "image":
+        check_grid(model, trace.tokens)
+        if show_image:
+            image = image_rgb(model, text)
     return viewer_html_for_trace(
         trace,
         layer=layer,
@@ -71,7 +88,95 @@ def build_viewer(
         certify=certify,
         interval_seconds=interval_seconds,
         identifiable_below=identifiable_below,
+        image=image,
     )
+
+
+_PATCH = re.compile(r"patch\((\d+),(\d+)\)")
+
+
+def patch_grid(
+    tokens: Sequence[str], image: np.ndarray | None = None, image_note: str = ""
+) -> PatchGrid | None:
+    """The patch grid of an image model's tokens, or None when they are not one.
+
+    tokens: as an image model's trace names them: special tokens in brackets ("[CLS]",
+    DeiT's "[DIST]") first, then "patch(r,c)" row by row filling a rows × cols grid.
+    Anything else (any text) is not a grid. image: `[H, W, 3]` uint8 (`image_rgb`), drawn
+    under the grid; image_note says how its colours were recovered.
+    """
+    k = 0
+    while k < len(tokens) and re.fullmatch(r"\[[^\]]+\]", tokens[k]):
+        k += 1
+    found = [_PATCH.fullmatch(t) for t in tokens[k:]]
+    if k == 0 or not found or not all(found):
+        return None
+    cells = [(int(m.group(1)), int(m.group(2))) for m in found if m]
+    rows, cols = cells[-1][0] + 1, cells[-1][1] + 1
+    if cells != [(r, c) for r in range(rows) for c in range(cols)]:
+        return None
+    return PatchGrid(
+        rows=rows,
+        cols=cols,
+        patches=tuple(range(k, len(tokens))),
+        special=tuple(range(k)),
+        image_png=None if image is None else png_bytes(image),
+        image_note=image_note,
+    )
+
+
+def check_grid(model: Any, tokens: Sequence[str]) -> PatchGrid:
+    """The grid of an image model's trace, checked against its config (image_size //
+    patch_size along each side): a page must not draw patches where the model has none."""
+    grid = patch_grid(tokens)
+    cfg = model.hf_model.config
+    size, patch = getattr(cfg, "image_size", None), getattr(cfg, "patch_size", None)
+    want = None
+    if size is not None and patch is not None:
+        sz = (size, size) if isinstance(size, int) else tuple(size)
+        ps = (patch, patch) if isinstance(patch, int) else tuple(patch)
+        want = (int(sz[0]) // int(ps[0]), int(sz[1]) // int(ps[1]))
+    if grid is None or (want is not None and (grid.rows, grid.cols) != want):
+        got = "no patch grid" if grid is None else f"a {grid.rows} × {grid.cols} grid"
+        raise IdentifiableError(
+            f"the trace's tokens make {got}, but the model's config (image_size "
+            f"{size}, patch_size {patch}) says "
+            + (f"{want[0]} × {want[1]}" if want else "an image model")
+            + "; trace the image with this model"
+        )
+    return grid
+
+
+def image_rgb(model: Any, image: Any) -> tuple[np.ndarray, str]:
+    """The image the model saw, as `[H, W, 3]` uint8, and how its colours were recovered.
+
+    The pixels are the model's own input (after its image processor: resized and cropped
+    as the patches are), so the grid lines up with them. The processor's normalisation
+    (x − mean) / std is undone when the model has a processor that states it; otherwise
+    (pixel_values given directly) the values are scaled min–max to 0..255, which keeps
+    their pattern but not their absolute colours. One channel is shown as grey.
+    """
+    px = model.encode(image).pixel_values
+    if px is None:
+        raise IdentifiableError("image_rgb takes an image for an image model")
+    x = px.detach().double().cpu().numpy()  # [C, H, W]
+    proc = getattr(model, "image_processor", None)
+    mean, std = getattr(proc, "image_mean", None), getattr(proc, "image_std", None)
+    c = x.shape[0]
+    if proc is not None and getattr(proc, "do_normalize", True) and mean is not None:
+        mean_a = np.broadcast_to(np.asarray(mean, np.float64), (c,))[:, None, None]
+        std_a = np.broadcast_to(np.asarray(std, np.float64), (c,))[:, None, None]
+        x = np.clip(x * std_a + mean_a, 0.0, 1.0)
+        note = "The image as the model saw it (its image processor's normalisation undone)."
+    else:
+        lo, hi = float(x.min()), float(x.max())
+        x = (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
+        note = (
+            "The model's pixel values scaled min–max to colours (no image processor to undo "
+            "its normalisation): the pattern is the model's input, the colours may not be."
+        )
+    rgb = x[:3] if c >= 3 else np.repeat(x.mean(axis=0, keepdims=True), 3, axis=0)
+    return np.rint(rgb.transpose(1, 2, 0) * 255).astype(np.uint8), note
 
 
 def mixing_maps(
@@ -111,6 +216,7 @@ def viewer_html_for_trace(
     mixing: Sequence[MixingMaps] = (),
     certify: bool = True,
     identifiable_below: float = IDENTIFIABLE_BELOW,
+    image: tuple[np.ndarray, str] | None = None,
 ) -> str:
     """The viewer page for a trace.
 
@@ -124,6 +230,9 @@ def viewer_html_for_trace(
     `rows` and up to `max_rows` rows in all. identifiable_below: interval width below which
     the page marks a weight identifiable (stated on the page). certify=False: maps only.
     mixing: per-layer maps of context-mixing methods (`mixing_maps`), selectable in the page.
+    For an image model's trace (tokens that `patch_grid` lays out) the page shows the patch
+    grid in place of the token strip; image: (`[H, W, 3]` uint8, note) from `image_rgb`,
+    drawn under the grid (None: the grid alone).
     """
     from identifiable import attention
 
@@ -170,8 +279,13 @@ def viewer_html_for_trace(
         )
     else:
         note = "Intervals were not computed (the page was made with --no-certify)."
+    patches = patch_grid(trace.tokens, *(image or (None, "")))
+    if image is not None and patches is None:
+        raise IdentifiableError("an image can only be drawn for an image model's trace")
     note += (
-        " For another head or row run: identifiable view TEXT --layer L --head H --rows I,J"
+        " For another head or row run: identifiable view "
+        + ("--image FILE" if patches else "TEXT")
+        + " --layer L --head H --rows I,J"
         f" (L in 1..{trace.n_layers} as printed, H and rows from 0)"
     )
     return viewer_html(
@@ -192,6 +306,7 @@ def viewer_html_for_trace(
         interval_note=note,
         mixing=mixing,
         certified=certified,
+        patches=patches,
     )
 
 

@@ -112,3 +112,45 @@ def test_full_clip_model_traces_its_vision_tower():
         m = Model.from_hf(CLIPModel(cfg).eval())
     assert m.spec.name == "clip-vision"
     m.trace(_pixels()).verify()
+
+
+@pytest.mark.parametrize("arch", VISION_FAMILIES)
+def test_value_zeroing_on_images_equals_an_explicit_rerun(models, arch):
+    """Value zeroing re-runs each layer from its captured input; for an image model the
+    re-run needs pixel values of the right size only. Checked against an ordinary forward
+    pass of the real pixels with token j's value zeroed in layer l only."""
+    from identifiable.mixing import context_mixing
+    from identifiable.mixing.api import _Inputs, value_zeroing_distances
+    from identifiable.models.hooks import HookSet, first_tensor
+
+    m = models[arch]
+    px = _pixels()
+    res = context_mixing(m, px, "value-zeroing")
+    tr = m.trace(px)
+    assert res.layerwise.shape == (tr.n_layers, tr.n_tokens, tr.n_tokens)
+    dist = value_zeroing_distances(_Inputs(m, px, True, False), chunk=5)
+    layers = list({id(x): x for x in m.layers}.values())
+    values = list({id(x): x for x in m._value_modules}.values())
+    for layer in range(tr.n_layers):
+        for j in (0, tr.n_tokens - 1):
+            seen, out = {"v": 0}, []
+
+            def zero(mod, args, output, layer=layer, j=j, seen=seen):
+                seen["v"] += 1
+                if seen["v"] - 1 != layer:
+                    return None
+                output = output.clone()
+                output[:, j, m._v_cols] = 0
+                return output
+
+            with HookSet() as hooks, torch.no_grad():
+                for v in values:
+                    hooks.post(v, zero)
+                for lay in layers:
+                    hooks.post(lay, lambda mod, a, o, out=out: out.append(first_tensor(o)))
+                m.hf_model(pixel_values=px[None])
+            cos = torch.nn.functional.cosine_similarity(
+                tr.hidden_states[layer + 1].double(), out[layer][0].double(), dim=-1
+            )
+            torch.testing.assert_close(dist[layer, :, j], 1 - cos, rtol=1e-4, atol=2e-6)
+    assert dist.abs().sum() > 0

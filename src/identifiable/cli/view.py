@@ -1,10 +1,11 @@
-"""`identifiable view`: one text, one offline interactive attention page."""
+"""`identifiable view`: one text (or, for an image model, one image), one offline
+interactive attention page."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -31,8 +32,51 @@ def _rows(value: str | None) -> list[int] | None:
         ) from None
 
 
+def _read_image(path: Path) -> Any:
+    """An image file as a PIL image, or pixel values `[C, H, W]` from a .npy file; a file that
+    is neither fails in one line before the model loads."""
+    if not path.is_file():
+        raise IdentifiableError(f"--image {path}: no such file; give an image file (PNG, JPEG)")
+    if path.suffix.lower() == ".npy":
+        import numpy as np
+        import torch
+
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise IdentifiableError(f"--image {path}: not a readable .npy array ({exc})") from None
+        if arr.dtype.kind != "f" or arr.ndim not in (3, 4):
+            raise IdentifiableError(
+                f"--image {path}: a .npy image must hold float pixel values [C, H, W], "
+                f"got {arr.dtype} {list(arr.shape)}"
+            )
+        return torch.from_numpy(np.ascontiguousarray(arr))
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            return im.convert("RGB")
+    except (UnidentifiedImageError, OSError) as exc:
+        raise IdentifiableError(
+            f"--image {path}: not an image file that can be read ({type(exc).__name__}); "
+            "give a PNG or JPEG, or pixel values [C, H, W] as .npy"
+        ) from None
+
+
 def view(
-    text: Annotated[str, typer.Argument(help="The text to look at.")],
+    text: Annotated[
+        str | None,
+        typer.Argument(help="The text to look at (for an image model, give --image instead)."),
+    ] = None,
+    image: Annotated[
+        Path | None,
+        typer.Option(
+            "--image",
+            help="For an image model (ViT, DeiT, CLIP's vision tower): the image file (PNG, "
+            "JPEG; resized by the model's image processor) or pixel values [C, H, W] as .npy. "
+            "The page shows the patch grid over the image.",
+        ),
+    ] = None,
     pair: PairOption = None,
     model: ModelOption = "minilm",
     out: Annotated[Path, typer.Option("--out", "-o", help="The HTML file to write.")] = Path(
@@ -90,14 +134,27 @@ def view(
     ] = None,
 ) -> None:
     """Write a self-contained page: raw, effective and null attention per head; for the
-    chosen head, interval bands of every row, identifiable weights and constrained attention."""
+    chosen head, interval bands of every row, identifiable weights and constrained attention.
+    For an image model (--image), a patch grid over the image in place of the tokens."""
     from identifiable.mixing import get_method
     from identifiable.store.files import atomic_write_text
-    from identifiable.viewer import mixing_maps, viewer_html_for_trace
+    from identifiable.viewer import check_grid, image_rgb, mixing_maps, viewer_html_for_trace
 
-    if not text.strip():
+    if text is not None and image is not None:
         raise IdentifiableError(
-            'the text is empty: give the sentence to view, e.g. identifiable view "The cat sat."'
+            "give either a TEXT (text models) or --image FILE (image models), not both"
+        )
+    if image is not None and pair is not None:
+        raise IdentifiableError("--pair is for text models; an image is viewed alone")
+    if image is None and text is None:
+        raise IdentifiableError(
+            "Missing argument 'TEXT': give the text to view, e.g. identifiable view "
+            '"The cat sat.", or --image FILE for an image model'
+        )
+    if image is None and (text is None or not text.strip()):
+        raise IdentifiableError(
+            'the text is empty: give the sentence to view, e.g. identifiable view "The cat sat." '
+            "(or --image FILE for an image model)"
         )
     if out.exists() and out.is_dir():
         raise IdentifiableError(f"--out {out} is a folder; give a file name such as attention.html")
@@ -121,8 +178,29 @@ def view(
     for name in methods:  # an unknown method fails before the model loads
         get_method(name)
     check_model_name(model)
+    picture = None if image is None else _read_image(image)
     m = load(model)
-    trace = m.trace((text, pair) if pair is not None else text)
+    modality = getattr(m, "modality", "text")
+    if picture is not None and modality != "image":
+        raise IdentifiableError(
+            f"'{model}' is a text model ({m.spec.name}): give the TEXT to view, not --image"
+        )
+    if picture is None and modality == "image":
+        raise IdentifiableError(
+            f"'{model}' is an image model ({m.spec.name}): give --image FILE, not text"
+        )
+    if picture is not None and not _is_tensor(picture) and m.image_processor is None:
+        raise IdentifiableError(
+            f"'{model}' has no image processor saved beside its weights "
+            "(preprocessor_config.json): save one there, or give pixel values [C, H, W] "
+            "as --image FILE.npy"
+        )
+    source: Any = picture if picture is not None else (text, pair) if pair is not None else text
+    trace = m.trace(source)
+    picture_rgb = None
+    if picture is not None:
+        check_grid(m, trace.tokens)
+        picture_rgb = image_rgb(m, picture)
     if not 1 <= layer <= trace.n_layers:
         # The CLI numbers layers 1..L everywhere, as `identifiable trace` prints them.
         raise IdentifiableError(
@@ -131,7 +209,7 @@ def view(
     with err_console.status(
         "computing effective attention" + (" and interval bands …" if certify else " …")
     ):
-        maps = mixing_maps(m, (text, pair) if pair is not None else text, methods)
+        maps = mixing_maps(m, source, methods)
         html = viewer_html_for_trace(
             trace,
             layer=layer - 1,
@@ -144,9 +222,16 @@ def view(
             mixing=maps,
             certify=certify,
             identifiable_below=identifiable_below,
+            image=picture_rgb,
         )
     atomic_write_text(out, html)
     console.print(f"wrote {out} ({len(html.encode()) / 1e6:.2f} MB, {trace.n_tokens} tokens)")
+
+
+def _is_tensor(x: Any) -> bool:
+    import torch
+
+    return isinstance(x, torch.Tensor)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,4 +1,5 @@
-"""The offline attention viewer: one self-contained HTML page for one text.
+"""The offline attention viewer: one self-contained HTML page for one text (or, for an
+image model, one image: a patch grid replaces the token strip, see `PatchGrid`).
 
 `viewer_html` turns plain tensors into the page (testable without a model);
 `identifiable.viewer.build_viewer` runs a model and the attention analysis and calls it
@@ -28,13 +29,22 @@ from typing import Any
 
 import torch
 
-from identifiable.report.html import Markup, h, inline_style, json_for_script, page, script_code
+from identifiable.report.html import (
+    Markup,
+    h,
+    inline_style,
+    json_for_script,
+    page,
+    png_img,
+    script_code,
+)
 from identifiable.report.html import raw as raw_markup
 from identifiable.report.viewer_data import (
     IDENTIFIABLE_BELOW,
     CertifiedHead,
     IntervalRow,
     MixingMaps,
+    PatchGrid,
     encode_certified,
     encode_heads,
     encode_mixing,
@@ -89,6 +99,7 @@ def viewer_html(
     interval_note: str = "",
     mixing: Sequence[MixingMaps] = (),
     certified: CertifiedHead | None = None,
+    patches: PatchGrid | None = None,
 ) -> str:
     """Build the viewer page (a complete HTML document with its own CSP).
 
@@ -104,6 +115,10 @@ def viewer_html(
     certified: interval bands, identifiable marks and constrained attention of rows of one
     head (`CertifiedHead`), encoded next within a third of what is left (`encode_certified`
     says how it shrinks); the heads get the rest.
+    patches: for an image model, where its tokens lie on the image (`PatchGrid`): the
+    page shows a patch grid in place of the token strip (clicking a cell chooses the
+    query; every key cell is shaded by the chosen map's weight from it) and, when the
+    grid holds a PNG, the image under it. The PNG's bytes come off `max_bytes` first.
     """
     title, root = _viewer_root(
         tokens=tokens,
@@ -123,6 +138,7 @@ def viewer_html(
         interval_note=interval_note,
         mixing=mixing,
         certified=certified,
+        patches=patches,
         standalone=True,
     )
     return page(title, root, styles=["viewer.css"], scripts=["viewer.js"])
@@ -203,6 +219,7 @@ def _viewer_root(
     interval_note: str = "",
     mixing: Sequence[MixingMaps] = (),
     certified: CertifiedHead | None = None,
+    patches: PatchGrid | None = None,
     standalone: bool,
 ) -> tuple[str, Markup]:
     n_layers, n_heads, n = int(raw.shape[0]), int(raw.shape[1]), int(raw.shape[2])
@@ -232,6 +249,11 @@ def _viewer_root(
     if certified is not None:
         _check_certified(certified, n_layers, n_heads, n)
     threshold = float(certified.threshold) if certified is not None else IDENTIFIABLE_BELOW
+    image: Markup | None = None
+    if patches is not None:
+        _check_patches(patches, n)
+        image = None if patches.image_png is None else png_img(patches.image_png, "")
+        max_bytes -= len(image or "")
     mixing_data, mixing_bytes = encode_mixing(mixing, max_bytes=max_bytes // 3, causal=is_causal)
     certified_data, certified_bytes = encode_certified(
         certified, max_bytes=(max_bytes - mixing_bytes) // 3
@@ -268,6 +290,15 @@ def _viewer_root(
         "interval_note": interval_note,
         "mixing": mixing_data,
         "certified": certified_data,
+        "patches": None
+        if patches is None
+        else {
+            "rows": int(patches.rows),
+            "cols": int(patches.cols),
+            "cells": [int(k) for k in patches.patches],
+            "special": [int(k) for k in patches.special],
+            "image": patches.image_png is not None,
+        },
     }
     # Ids: derived from the content (a page is byte-for-byte reproducible); a fragment adds
     # a per-process counter so that two fragments of the same data still differ.
@@ -343,7 +374,9 @@ def _viewer_root(
             h("h2", "Tokens"),
             h("p", "Click a token to choose it as the query row.", class_="idf-note"),
             h("div", class_="idf-tokens", data_part="tokens"),
-        ),
+        )
+        if patches is None
+        else _patch_section(patches, tokens, image),
         h(
             "section",
             h("h2", "Attention intervals and witness for the chosen row"),
@@ -427,6 +460,97 @@ def _certify_notes(certified: CertifiedHead | None) -> Any:
         h("p", class_="idf-note", data_part="coverage-note"),
         class_="idf-certify-notes",
     )
+
+
+PATCH_NOTE = (
+    "Click a patch or a special token to choose it as the query; every key cell is then "
+    "shaded by the chosen map's weight from that query (its row of the map) at the layer and "
+    "head shown. Hover over a cell for its value."
+)
+
+
+def _patch_section(patches: PatchGrid, tokens: Sequence[str], image: Markup | None) -> Any:
+    """The patch grid that replaces the token strip for an image model: the special tokens as
+    cells of their own, then rows × cols patch cells (each labelled by its token, which names
+    its grid position) over the image when there is one. The script shades the cells."""
+
+    def cell(k: int, cls: str, **pos: int) -> Any:
+        label = str(tokens[k])
+        return h(
+            "button",
+            label if cls == "idf-special" else None,
+            type="button",
+            class_=f"idf-patch-cell {cls}",
+            data_index=str(k),
+            data_label=label,
+            title=f"{label} (token {k})",
+            aria_label=label,
+            **{f"data_{key}": str(v) for key, v in pos.items()},
+        )
+
+    grid = [
+        cell(k, "idf-patch", row=p // patches.cols, col=p % patches.cols)
+        for p, k in enumerate(patches.patches)
+    ]
+    return h(
+        "section",
+        h("h2", f"Image patches: {patches.rows} × {patches.cols} grid"),
+        h("p", PATCH_NOTE, class_="idf-note", data_part="patch-note"),
+        h("label", "Shade by ", h("select", data_part="patch-map"), class_="idf-patch-control"),
+        h(
+            "div",
+            h(
+                "div",
+                [cell(k, "idf-special") for k in patches.special],
+                class_="idf-patch-special",
+                data_part="patch-special",
+            ),
+            h(
+                "figure",
+                h(
+                    "div",
+                    image,
+                    h("div", grid, class_="idf-patch-grid", data_part="patch-grid"),
+                    class_="idf-patch-stage" + (" idf-with-image" if image else ""),
+                    style=f"--idf-rows: {int(patches.rows)}; --idf-cols: {int(patches.cols)};",
+                ),
+                h(
+                    "figcaption",
+                    patches.image_note
+                    if image is not None
+                    else "No image was given: the grid alone (pass the image to draw it under "
+                    "the grid).",
+                    data_part="patch-image-note",
+                ),
+                class_="idf-patch-figure",
+            ),
+            class_="idf-patch-box",
+        ),
+        h(
+            "div",
+            h("span", class_="idf-cb-lo", data_part="patch-colourbar-lo"),
+            h("canvas", width="256", height="12", data_part="patch-colourbar"),
+            h("span", class_="idf-cb-hi", data_part="patch-colourbar-hi"),
+            class_="idf-colourbar idf-patch-colourbar",
+        ),
+        h("p", class_="idf-note", data_part="patch-legend"),
+        h("div", "\u00a0", class_="idf-readout", data_part="patch-readout"),
+        class_="idf-patches",
+        data_part="patch-section",
+    )
+
+
+def _check_patches(p: PatchGrid, n: int) -> None:
+    cells = [*p.patches, *p.special]
+    if p.rows < 1 or p.cols < 1 or len(p.patches) != p.rows * p.cols:
+        raise ValueError(
+            f"the patch grid must list rows × cols = {p.rows} × {p.cols} patch tokens, "
+            f"got {len(p.patches)}"
+        )
+    if sorted(int(k) for k in cells) != list(range(n)):
+        raise ValueError(
+            f"the patch grid's patches and special tokens must be the {n} tokens, each once"
+        )
 
 
 def _check_certified(c: CertifiedHead, n_layers: int, n_heads: int, n: int) -> None:

@@ -20,7 +20,10 @@ float encoding of all heads fits in 10 MB. The viewer therefore stores
   (width < `IDENTIFIABLE_BELOW`). At 512 tokens this is 4 · 512² values: about 1.2 MB
   at 16 bits, far less for the zeros most lower bounds are;
 * attention intervals (4 decimals) and a witness for a bounded set of query rows of the
-  requested head (`IntervalRow`); any other row says so in the page.
+  requested head (`IntervalRow`); any other row says so in the page;
+* for an image model (`PatchGrid`): which token sits in which cell of the patch grid, and
+  optionally the image the model saw as one PNG (`png_bytes`, a data: URI in the page).
+  The grid's shading is read from the maps above; nothing else is stored for it.
 
 The encoding is pure numpy on tensors given to it; nothing here knows about models.
 """
@@ -28,6 +31,7 @@ The encoding is pure numpy on tensors given to it; nothing here knows about mode
 from __future__ import annotations
 
 import base64
+import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -439,3 +443,54 @@ def decode_certified(entry: dict[str, object], n: int) -> dict[str, np.ndarray]:
     out["identifiable"] = decode_bits(str(entry["ident"]), (rows.size, n))
     out["has_constrained"] = np.isin(rows, np.array(entry["constrained_rows"], dtype=np.int64))
     return out
+
+
+# ---- image models: the patch grid ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PatchGrid:
+    """Where an image model's tokens lie on its input image, for the viewer's patch grid.
+
+    Attributes:
+        rows, cols: the grid of patches (image size / patch size along each side).
+        patches: `[rows · cols]` token index of each grid cell, row-major.
+        special: token indices of the tokens that are not patches ([CLS], DeiT's [DIST]),
+            shown as separate cells beside the grid.
+        image_png: the image the model saw (its pixel values, de-normalised) as a PNG,
+            drawn under the grid; None draws the grid alone.
+        image_note: how the pixels were turned back into colours (stated under the image).
+    """
+
+    rows: int
+    cols: int
+    patches: tuple[int, ...]
+    special: tuple[int, ...]
+    image_png: bytes | None = None
+    image_note: str = ""
+
+
+def png_bytes(rgb: np.ndarray) -> bytes:
+    """A PNG (8-bit RGB, no interlace) of `rgb` `[H, W, 3]` uint8, with zlib only.
+
+    Written here rather than with an imaging library so that the page needs nothing but
+    numpy; every scanline uses filter 0 (none), which any PNG reader accepts.
+    """
+    a = np.asarray(rgb)
+    if a.ndim != 3 or a.shape[2] != 3 or a.dtype != np.uint8 or 0 in a.shape:
+        raise ValueError(f"png_bytes takes uint8 [H, W, 3], got {a.dtype} {tuple(a.shape)}")
+    a = np.ascontiguousarray(a)
+    height, width = int(a.shape[0]), int(a.shape[1])
+    scanlines = np.concatenate([np.zeros((height, 1), np.uint8), a.reshape(height, -1)], axis=1)
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(tag + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(scanlines.tobytes(), 9))
+        + chunk(b"IEND", b"")
+    )

@@ -382,6 +382,7 @@
 
     function buildTokens() {
       const box = part("tokens");
+      if (!box) return; // an image model's page shows the patch grid instead
       D.tokens.forEach((t, i) => {
         const s = el("span", t);
         s.dataset.index = i;
@@ -424,7 +425,7 @@
       const c = certHere();
       state.scale = Math.max(state.mats ? state.mats.max : 0, c ? c.maxConstrained : 0) || 1;
       const dim = D.null_dims[layer][head];
-      const rerun = "identifiable view TEXT --layer " + (layer + 1) + " --head " + head;
+      const rerun = (PG ? "identifiable view --image FILE" : "identifiable view TEXT") + " --layer " + (layer + 1) + " --head " + head;
       const mats = state.mats;
       let status = "layer " + (layer + 1) + ", head " + head + ": null-space dimension " + dim;
       if (D.distance) status += ", ‖A − A_eff‖_F / ‖A‖_F = " + D.distance[layer][head].toFixed(3);
@@ -447,6 +448,7 @@
       markTokens();
       drawAll();
       renderPanel();
+      await renderPatches();
     }
 
     function cellAt(canvas, ev) {
@@ -517,6 +519,146 @@
       markTokens();
       drawAll();
       renderPanel();
+      renderPatches();
+    }
+
+    // ---- Image models: the patch grid (D.patches) in place of the token strip. A query cell
+    // (a patch or a special token) is chosen by clicking; every key cell is shaded by the
+    // chosen map's row of that query, on a scale set by the row's largest |value|.
+    const PG = D.patches || null;
+    const PATCH_MAPS = [
+      ["raw", "raw attention A"],
+      ["effective", "effective attention A_eff"],
+      ["null", "null attention A − A_eff"],
+      ["constrained", "constrained attention C"],
+      ["width", "interval width upper − lower"],
+    ];
+    let patchSeq = 0;
+
+    function buildPatches() {
+      if (!PG) return;
+      state.patchMap = "raw";
+      const sel = part("patch-map");
+      PATCH_MAPS.forEach(([value, label]) => sel.appendChild(new Option(label, value)));
+      Object.keys(METHODS).forEach((name) => sel.appendChild(new Option("mixing: " + name, "mix:" + name)));
+      sel.addEventListener("change", () => {
+        state.patchMap = sel.value;
+        renderPatches();
+      });
+      parts(".idf-patch-cell").forEach((c) => {
+        const i = +c.dataset.index;
+        c.addEventListener("click", () => chooseRow(i));
+        c.addEventListener("mouseenter", () => patchHover(i));
+      });
+    }
+
+    // Row i of the map (a preview's block row: block means), null where the key is masked.
+    function rowOf(vals, m, i) {
+      const bi = Math.floor(i / m.f);
+      return Array.from({ length: n }, (_, j) => (masked(i, j) ? null : vals[bi * m.m + Math.floor(j / m.f)]));
+    }
+
+    // The chosen map's row for query i: {vals, err, f, width, ident} or {note} saying why not.
+    async function patchValues(kind, i) {
+      if (kind.startsWith("mix:")) {
+        const name = kind.slice(4);
+        const mx = await mixingMap(name, state.layer);
+        if (!mx) return { note: name + " map not embedded in this page" };
+        return { vals: rowOf(mx.mixing, mx, i), err: mx.err, f: mx.f, where: "layer " + (state.layer + 1) + " (one map per layer)" };
+      }
+      const where = "layer " + (state.layer + 1) + ", head " + state.head;
+      if (kind === "constrained" || kind === "width") {
+        const c = certHere();
+        if (!c) {
+          return { note: state.cert
+            ? "intervals and constrained attention were computed for layer " + (state.cert.layer + 1) + ", head " + state.cert.head + " only"
+            : "intervals and constrained attention were not computed for this page" };
+        }
+        const r = certRow(i);
+        if (!r) return { note: "this row was not computed (time budget): see the note below the maps" };
+        if (kind === "constrained") {
+          if (!r.constrained) return { note: "constrained attention was not computed for this row" };
+          return { vals: r.constrained.map((v, j) => (r.keys[j] ? v : null)), err: c.err, f: 1, where };
+        }
+        return { vals: r.hi.map((v, j) => (r.keys[j] ? v - r.lo[j] : null)), ident: r.ident, width: true, err: 2 * c.err, f: 1, where };
+      }
+      const m = state.mats;
+      if (!m) return { note: "this head is not embedded in this page" };
+      const err = kind === "raw" ? m.err[0] : kind === "effective" ? m.err[1] : m.err[0] + m.err[1];
+      return { vals: rowOf(m[kind], m, i), err, f: m.f, where };
+    }
+
+    function drawPatchBar(max, width) {
+      const canvas = part("patch-colourbar");
+      const ctx = canvas.getContext("2d");
+      for (let x = 0; x < canvas.width; x++) {
+        const t = x / (canvas.width - 1);
+        const rgb = width ? purple(t) : colour((2 * t - 1) * max, max);
+        ctx.fillStyle = "rgb(" + rgb.join(",") + ")";
+        ctx.fillRect(x, 0, 1, canvas.height);
+      }
+      part("patch-colourbar-lo").textContent = width ? "0" : (-max).toFixed(4);
+      part("patch-colourbar-hi").textContent = (width ? "" : "+") + max.toFixed(4);
+    }
+
+    async function renderPatches() {
+      if (!PG) return;
+      const seq = ++patchSeq;
+      const i = state.row, kind = state.patchMap;
+      const res = i === null ? { note: "Click a patch or a special token to choose the query." } : await patchValues(kind, i);
+      if (seq !== patchSeq) return; // a later choice has started its own render
+      const vals = res.vals || null;
+      let max = 0;
+      if (vals) vals.forEach((v) => (max = v === null ? max : Math.max(max, Math.abs(v))));
+      max = max || 1;
+      const alpha = PG.image ? 0.72 : 1; // translucent over the image
+      const rgba = (rgb) => "rgba(" + rgb.join(",") + "," + alpha + ")";
+      state.patch = { res, max };
+      parts(".idf-patch-cell").forEach((c) => {
+        const j = +c.dataset.index;
+        c.classList.toggle("idf-selected", j === i);
+        const v = vals ? vals[j] : null;
+        if (v === null || v === undefined) {
+          delete c.dataset.value;
+          c.style.backgroundColor = vals ? rgba(GREY) : "";
+        } else {
+          c.dataset.value = String(v);
+          c.style.backgroundColor = rgba(res.width ? (res.ident[j] ? GREEN : purple(v / max)) : colour(v, max));
+        }
+      });
+      const label = part("patch-map").selectedOptions[0].textContent;
+      let text;
+      if (!vals) text = label + ": " + res.note;
+      else {
+        text = label + " from query “" + D.tokens[i] + "” (token " + i + "), " + res.where + ". " +
+          (res.width
+            ? "White 0 to purple " + max.toFixed(4) + " (the widest in this row); green: identifiable (width < " + THRESHOLD + ")."
+            : "Blue above 0, red below 0, white at 0; scale ±" + max.toFixed(4) + ", the largest |value| in this row.") +
+          (res.f > 1 ? " Preview: means of " + res.f + "×" + res.f + " token blocks (page size limit)." : "") +
+          " Values within ±" + res.err.toPrecision(2) + " (quantised)." + (PG.image ? " Cells are translucent over the image." : "");
+      }
+      part("patch-legend").textContent = text;
+      drawPatchBar(max, !!res.width);
+      const grid = part("patch-grid");
+      grid.dataset.map = kind;
+      grid.dataset.layer = state.layer;
+      grid.dataset.head = state.head;
+      grid.dataset.scale = vals ? String(max) : "";
+      grid.dataset.row = i === null ? "" : String(i);
+    }
+
+    function patchHover(j) {
+      const out = part("patch-readout");
+      const head = "key " + j + " “" + D.tokens[j] + "”";
+      const res = state.patch ? state.patch.res : null;
+      if (state.row === null || !res || !res.vals) {
+        out.textContent = head;
+        return;
+      }
+      const v = res.vals[j];
+      out.textContent = "query " + state.row + " “" + D.tokens[state.row] + "” → " + head + ": " +
+        part("patch-map").selectedOptions[0].textContent + " " + (v === null ? "masked" : fmt(v) + " (±" + res.err.toPrecision(2) + ")") +
+        (res.width && res.ident[j] ? " ✓ identifiable" : "");
     }
 
     function bar(lo, hi, a, w, cw, ok) {
@@ -634,6 +776,7 @@
     buildControls();
     buildGrid();
     buildTokens();
+    buildPatches();
     buildAxes();
     ALL_KINDS.forEach((kind) => {
       const c = part("map-" + kind);
