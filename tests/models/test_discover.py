@@ -111,12 +111,27 @@ def test_discovery_rejects_a_spec_that_does_not_verify(bert_tokenizer):
     assert find_spec("deberta-v2").out_proj == d.spec.out_proj  # agrees with the table
 
 
+# SqueezeBERT projects with grouped 1×1 convolutions (nn.Conv1d, 3-D weights), which
+# discovery does not read as linear projections (XLNet, the earlier example, is in the table).
+UNDISCOVERABLE = (
+    "squeezebert",
+    {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "embedding_size": 64,
+    },
+)
+
+
 def test_undiscoverable_family_is_one_line(bert_tokenizer):
-    hf = _tiny("xlnet", {"d_model": 64, "n_layer": 2, "n_head": 4, "d_inner": 128})
+    assert find_spec(UNDISCOVERABLE[0]) is None
+    hf = _tiny(*UNDISCOVERABLE)
     with pytest.raises(IdentifiableError) as info:
         Model.from_hf(hf, bert_tokenizer)
     msg = str(info.value)
-    assert "\n" not in msg and "'xlnet' is not in the table" in msg
+    assert "\n" not in msg and "'squeezebert' is not in the table" in msg
     assert "tried" in msg or "found no" in msg
     assert "ArchSpec" in msg and "spec=" in msg
 
@@ -136,11 +151,9 @@ def test_cli_models_check(tmp_path, bert_tokenizer, capsys):
 def test_cli_models_check_undiscoverable(tmp_path, capsys):
     from identifiable.cli import main
 
-    _tiny("xlnet", {"d_model": 64, "n_layer": 2, "n_head": 4, "d_inner": 128}).save_pretrained(
-        tmp_path / "xl"
-    )
+    _tiny(*UNDISCOVERABLE).save_pretrained(tmp_path / "sq")
     with pytest.raises(SystemExit) as info:
-        main(["models", "--check", str(tmp_path / "xl")])
+        main(["models", "--check", str(tmp_path / "sq")])
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not in the table" in err and "Traceback" not in err

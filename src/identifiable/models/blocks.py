@@ -306,6 +306,12 @@ def rerun_layers_zeroing_values(
         layer inputs are all replaced by the given ones.
     """
     n_layers, n, _ = layer_inputs.shape
+    if model.spec.weight_layout == "heads":
+        raise IdentifiableError(
+            f"value zeroing is not available for {model.spec.name}: its values are formed inside "
+            "the attention from raw parameters, with no value module whose output can be zeroed; "
+            "use another method (see identifiable.mixing.method_names())"
+        )
     b = int(zero.shape[0])
     device = model.device
     rows = torch.arange(b, device=device)[:, None]

@@ -7,7 +7,7 @@ import hashlib
 import inspect
 import sys
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +99,31 @@ def _weight_in_out(module: nn.Module, layout: str) -> torch.Tensor:
 def _bias(module: nn.Module, size: int, like: torch.Tensor) -> torch.Tensor:
     b = getattr(module, "bias", None)
     return b if b is not None else torch.zeros(size, dtype=like.dtype, device=like.device)
+
+
+def _raw_heads(layer: nn.Module, path: str) -> torch.Tensor:
+    """A raw `[d, H, d_v]` projection parameter (`ArchSpec.weight_layout` "heads")."""
+    try:
+        p = layer.get_parameter(path)
+    except AttributeError as exc:
+        raise IdentifiableError(
+            f"the model has no parameter '{path}' ({exc}); its architecture spec does not match "
+            "this model class (see README 'Adding an architecture')."
+        ) from None
+    if p.dim() != 3:
+        raise IdentifiableError(
+            f"parameter '{path}' has shape {tuple(p.shape)}, but weight layout 'heads' reads "
+            "[d, H, d_v]; the spec does not match this model."
+        )
+    return p
+
+
+def _e_module(layer: nn.Module, spec: ArchSpec) -> nn.Module:
+    """The module whose first input is E: the value projection, or (raw "heads"
+    parameters, which have no module of their own) the attention module holding W_V."""
+    if spec.weight_layout == "heads":
+        return _attention_module(layer, spec.value)
+    return get_submodule(layer, spec.value)
 
 
 def value_columns(
@@ -222,9 +247,13 @@ class Model:
         n_heads = int(config.num_attention_heads)
         hidden = int(config.hidden_size)
         head_dim = int(getattr(config, "head_dim", None) or hidden // n_heads)
-        self._value_modules = [get_submodule(layer, spec.value) for layer in self.layers]
-        self._out_modules = [get_submodule(layer, spec.out_proj) for layer in self.layers]
-        width = _weight_in_out(self._value_modules[0], spec.weight_layout).shape[1]
+        # E is the input of `_value_modules`; the block output is the output of
+        # `_out_modules`, or (`spec.block_output_at`) their hidden-state-shaped input.
+        self._value_modules = [_e_module(layer, spec) for layer in self.layers]
+        self._out_modules = [
+            get_submodule(layer, spec.block_output_at or spec.out_proj) for layer in self.layers
+        ]
+        width = self._projections(0)[0].shape[1]
         n_kv, self._v_cols = value_columns(spec, width, n_heads, head_dim)
         if n_kv < 1 or n_heads % n_kv:
             raise IdentifiableError(
@@ -247,16 +276,18 @@ class Model:
                 or getattr(config, "n_inner", None)
                 or getattr(config, "ffn_dim", None)  # OPT
                 or getattr(config, "hidden_dim", None)  # DistilBERT
+                or getattr(config, "d_inner", None)  # XLNet
                 or 4 * hidden
             ),
         )
         self.kv_head_of = torch.arange(n_heads) // (n_heads // n_kv)
         self._weights = [self._head_weights(i) for i in range(len(self.layers))]
         self.windows = _layer_windows(config, spec, len(self.layers))
-        # Segment ids only for models with more than one segment embedding (RoBERTa has one).
-        self._accepts_token_types = (
-            "token_type_ids" in inspect.signature(base.forward).parameters
-            and int(getattr(config, "type_vocab_size", 0) or 0) > 1
+        # Segment ids only for models with more than one segment embedding (RoBERTa has
+        # one), or that compare segments instead of embedding them (XLNet).
+        takes_types = "token_type_ids" in inspect.signature(base.forward).parameters
+        self._accepts_token_types = takes_types and (
+            int(getattr(config, "type_vocab_size", 0) or 0) > 1 or spec.relative_segments
         )
         self.special_tokens = {
             role: tok
@@ -289,14 +320,49 @@ class Model:
         return cls(hf_model, tokenizer, name=name, spec=spec, image_processor=image_processor)
 
     # ---- weights -------------------------------------------------------------
-    def _head_weights(self, layer: int) -> _HeadWeights:
-        info, spec = self.info, self.spec
-        v_mod, o_mod = self._value_modules[layer], self._out_modules[layer]
+    def _projections(self, layer: int) -> tuple[torch.Tensor, ...]:
+        """(W_V over every output column of the value module, b_V, W_O, b_O) of a layer,
+        in the orientation x @ W; views of the parameters (in-place updates show)."""
+        spec, mod = self.spec, self.layers[layer]
+        if spec.weight_layout == "heads":
+            v, o = _raw_heads(mod, spec.value), _raw_heads(mod, spec.out_proj)
+            w_v = v.reshape(v.shape[0], -1)  # column h·d_v + c is v[:, h, c]
+            w_o = o.reshape(o.shape[0], -1).T  # row h·d_v + c is o[:, h, c]
+            return w_v, torch.zeros_like(w_v[0]), w_o, torch.zeros_like(w_o[0])
+        v_mod, o_mod = self._value_modules[layer], get_submodule(mod, spec.out_proj)
         w_v = _weight_in_out(v_mod, spec.weight_layout)
-        b_v = _bias(v_mod, w_v.shape[1], w_v)
-        w_v, b_v = w_v[:, self._v_cols], b_v[self._v_cols]
         w_o = _weight_in_out(o_mod, spec.weight_layout)
-        b_o = _bias(o_mod, w_o.shape[1], w_o)
+        return w_v, _bias(v_mod, w_v.shape[1], w_v), w_o, _bias(o_mod, w_o.shape[1], w_o)
+
+    def _batch_first(self, x: torch.Tensor) -> torch.Tensor:
+        """A layer-level tensor as [B, n, …]: sequence-first models (XLNet) pass [n, B, …]."""
+        return x.transpose(0, 1) if self.spec.sequence_first else x
+
+    def _capture_attention_io(
+        self,
+        hooks: HookSet,
+        on_e: Callable[[torch.Tensor], Any],
+        on_block: Callable[[torch.Tensor], Any],
+    ) -> None:
+        """Hook every run of every layer: E `[B, n, d]` to `on_e`, then the attention block
+        output `[B, n, d]` (after W_O and b_O, before dropout and residual) to `on_block`."""
+
+        def block_input(m: nn.Module, a: Any) -> None:
+            if a[0].dim() == 3:  # XLNet's dropout also runs on the attention maps (4-D)
+                on_block(self._batch_first(a[0]))
+
+        for mod in _distinct(self._value_modules):
+            hooks.pre(mod, lambda m, a: on_e(self._batch_first(a[0])))
+        for mod in _distinct(self._out_modules):
+            if self.spec.block_output_at is None:
+                hooks.post(mod, lambda m, a, o: on_block(self._batch_first(first_tensor(o))))
+            else:
+                hooks.pre(mod, block_input)
+
+    def _head_weights(self, layer: int) -> _HeadWeights:
+        info = self.info
+        w_v, b_v, w_o, b_o = self._projections(layer)
+        w_v, b_v = w_v[:, self._v_cols], b_v[self._v_cols]
         expected_v = (info.hidden_size, info.n_kv_heads * info.head_dim)
         expected_o = (info.n_heads * info.head_dim, info.hidden_size)
         if tuple(w_v.shape) != expected_v or tuple(w_o.shape) != expected_o:
@@ -664,17 +730,16 @@ class Model:
         with HookSet() as hooks, torch.no_grad():
             hooks.pre(
                 self.layers[0],
-                lambda m, a, k: embedded.append(hidden_input(a, k)),
+                lambda m, a, k: embedded.append(self._batch_first(hidden_input(a, k))),
                 with_kwargs=True,
             )
             # One hook per distinct module, recording calls in order: a layer that
             # runs several times (ALBERT shares its weights) is captured at each run.
-            for mod in _distinct(self._value_modules):
-                hooks.pre(mod, lambda m, a: inputs_e.append(a[0]))
-            for mod in _distinct(self._out_modules):
-                hooks.post(mod, lambda m, a, o: attn_out.append(first_tensor(o)))
+            self._capture_attention_io(hooks, inputs_e.append, attn_out.append)
             for mod in _distinct(self.layers):
-                hooks.post(mod, lambda m, a, o: layer_out.append(first_tensor(o)))
+                hooks.post(
+                    mod, lambda m, a, o: layer_out.append(self._batch_first(first_tensor(o)))
+                )
             out = self.hf_model(**self._batch_inputs(encs), output_attentions=True)
         attentions = getattr(out, "attentions", None)
         if attentions is None or any(a is None for a in attentions):
@@ -805,14 +870,15 @@ class Model:
         def layer_in(m: nn.Module, a: Any, k: Any) -> None:
             if stop.is_set():
                 raise _StopForward
-            state["in"] = hidden_input(a, k)
+            state["in"] = self._batch_first(hidden_input(a, k))
 
         def weights(m: nn.Module, a: Any, out: Any) -> None:
-            found = [
-                t
+            maps = [
+                t.permute(2, 3, 0, 1) if self.spec.sequence_first else t  # [n, n, B, H]
                 for t in (out if isinstance(out, tuple | list) else (out,))
-                if isinstance(t, torch.Tensor) and t.dim() == 4 and t.shape[-2:] == (n, n)
+                if isinstance(t, torch.Tensor) and t.dim() == 4
             ]
+            found = [t for t in maps if t.shape[-2:] == (n, n)]
             state["att"] = found[-1] if found else None
 
         def layer_out(m: nn.Module, a: Any, out: Any) -> None:
@@ -837,7 +903,11 @@ class Model:
                 .float()
                 .cpu()[None],
                 out_bias=w.b_o.float().cpu()[None],
-                hidden_states=torch.stack([state.pop("in")[0], first_tensor(out)[0]]).float().cpu(),
+                hidden_states=torch.stack(
+                    [state.pop("in")[0], self._batch_first(first_tensor(out))[0]]
+                )
+                .float()
+                .cpu(),
                 attn_outputs=state.pop("o")[0].float().cpu()[None],
                 is_causal=self.spec.causal,
                 kv_head_of=self.kv_head_of.clone(),
@@ -860,10 +930,9 @@ class Model:
                 hooks.post(mod, weights)
                 if (ask := ask_for_attention_weights(mod)) is not None:  # transformers 4.x
                     hooks.pre(mod, ask, with_kwargs=True)
-            for mod in _distinct(self._value_modules):
-                hooks.pre(mod, lambda m, a: state.__setitem__("e", a[0]))
-            for mod in _distinct(self._out_modules):
-                hooks.post(mod, lambda m, a, o: state.__setitem__("o", first_tensor(o)))
+            self._capture_attention_io(
+                hooks, lambda e: state.__setitem__("e", e), lambda o: state.__setitem__("o", o)
+            )
             self.hf_model(**self._batch_inputs([enc]))
 
     def vocabulary_embeddings(self) -> torch.Tensor:
@@ -893,7 +962,7 @@ class Model:
                 raise IdentifiableError("embed() of an image model needs pixel_values=")
 
         def stop(module: nn.Module, args: Any, kwargs: Any) -> None:
-            captured.append(hidden_input(args, kwargs))
+            captured.append(self._batch_first(hidden_input(args, kwargs)))
             raise _StopForward
 
         enc = Encoding(input_ids, [], 0, token_type_ids, pixel_values)
@@ -920,10 +989,12 @@ class Model:
         with HookSet() as hooks, self._forward_mode_experts():
             self._forward_ad_substitutes(hooks)
             hooks.pre(
-                self.layers[0], replace_hidden_input(x, first_call_only=True), with_kwargs=True
+                self.layers[0],
+                replace_hidden_input(self._batch_first(x), first_call_only=True),
+                with_kwargs=True,
             )
             for layer in _distinct(self.layers):
-                hooks.post(layer, lambda m, a, o: outs.append(first_tensor(o)))
+                hooks.post(layer, lambda m, a, o: outs.append(self._batch_first(first_tensor(o))))
             if self.modality == "image":
                 # Layer 1's input is replaced; the pixels only have to have the right size.
                 cfg = self.hf_model.config
@@ -985,7 +1056,8 @@ def _max_positions(config: Any, tokenizer: Any, spec: ArchSpec) -> int:
     positions = getattr(config, "max_position_embeddings", None) or getattr(
         config, "n_positions", None
     )
-    limit = int(positions) - spec.position_offset if positions else 10**9
+    # XLNet reports -1: relative positions, no limit of its own
+    limit = int(positions) - spec.position_offset if positions and positions > 0 else 10**9
     tok_max = getattr(tokenizer, "model_max_length", None)
     if tok_max and tok_max < 10**6:
         limit = min(limit, int(tok_max))

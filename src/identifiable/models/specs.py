@@ -4,7 +4,8 @@ This is the only place that names Hugging Face modules. A spec says, relative to
 the base model (`AutoModel`), where the list of layers is, which module inside a
 layer is the value projection (its *input* is E), which is the output projection
 W_O (its *output* is the attention block's output before dropout and residual),
-and how to slice W_V out of a fused QKV weight.
+and how to slice W_V out of a fused QKV weight (or, for XLNet, which raw
+parameters hold W_V and W_O and which module receives the block output).
 
 Adding an architecture = one `ArchSpec` entry below plus a tiny-config test in
 tests/models/test_architectures.py; `Trace.verify()` proves the entry right.
@@ -37,10 +38,13 @@ class ArchSpec:
         model_types: `config.model_type` values this spec covers.
         layers: dotted path (from the base model) of the `ModuleList` of layers.
         value: dotted path (inside a layer) of the module whose input is E and
-            whose weight holds W_V.
-        out_proj: dotted path (inside a layer) of W_O.
-        weight_layout: "linear" (nn.Linear, weight is [out, in]) or
-            "conv1d" (GPT-2's Conv1D, weight is [in, out]).
+            whose weight holds W_V (of the raw W_V parameter for layout "heads").
+        out_proj: dotted path (inside a layer) of W_O (module or raw parameter).
+        weight_layout: "linear" (nn.Linear, weight is [out, in]),
+            "conv1d" (GPT-2's Conv1D, weight is [in, out]) or "heads": `value` and
+            `out_proj` name raw parameters of shape [d, H, d_v] (XLNet's `v` and `o`),
+            W_V = value reshaped to [d, H·d_v] and head h's rows of W_O = out_proj[:, h, :]ᵀ,
+            without biases; E is then the input of the module holding `value`.
         fused_qkv: for fused projections, (number of chunks, index of V) along
             the output dimension; None when `value` is a separate V projection.
         causal: decoder-style (row i attends to keys ≤ i).
@@ -65,6 +69,18 @@ class ArchSpec:
             `autograd.Function` without forward-mode AD, and the function that
             computes the same numbers with plain torch ops. Hidden Token
             Attribution runs the function in their place (BLOOM's GELU).
+        block_output_at: for models whose attention block output is the output of no
+            module (XLNet multiplies by W_O inside the attention module's forward):
+            dotted path (inside a layer) of a module that is called on that output
+            (XLNet's attention dropout, before the residual); its calls on other
+            tensors (attention maps, 4-D) are skipped. None: the block output is
+            `out_proj`'s output.
+        sequence_first: the layers pass hidden states as [n, B, d] and their attention
+            maps as [n, n, B, H] (XLNet); every capture turns them to [B, n, d] and
+            [B, H, n, n].
+        relative_segments: the model compares token types (same or different segment)
+            instead of embedding them (XLNet), so a pair's token_type_ids are passed
+            although the config has no `type_vocab_size`.
     """
 
     name: str
@@ -72,7 +88,7 @@ class ArchSpec:
     layers: str
     value: str
     out_proj: str
-    weight_layout: Literal["linear", "conv1d"] = "linear"
+    weight_layout: Literal["linear", "conv1d", "heads"] = "linear"
     fused_qkv: tuple[int, int] | None = None
     causal: bool = False
     norm: Literal["pre", "post"] = "post"
@@ -84,6 +100,9 @@ class ArchSpec:
     source: Literal["table", "discovered"] = "table"
     modality: Literal["text", "image"] = "text"
     forward_ad: tuple[tuple[str, str], ...] = ()
+    block_output_at: str | None = None
+    sequence_first: bool = False
+    relative_segments: bool = False
 
 
 SPECS: tuple[ArchSpec, ...] = (
@@ -213,6 +232,23 @@ SPECS: tuple[ArchSpec, ...] = (
         layers="encoder.layer",
         value="attention.self.value_proj",
         out_proj="attention.output.dense",
+    ),
+    ArchSpec(
+        # Relative attention with raw [d, H, d_v] projections. Without a target mapping
+        # (pretraining only) just the content stream runs, and that is what is traced;
+        # the query stream of two-stream attention is not.
+        name="xlnet",
+        model_types=("xlnet",),
+        layers="layer",
+        value="rel_attn.v",
+        out_proj="rel_attn.o",
+        weight_layout="heads",
+        # `rel_attn.dropout` runs on A, then on the block output (both eval identities);
+        # reading it there is exact, whereas the layer norm's input minus E would add
+        # the rounding of the residual sum (beyond the half-precision tolerance).
+        block_output_at="rel_attn.dropout",
+        sequence_first=True,
+        relative_segments=True,
     ),
     ArchSpec(
         name="modernbert",
