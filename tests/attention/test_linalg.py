@@ -151,3 +151,37 @@ def test_fast_and_svd_bases_agree(n, m, log_kappa, seed):
     # Cholesky QR (κ ≤ 1e3): error ~eps·κ²; SVD: ~eps·κ.
     tol = 1e-14 * 10 ** (2 * log_kappa) if log_kappa <= 3 else 1e-13 * 10**log_kappa
     torch.testing.assert_close(q @ q.T, u @ u.T, atol=tol, rtol=0)
+
+
+def test_the_eigensolver_free_test_never_admits_what_the_eigenvalue_test_rejects():
+    """cholesky_if_well_conditioned is sufficient for _well_conditioned (κ < 1e3): over
+    matrices of controlled condition number, ok ⇒ accepted, and far below 1e3 it accepts;
+    where it accepts, L⁻¹ gives the same Q as the Cholesky QR of _column_basis, bit for bit."""
+    from identifiable.attention.linalg import (
+        _cholesky_qr,
+        _well_conditioned,
+        cholesky_if_well_conditioned,
+    )
+
+    g = torch.Generator().manual_seed(0)
+    for kappa in (1.0, 3.0, 10.0, 100.0, 900.0, 1e3, 1.1e3, 1e5, 1e12):
+        u, _ = torch.linalg.qr(torch.randn(8, 40, 6, generator=g, dtype=torch.float64))
+        w, _ = torch.linalg.qr(torch.randn(8, 6, 6, generator=g, dtype=torch.float64))
+        s = torch.logspace(0, -float(torch.log10(torch.tensor(kappa))), 6, dtype=torch.float64)
+        x = u @ torch.diag_embed(s) @ w.transpose(-1, -2)
+        gram = x.transpose(-1, -2) @ x
+        ok, _, inverse = cholesky_if_well_conditioned(gram)
+        accepted, _ = _well_conditioned(gram)
+        assert not bool((ok & ~accepted).any()), kappa
+        if kappa <= 10:
+            assert bool(ok.all())  # ‖L‖_F‖L⁻¹‖_F ≤ k·κ = 60 here
+        if kappa >= 1.1e3:
+            assert not bool(ok.any())
+        if bool(ok.any()):
+            q = x[ok] @ inverse[ok].transpose(-1, -2)
+            assert torch.equal(q, _cholesky_qr(x[ok], gram[ok]))
+    # a singular Gram matrix (rank-deficient x): Cholesky fails or κ is huge, never ok
+    x = torch.randn(3, 20, 4, generator=g, dtype=torch.float64)
+    x[..., -1] = x[..., 0]
+    ok, _, _ = cholesky_if_well_conditioned(x.transpose(-1, -2) @ x)
+    assert not bool(ok.any())

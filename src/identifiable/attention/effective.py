@@ -26,6 +26,7 @@ from identifiable.attention.checks import check_finite, check_shapes
 from identifiable.attention.keysets import keyset_groups, keyset_ranks, project_rows_keysets
 from identifiable.attention.linalg import (
     _column_basis,
+    cholesky_if_well_conditioned,
     head_factors,
     ones_direction,
 )
@@ -393,6 +394,12 @@ def _encoder_basis(v: Tensor, factor: Tensor, well_h: Tensor) -> tuple[Tensor, T
     if v.shape[-1] != factor.shape[-1] or not bool(well_h.any()):
         q, rank, _, _ = _column_basis(v @ factor, None)
         return q, rank
+    if bool(well_h.all()) and v.shape[-2] >= v.shape[-1]:
+        # The usual case: V well-conditioned by the eigensolver-free test, so Q = V L⁻ᵀ
+        # (the same Cholesky QR as `_column_basis`, the same bits) and rank = d_v.
+        ok, _, inverse = cholesky_if_well_conditioned(v.transpose(-1, -2) @ v)
+        if bool(ok.all()):
+            return v @ inverse.transpose(-1, -2), torch.full_like(ok, v.shape[-1], dtype=torch.long)
     q, rank, _, well_v = _column_basis(v, None)
     redo = ~(well_h & well_v)
     if bool(redo.any()):

@@ -56,6 +56,10 @@ def _head_factors(out_proj: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     factor = out_proj.new_zeros(out_proj.shape[0], d_v, k)
     full = torch.zeros(out_proj.shape[0], dtype=torch.bool, device=out_proj.device)
     gram = out_proj @ out_proj.transpose(-1, -2)
+    if d_v <= d:
+        ok, lower, _ = cholesky_if_well_conditioned(gram)
+        if bool(ok.all()):  # the usual case, decided without an eigensolver
+            return lower, full.fill_(True), ok
     fast = _well_conditioned(gram)[0] if d_v <= d else full.clone()
     if d_v <= d and bool(fast.all()):  # the usual case: no gather/scatter copies
         return torch.linalg.cholesky(gram), full.fill_(True), fast
@@ -116,6 +120,29 @@ def _column_basis(x: Tensor, width: int | None) -> tuple[Tensor, Tensor, Tensor,
         keep = s > rank_tolerance(s[:, :1], n, width or m)
         basis[slow], rank[slow], smax[slow] = u * keep[:, None, :], keep.sum(-1), s[:, 0]
     return basis, rank, smax, fast
+
+
+def cholesky_if_well_conditioned(gram: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Cholesky factor L of each SPD Gram matrix xᵀx, its inverse, and a sufficient test
+    of κ(x) < 1e3 (the criterion of `_well_conditioned`) without an eigensolver.
+
+    σ(L) = σ(x), and κ₂(L) ≤ ‖L‖_F ‖L⁻¹‖_F, so ‖L‖_F ‖L⁻¹‖_F < 1e3 implies κ(x) < 1e3:
+    `ok` never admits a matrix `_well_conditioned` rejects. It may reject one that
+    passes (the Frobenius bound is at most k times κ₂); callers then use
+    `_well_conditioned`, so every decision equals its decision. L and L⁻¹ are the ones
+    `_cholesky_qr` computes, so Q = x L⁻ᵀ is the same to the last bit.
+
+    Args:
+        gram: `[B, k, k]` float64 symmetric positive semi-definite.
+    Returns:
+        ok `[B]` bool, lower `[B, k, k]`, inverse `[B, k, k]` (meaningful where ok).
+    """
+    lower, info = torch.linalg.cholesky_ex(gram)
+    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+    inverse = torch.linalg.solve_triangular(lower, eye, upper=False)
+    kappa = torch.linalg.matrix_norm(lower) * torch.linalg.matrix_norm(inverse)
+    ok = (info == 0) & torch.isfinite(kappa) & (kappa < 1e3)
+    return ok, lower, inverse
 
 
 def _well_conditioned(gram: Tensor) -> tuple[Tensor, Tensor]:
