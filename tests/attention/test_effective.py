@@ -226,3 +226,15 @@ def test_head_factors_are_shared_by_traces_of_one_model_and_renewed_after_a_weig
     f4 = compute_head_factors(t3)
     assert f4 is not f3
     torch.testing.assert_close(f4.factor[1], 3 * f3.factor[1])
+
+
+def test_ones_in_the_column_space_adds_no_stochastic_direction():
+    """n > d_v with a constant value column: 1 ∈ col(T), so dim LN([T, 1]) = dim LN(T)
+    (the explicit Gram-Schmidt decides); with random values it is one less."""
+    trace = synthetic_trace(n=12, d_v=4, d=10)
+    ns = null_space(trace)
+    assert torch.equal(ns.dim_stochastic, ns.dim - 1)
+    trace.values[:, :, :, 0] = 0.7
+    ns = null_space(trace)
+    assert torch.equal(ns.dim_stochastic, ns.dim)
+    check_invariants(trace)

@@ -290,6 +290,8 @@ def _iter_layers(
         else:
             eff = torch.empty(raw.shape, dtype=dtype) if out is None else out[layer]
             q, w = data
+            if w is None and variant != "paper":
+                w, _ = ones_direction(q)
             basis = q if variant == "paper" else torch.cat([q, w], dim=-1)
             full = (dim if variant == "paper" else dim_s)[:, 0] == 0
             _project_encoder_layer(raw, basis, full, eff, layer)
@@ -364,7 +366,7 @@ def _layer_dims(
     if bool(mask.all()):
         q, rank = _encoder_basis(v, factor, factors.well_conditioned[layer])
         # The row-stochastic basis [q, w] is formed only when that variant is asked for.
-        w, new = ones_direction(q)
+        w, new = _ones_is_new(q)
         rank_a = rank + new.long()
         r = rank[:, None].expand(n_h, mask.shape[0])  # one value per query row
         return r, n - r, n - rank_a[:, None].expand(n_h, mask.shape[0]), ("all", (q, w))
@@ -386,6 +388,24 @@ def _layer_dims(
     ca, pra = prefix_coordinates(torch.cat([vp, ones], dim=-1), scale)
     seen = torch.arange(1, n + 1, device=vp.device)
     return pr, seen - pr, seen - pra, ("causal", ((c, pr), (ca, pra)))
+
+
+def _ones_is_new(q: Tensor) -> tuple[Tensor | None, Tensor]:
+    """Whether the ones vector adds a direction to col(q), as `ones_direction` decides,
+    without its Gram-Schmidt passes in the usual case; the direction itself is
+    formed later, only for the row-stochastic variant (None here).
+
+    With u = 1/√n and c = qᵀu, ‖u − q c‖² = 1 − ‖c‖² + cᵀ(qᵀq − I)c, and q is
+    orthonormal to ~1e-10 here (zero columns add nothing), so where 1 − ‖c‖² > 1e-6
+    the distance is above 1e-3, far above
+    the tolerance max(n, k + 1)·eps (~1e-13): the ones vector is new, exactly as the
+    explicit passes would find. Otherwise (1 nearly in col(T)) the passes decide.
+    """
+    n = q.shape[-2]
+    c = q.sum(-2) * n**-0.5  # [H, k] = qᵀu
+    if bool((1.0 - c.square().sum(-1) > 1e-6).all()):
+        return None, torch.ones(q.shape[0], dtype=torch.bool, device=q.device)
+    return ones_direction(q)
 
 
 def _encoder_basis(v: Tensor, factor: Tensor, well_h: Tensor) -> tuple[Tensor, Tensor]:
