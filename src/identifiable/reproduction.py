@@ -126,7 +126,11 @@ def reproduce(
                 if world.is_main:
                     cache.start()
                 barrier(world, "cache-ready")
-                timings: dict[str, float] = {"load_s": time.perf_counter() - t_start}
+                # world_size: how many processes shared the stages (in .cache, not the outputs)
+                timings: dict[str, float] = {
+                    "load_s": time.perf_counter() - t_start,
+                    "world_size": world.size,
+                }
                 stage_list = stages(m, items, plan, seed, work / CACHE_DIR)
                 t_stages = time.perf_counter()
                 done = run_stages(cache, stage_list, bars, world)

@@ -7,6 +7,7 @@ difference between the runs is how the shards are shared out, which must not cha
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -110,6 +111,8 @@ def test_two_ranks_write_the_same_bytes_as_one(workdir: Path, single: dict[str, 
     # both ranks really computed shards: the cache holds every shard exactly once
     manifests = list((workdir / "two" / ".cache").glob("*/*.json"))
     assert len(manifests) >= 4
+    timings = json.loads((workdir / "two" / ".cache" / "timings.json").read_text())
+    assert timings["world_size"] == 2
 
 
 def _shard_stamps(root: Path, name: str) -> dict[str, int]:
