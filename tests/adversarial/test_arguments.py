@@ -115,6 +115,8 @@ SPECIFIC = [
     (["reproduce", "--max-corpus-mib", "-1"], "Invalid value for '--max-corpus-mib'"),
     # mixing and certify
     (["mixing", "x", "--model", "{model}", "--method", "junk"], "junk"),
+    (["mixing", "x", "--model", "{model}", "--workers", "2"], "does not apply to --method"),
+    (["mixing", "x", "--model", "{model}", "--method", "flow", "--workers", "0"], "workers"),
     (["certify", "x", "--layer", "abc"], "Invalid value for '--layer'"),
 ]
 

@@ -142,6 +142,23 @@ def test_flow_equals_a_brute_force_lp(causal):
     assert flows.max() <= 1 + 1e-6
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_flow_with_worker_processes_gives_the_same_values(causal):
+    from identifiable.mixing.flow import attention_flow
+
+    rng = np.random.default_rng(5)
+    raw = rng.random((5, 9, 9)) ** 3
+    if causal:
+        raw = np.tril(raw)
+    caps = with_residual(row_normalise(torch.from_numpy(raw)))
+    one = attention_flow(caps, causal=causal)
+    two = attention_flow(caps, causal=causal, workers=2)
+    assert torch.equal(one, two)
+    assert one[2:].abs().sum() > 0  # the solver layers really ran
+    with pytest.raises(IdentifiableError, match="positive integer"):
+        attention_flow(caps, workers=0)
+
+
 def test_flow_on_a_model_and_its_budget(tiny_model):
     model = tiny_model("gpt2")
     res = context_mixing(model, SHORT, "flow")
@@ -164,7 +181,10 @@ def test_flow_budget_error_names_the_limit_and_a_way_around():
         check_flow_budget(limit + 1, 6, 60.0)
     msg = str(err.value)
     assert "\n" not in msg and f"about {limit} tokens" in msg
-    assert "--flow-budget" in msg and "rollout" in msg
+    assert "--flow-budget" in msg and "rollout" in msg and "--workers" in msg
+    # more processes, a longer admissible sequence: the estimate is shared among them
+    check_flow_budget(limit + 1, 6, 60.0, workers=2)
+    assert max_tokens(6, 120.0) > limit
 
 
 # ---- norm, GlobEnc, ALTI: decompositions reconstruct what they decompose ------------

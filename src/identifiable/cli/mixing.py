@@ -36,6 +36,10 @@ def mixing(
         float | None,
         typer.Option("--flow-budget", help="flow: seconds it may take (default 60)."),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option("--workers", help="flow: processes that share the max-flow problems."),
+    ] = None,
     probes: Annotated[
         int | None, typer.Option("--probes", "-k", help="hta: estimate with K probes per token.")
     ] = None,
@@ -57,8 +61,18 @@ def mixing(
     from identifiable.mixing import context_mixing, get_method
 
     spec = get_method(method)  # unknown method: one line listing the known ones, no loading
-    given = {"budget_s": flow_budget, "probes": probes, "second_norm": second_norm}
-    flags = {"budget_s": "--flow-budget", "probes": "--probes", "second_norm": "--second-norm"}
+    given = {
+        "budget_s": flow_budget,
+        "workers": workers,
+        "probes": probes,
+        "second_norm": second_norm,
+    }
+    flags = {
+        "budget_s": "--flow-budget",
+        "workers": "--workers",
+        "probes": "--probes",
+        "second_norm": "--second-norm",
+    }
     options: dict[str, Any] = {}
     for key, value in given.items():
         if value is None:

@@ -205,16 +205,18 @@ def _rollout(x: _Inputs, opts: dict[str, Any]) -> Computed:
     return layer, rollout(layer), {}
 
 
-def check_flow_budget(n_tokens: int, n_layers: int, budget_s: float) -> None:
-    """One-line error when flow on n tokens is predicted to exceed `budget_s` seconds."""
-    need = flow.estimate_seconds(n_tokens, n_layers)
+def check_flow_budget(n_tokens: int, n_layers: int, budget_s: float, workers: int = 1) -> None:
+    """One-line error when flow on n tokens is predicted to exceed `budget_s` seconds
+    (the one-process estimate divided among `workers` processes)."""
+    need = flow.estimate_seconds(n_tokens, n_layers) / workers
     if need > budget_s:
-        limit = flow.max_tokens(n_layers, budget_s)
+        limit = flow.max_tokens(n_layers, budget_s * workers)
         raise IdentifiableError(
             f"flow on {n_tokens} tokens would take about {need:.0f} s, over its budget of "
-            f"{budget_s:g} s (about {limit} tokens for this {n_layers}-layer model); shorten "
-            f"the text, raise the budget (budget_s={need * 1.2:.0f}, CLI --flow-budget "
-            f"{need * 1.2:.0f}) or use rollout"
+            f"{budget_s:g} s (about {limit} tokens for this {n_layers}-layer model with "
+            f"{workers} worker{'s' if workers > 1 else ''}); shorten the text, raise the budget "
+            f"(budget_s={need * 1.2:.0f}, CLI --flow-budget {need * 1.2:.0f}), add processes "
+            "(workers=, CLI --workers) or use rollout"
         )
 
 
@@ -222,10 +224,15 @@ def _flow(x: _Inputs, opts: dict[str, Any]) -> Computed:
     budget = opts["budget_s"]
     if not isinstance(budget, int | float) or budget <= 0:
         raise IdentifiableError(f"budget_s must be a positive number of seconds, got {budget!r}")
-    check_flow_budget(len(x.encoding), x.model.info.n_layers, float(budget))
+    workers = opts["workers"]
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise IdentifiableError(f"workers must be a positive integer, got {workers!r}")
+    check_flow_budget(len(x.encoding), x.model.info.n_layers, float(budget), workers)
     layer = with_residual(head_average(x.trace.attentions), _residual_weight(opts))
-    flows = flow.attention_flow(layer, resolution=int(opts["resolution"]), causal=x.is_causal)
-    return layer, flows, {"resolution": int(opts["resolution"])}
+    flows = flow.attention_flow(
+        layer, resolution=int(opts["resolution"]), causal=x.is_causal, workers=workers
+    )
+    return layer, flows, {"resolution": int(opts["resolution"]), "workers": workers}
 
 
 def _effective_rollout(x: _Inputs, opts: dict[str, Any]) -> Computed:
@@ -405,7 +412,12 @@ for _m in (
         "flow",
         "attention flow: max flow through the layered attention graph (Abnar & Zuidema 2020)",
         _flow,
-        {"residual_weight": 0.5, "resolution": flow.DEFAULT_RESOLUTION, "budget_s": 60.0},
+        {
+            "residual_weight": 0.5,
+            "resolution": flow.DEFAULT_RESOLUTION,
+            "budget_s": 60.0,
+            "workers": 1,
+        },
     ),
     Method(
         "effective-rollout",

@@ -58,7 +58,11 @@ def max_tokens(n_layers: int, budget_s: float) -> int:
 
 
 def attention_flow(
-    capacities: Tensor, *, resolution: int = DEFAULT_RESOLUTION, causal: bool = False
+    capacities: Tensor,
+    *,
+    resolution: int = DEFAULT_RESOLUTION,
+    causal: bool = False,
+    workers: int = 1,
 ) -> Tensor:
     """Maximum flow from every input token to every token at every layer.
 
@@ -66,16 +70,19 @@ def attention_flow(
         capacities: `[L, n, n]` layer maps M_l (entries in [0, 1], rows = receiving token).
         resolution: capacities are rounded to multiples of 1/resolution (see module docstring).
         causal: skip pairs j > i, which have no path (their flow is exactly 0).
+        workers: processes that share the receiving tokens of each layer (scipy's max-flow
+            holds the GIL, so threads would not help); the values do not depend on it.
     Returns:
         `[L, n, n]` float64, [l, i, j] = max flow from input token j to token i after layer l.
     """
     from scipy.sparse import csr_matrix
-    from scipy.sparse.csgraph import maximum_flow
 
     if capacities.dim() != 3 or capacities.shape[1] != capacities.shape[2]:
         raise IdentifiableError(f"capacities must be [L, n, n], got {tuple(capacities.shape)}")
     if not 1 <= resolution <= 10**8:
         raise IdentifiableError(f"flow resolution must be in 1..1e8, got {resolution}")
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise IdentifiableError(f"flow workers must be a positive integer, got {workers!r}")
     caps = capacities.double().cpu().numpy()
     if (caps < 0).any() or not np.isfinite(caps).all():
         raise IdentifiableError("flow capacities must be finite and non-negative")
@@ -85,12 +92,54 @@ def attention_flow(
     if n_layers > 1:
         # Two hops: Σ_k min(M_1[k, j], M_2[i, k]).
         out[1] = np.minimum(caps[0][None, :, :], caps[1][:, :, None]).sum(1)
+    graphs = {}
     for layer in range(2, n_layers):
         rows, cols, data = _edges(caps[: layer + 1], resolution)
         size = (layer + 2) * n
-        graph = csr_matrix((data.astype(np.int32), (rows, cols)), shape=(size, size))
-        for i in range(n):
-            sink = (layer + 1) * n + i
-            for j in range(i + 1 if causal else n):
-                out[layer, i, j] = maximum_flow(graph, j, sink).flow_value / resolution
+        graphs[layer] = csr_matrix((data.astype(np.int32), (rows, cols)), shape=(size, size))
+    jobs = [(layer, i) for layer in graphs for i in range(n)]
+    if workers == 1 or len(jobs) < 2:
+        results = [_solve(graphs, n, causal, job) for job in jobs]
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # fork where the platform has it (no re-import of torch in each worker); the graphs
+        # travel once per worker, the jobs are (layer, token) pairs
+        methods = multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        chunk = max(1, len(jobs) // (4 * workers))
+        with ProcessPoolExecutor(
+            min(workers, len(jobs)),
+            mp_context=context,
+            initializer=_use_graphs,
+            initargs=(graphs, n, causal),
+        ) as pool:
+            results = list(pool.map(_sink_flows, jobs, chunksize=chunk))
+    for (layer, i), values in zip(jobs, results, strict=True):
+        out[layer, i, : len(values)] = values / resolution
     return torch.from_numpy(out)
+
+
+# In a worker process: the graphs of the `attention_flow` call it serves (`_use_graphs`).
+_WORKER: dict[str, object] = {}
+
+
+def _use_graphs(graphs: dict, n: int, causal: bool) -> None:
+    _WORKER.update(graphs=graphs, n=n, causal=causal)
+
+
+def _sink_flows(job: tuple[int, int]) -> np.ndarray:
+    return _solve(_WORKER["graphs"], _WORKER["n"], _WORKER["causal"], job)  # type: ignore[arg-type]
+
+
+def _solve(graphs: dict, n: int, causal: bool, job: tuple[int, int]) -> np.ndarray:
+    """Integer max-flow values into receiving token (layer, i) from every source j."""
+    from scipy.sparse.csgraph import maximum_flow
+
+    layer, i = job
+    sink = (layer + 1) * n + i
+    return np.array(
+        [maximum_flow(graphs[layer], j, sink).flow_value for j in range(i + 1 if causal else n)],
+        dtype=np.float64,
+    )
