@@ -73,7 +73,7 @@ def _summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
-def test_reproduce_on_the_device_gives_the_cpu_numbers(workdir: Path) -> None:  # noqa: F811
+def test_reproduce_on_the_device_writes_the_files_and_claims_of_the_cpu_run(workdir: Path) -> None:  # noqa: F811
     cpu = _run(["-m", "identifiable", *_args("gpu-ref-cpu")], workdir)
     assert cpu.returncode == 0, cpu.stderr
     dev = _run(["-m", "identifiable", *_args("gpu-dev", "--device", DEVICE)], workdir)

@@ -80,7 +80,9 @@ def test_no_import_goes_up(path: Path) -> None:
         if target == "report":
             continue  # rendering is the top floor's job; anything above experiments may call it
         if FLOORS.get(target, 99) > FLOORS.get(own, -1):
-            bad.append(f"{rel}:{line} imports {module} (floor {FLOORS.get(target)} > {FLOORS.get(own)})")
+            bad.append(
+                f"{rel}:{line} imports {module} (floor {FLOORS.get(target)} > {FLOORS.get(own)})"
+            )
     assert not bad, "\n".join(bad)
 
 

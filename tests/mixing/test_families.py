@@ -15,6 +15,8 @@ from identifiable.models.hooks import HookSet, first_tensor
 
 TEXT = "the cat sat on the mat near the river"
 RECON_RTOL = 1e-5
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.linalg.norm(a.double() - b.double()) / torch.linalg.norm(b.double()))
 

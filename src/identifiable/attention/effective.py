@@ -397,9 +397,9 @@ def _ones_is_new(q: Tensor) -> tuple[Tensor | None, Tensor]:
 
     With u = 1/√n and c = qᵀu, ‖u − q c‖² = 1 − ‖c‖² + cᵀ(qᵀq − I)c, and q is
     orthonormal to ~1e-10 here (zero columns add nothing), so where 1 − ‖c‖² > 1e-6
-    the distance is above 1e-3, far above
-    the tolerance max(n, k + 1)·eps (~1e-13): the ones vector is new, exactly as the
-    explicit passes would find. Otherwise (1 nearly in col(T)) the passes decide.
+    the distance is above 1e-3, far above the tolerance max(n, k + 1)·eps (~1e-13):
+    the ones vector is new, exactly as the explicit passes would find. Otherwise
+    (1 nearly in col(T)) the passes decide.
     """
     n = q.shape[-2]
     c = q.sum(-2) * n**-0.5  # [H, k] = qᵀu

@@ -61,8 +61,8 @@ def _head_factors(out_proj: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         if bool(ok.all()):  # the usual case, decided without an eigensolver
             return lower, full.fill_(True), ok
     fast = _well_conditioned(gram)[0] if d_v <= d else full.clone()
-    if d_v <= d and bool(fast.all()):  # the usual case: no gather/scatter copies
-        return torch.linalg.cholesky(gram), full.fill_(True), fast
+    if d_v <= d and bool(fast.all()):  # all positive definite: `lower` is their Cholesky factor
+        return lower, full.fill_(True), fast
     if fast.any():
         factor[fast], full[fast] = torch.linalg.cholesky(gram[fast]), True
     if (~fast).any():

@@ -225,8 +225,7 @@ def _flow(x: _Inputs, opts: dict[str, Any]) -> Computed:
     if not isinstance(budget, int | float) or budget <= 0:
         raise IdentifiableError(f"budget_s must be a positive number of seconds, got {budget!r}")
     workers = opts["workers"]
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise IdentifiableError(f"workers must be a positive integer, got {workers!r}")
+    flow.check_workers(workers)  # before the budget check divides by it
     check_flow_budget(len(x.encoding), x.model.info.n_layers, float(budget), workers)
     layer = with_residual(head_average(x.trace.attentions), _residual_weight(opts))
     flows = flow.attention_flow(

@@ -57,6 +57,12 @@ def max_tokens(n_layers: int, budget_s: float) -> int:
     return n
 
 
+def check_workers(workers: object) -> None:
+    """One line unless `workers` is a positive integer (bool is not a count)."""
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise IdentifiableError(f"flow workers must be a positive integer, got {workers!r}")
+
+
 def attention_flow(
     capacities: Tensor,
     *,
@@ -81,8 +87,7 @@ def attention_flow(
         raise IdentifiableError(f"capacities must be [L, n, n], got {tuple(capacities.shape)}")
     if not 1 <= resolution <= 10**8:
         raise IdentifiableError(f"flow resolution must be in 1..1e8, got {resolution}")
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise IdentifiableError(f"flow workers must be a positive integer, got {workers!r}")
+    check_workers(workers)
     caps = capacities.double().cpu().numpy()
     if (caps < 0).any() or not np.isfinite(caps).all():
         raise IdentifiableError("flow capacities must be finite and non-negative")

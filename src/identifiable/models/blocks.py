@@ -341,13 +341,8 @@ def rerun_layers_zeroing_values(
             hooks.post(value, zero_values)
         # B copies of the sequence, so that every mask and position table (BLOOM's ALiBi is
         # built per batch element) has batch B; the embeddings are replaced at every layer.
-        if getattr(model, "modality", "text") == "image":
-            # Every layer's input is replaced; the pixels only have to have the right size.
-            cfg = model.hf_model.config
-            size = getattr(cfg, "image_size", 224)
-            size = (size, size) if isinstance(size, int) else tuple(size)
-            shape = (b, int(getattr(cfg, "num_channels", 3)), *size)
-            model.hf_model(pixel_values=torch.zeros(shape, device=device, dtype=_dtype(model)))
+        if getattr(model, "modality", "text") == "image":  # every layer's input is replaced
+            model.hf_model(pixel_values=model.placeholder_pixels(b, _dtype(model)))
         else:
             model.hf_model(**model._batch_inputs([_encoding(input_ids, token_type_ids)] * b))
     if len(outs) != n_layers:

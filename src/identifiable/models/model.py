@@ -282,6 +282,8 @@ class Model:
         )
         self.kv_head_of = torch.arange(n_heads) // (n_heads // n_kv)
         self._weights = [self._head_weights(i) for i in range(len(self.layers))]
+        # (versions of the W_O parameters, the stacked W_O shared by traces): `_stacked_out_proj`
+        self._out_proj_cache: tuple[tuple[int, ...], torch.Tensor] | None = None
         self.windows = _layer_windows(config, spec, len(self.layers))
         # Segment ids only for models with more than one segment embedding (RoBERTa has
         # one), or that compare segments instead of embedding them (XLNet).
@@ -383,9 +385,8 @@ class Model:
         views in `_weights` share their parameters' version counters.
         """
         versions = tuple(w.w_o._version for w in self._weights)
-        cached = getattr(self, "_out_proj_cache", None)
-        if cached is not None and cached[0] == versions:
-            return cached[1]
+        if self._out_proj_cache is not None and self._out_proj_cache[0] == versions:
+            return self._out_proj_cache[1]
         w_o = torch.stack(
             [w.w_o.reshape(self.info.n_heads, self.info.head_dim, -1) for w in self._weights]
         )
@@ -996,15 +997,18 @@ class Model:
             for layer in _distinct(self.layers):
                 hooks.post(layer, lambda m, a, o: outs.append(self._batch_first(first_tensor(o))))
             if self.modality == "image":
-                # Layer 1's input is replaced; the pixels only have to have the right size.
-                cfg = self.hf_model.config
-                shape = (int(getattr(cfg, "num_channels", 3)), *_pair(cfg.image_size))
-                px = torch.zeros(x.shape[0], *shape, device=self.device, dtype=x.dtype)
-                self.hf_model(pixel_values=px)
+                self.hf_model(pixel_values=self.placeholder_pixels(x.shape[0], x.dtype))
             else:
                 self.hf_model(input_ids=ids, attention_mask=torch.ones_like(ids))
         result = torch.stack([x, *outs], dim=1)
         return result if batched else result[0]
+
+    def placeholder_pixels(self, batch: int, dtype: torch.dtype) -> torch.Tensor:
+        """`[batch, C, H, W]` zeros of the model's image size, for passes whose layer inputs
+        are replaced by hooks (the pixels only have to have the right size)."""
+        cfg = self.hf_model.config
+        shape = (int(getattr(cfg, "num_channels", 3)), *_pair(cfg.image_size))
+        return torch.zeros(batch, *shape, device=self.device, dtype=dtype)
 
     def _forward_ad_substitutes(self, hooks: HookSet) -> None:
         """Swap in the spec's plain-torch equivalents of forward-AD-less modules (`ArchSpec.forward_ad`)."""
