@@ -13,7 +13,12 @@ one sequence of 512 tokens, CPU. Measured side by side in one run:
   sides, median of `--repeats` interleaved runs): `effective_attention(trace)`
   materialising [L, H, n, n] in float64, as it was before the in-place route
   ("before", kept inline here), as it is now ("after"), and with the float32
-  opt-in; plus each one's worst relative invariant error ‖A_eff T − A T‖ / ‖A T‖.
+  opt-in (also into a reused `out=` buffer); plus each one's worst relative invariant error ‖A_eff T − A T‖ / ‖A T‖.
+  "First trace" clears both W_O caches (exact factors and the float32 certificate).
+  The minor page faults of the float32 call are reported: whether malloc hands
+  the 151 MB result fresh pages (36,864 faults, ~30 ms) or pages it already
+  holds depends on the process's allocation history, and moves the ratio by
+  ~0.05 between otherwise identical runs.
 Peak memory: each route runs in a child process that loads the saved trace,
 warms up on a short slice, resets the peak-RSS counter (/proc/self/clear_refs)
 and reports VmHWM minus the RSS before the run: memory beyond the trace
@@ -29,6 +34,7 @@ import argparse
 import ctypes
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -104,11 +110,16 @@ def run_public_before(trace):
     """The public `effective_attention(trace)` as it was before the in-place route
     (kept here to measure before and after in one run): per layer a fresh float64
     buffer, per head a float64 copy of A and two GEMMs, then a copy into [L, H, n, n]."""
-    from identifiable.attention.effective import _FACTOR_CACHE, _layer_dims, compute_head_factors
+    from identifiable.attention.effective import (
+        _FACTOR_CACHE,
+        _layer_dims,
+        _OutProj,
+        compute_head_factors,
+    )
     from identifiable.attention.linalg import project_rows
 
     _FACTOR_CACHE.clear()  # before the cache, W_O was factored on every call
-    factors = compute_head_factors(trace)
+    factors = _OutProj(trace, compute_head_factors(trace))
     n_l, n_h, n = trace.n_layers, trace.n_heads, trace.n_tokens
     effective = torch.empty(n_l, n_h, n, n, dtype=torch.float64)
     for layer in range(n_l):
@@ -129,12 +140,21 @@ def public_vs_forward(hf, trace, repeats: int, threads: tuple[int, ...]) -> dict
     """Public `effective_attention(trace)` (before / after, float64, and the float32
     opt-in) against a forward pass, interleaved, same torch threads on both sides."""
     from identifiable.attention import effective_attention
-    from identifiable.attention.effective import _FACTOR_CACHE
+    from identifiable.attention.effective import _FACTOR_CACHE, _FLAGS_CACHE
 
     def cold(dtype):
-        """The first trace of a model: W_O is factored inside the call."""
+        """The first trace of a model: W_O is tested (and factored if needed) inside the call."""
         _FACTOR_CACHE.clear()
+        _FLAGS_CACHE.clear()
         return effective_attention(trace, "paper", dtype=dtype)
+
+    buffer = torch.empty(trace.attentions.shape, dtype=torch.float32)  # reused by `out=`
+
+    def cold_out():
+        """A first trace written into a reused buffer (`out=`): no fresh pages."""
+        _FACTOR_CACHE.clear()
+        _FLAGS_CACHE.clear()
+        return effective_attention(trace, "paper", dtype=torch.float32, out=buffer)
 
     previous = torch.get_num_threads()
     out = {}
@@ -145,19 +165,24 @@ def public_vs_forward(hf, trace, repeats: int, threads: tuple[int, ...]) -> dict
             "before": lambda: run_public_before(trace),
             "after": lambda: cold(torch.float64),
             "after float32": lambda: cold(torch.float32),
+            "after float32 out": cold_out,
             "warm": lambda: effective_attention(trace, "paper"),
             "warm float32": lambda: effective_attention(trace, "paper", dtype=torch.float32),
         }
         for fn in routes.values():
             fn()  # warm-up
         times = {name: [] for name in ("forward", *routes)}
+        faults = []  # minor page faults of the float32 first-trace call
         for _ in range(repeats):
             times["forward"].append(time_forward(hf, trace.input_ids, 1))
             for name, fn in routes.items():
+                before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 times[name].append(timed(fn, 1))
+                if name == "after float32":
+                    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
         med = {name: statistics.median(t) for name, t in times.items()}
         ratios = {name: med[name] / med["forward"] for name in routes}
-        out[nt] = {**ratios, "forward": med["forward"]}
+        out[nt] = {**ratios, "forward": med["forward"], "faults": statistics.median(faults)}
     torch.set_num_threads(previous)
     a = trace.attentions.double()
     t = trace.values.double() @ trace.out_proj.double()
@@ -268,8 +293,11 @@ def main() -> None:
         r = pub[nt]
         print(f"    {nt} thread{'s' if nt > 1 else ''}: forward {r['forward']:.3f} s; "
               f"before {r['before']:.3f} ×; first trace of a model: after {r['after']:.3f} ×, "
-              f"with dtype=float32 {r['after float32']:.3f} ×; later traces (W_O factors "
-              f"cached): {r['warm']:.3f} ×, float32 {r['warm float32']:.3f} ×")  # fmt: skip
+              f"with dtype=float32 {r['after float32']:.3f} × (into a reused out= buffer "
+              f"{r['after float32 out']:.3f} ×); later traces (W_O factors "
+              f"cached): {r['warm']:.3f} ×, float32 {r['warm float32']:.3f} ×; "
+              f"{r['faults']:.0f} minor page faults per float32 call (a fresh 151 MB "
+              f"result: 36,864; 0 when malloc reuses pages it already holds)")  # fmt: skip
     print(f"    max head ‖A_eff T − A T‖ / ‖A T‖: float64 {pub['rel64']:.1e} (≤ 1e-9), "
           f"float32 {pub['rel32']:.1e} (≤ 1e-5); "
           f"max |after − before| {pub['same_as_before']:.1e}")  # fmt: skip

@@ -238,3 +238,70 @@ def test_ones_in_the_column_space_adds_no_stochastic_direction():
     ns = null_space(trace)
     assert torch.equal(ns.dim_stochastic, ns.dim)
     check_invariants(trace)
+
+
+@pytest.mark.parametrize("variant", ["paper", "row-stochastic"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_certified_out_proj_route_equals_the_exact_factors_bit_for_bit(variant, dtype):
+    """Without cached factors, an encoder trace whose W_O is proved well-conditioned from
+    a float32 Gram never factors W_O in float64, and its result equals, bit for bit, the
+    one computed with the exact factors; a head that cannot be proved (κ(H) = 1e5) makes
+    the call factor W_O exactly, with the same result again. Causal traces always factor."""
+    from identifiable.attention.effective import _FACTOR_CACHE, _FLAGS_CACHE
+
+    def run(trace):
+        _FACTOR_CACHE.clear()
+        _FLAGS_CACHE.clear()
+        got = effective_attention(trace, variant, dtype=dtype)
+        factored = _FACTOR_CACHE.get(trace.out_proj) is not None
+        want = effective_attention(trace, variant, factors=compute_head_factors(trace), dtype=dtype)
+        assert torch.equal(got.effective, want.effective)
+        for field in ("rank", "dim", "dim_stochastic", "out_proj_full_row_rank"):
+            assert torch.equal(getattr(got.null_space, field), getattr(want.null_space, field))
+        assert torch.equal(null_space(trace).dim, want.null_space.dim)
+        return factored
+
+    trace = synthetic_trace(n=20, d_v=4, d=24)
+    assert not run(trace)  # proved: W_O never factored in float64
+    bad = synthetic_trace(n=20, d_v=4, d=24)
+    u, _, vh = torch.linalg.svd(bad.out_proj[1, 2].double(), full_matrices=False)
+    bad.out_proj[1, 2] = (u @ torch.diag(torch.tensor([1.0, 0.5, 0.1, 1e-5]).double()) @ vh).float()
+    assert run(bad)  # one head not provable: exact factors, same numbers
+    assert run(synthetic_trace(n=20, d_v=4, d=24, causal=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("causal", [False, True])
+def test_out_buffer_is_filled_exactly_and_reused(dtype, causal):
+    """`out=`: the same numbers as a fresh result, written into (and returned as) the
+    buffer; a buffer holding another sequence's (or garbage) values is overwritten entirely."""
+    t1 = synthetic_trace(n=14, d_v=4, d=12, causal=causal, seed=1)
+    t2 = synthetic_trace(n=14, d_v=4, d=12, causal=causal, seed=2)
+    buf = torch.full(t1.attentions.shape, float("nan"), dtype=dtype)
+    for trace in (t1, t2):
+        want = effective_attention(trace, dtype=dtype)
+        got = effective_attention(trace, dtype=dtype, out=buf)
+        assert got.effective is buf
+        assert torch.equal(got.effective, want.effective)
+        assert torch.equal(got.null_space.dim, want.null_space.dim)
+
+
+def test_bad_out_buffers_are_one_line_and_untouched():
+    trace = synthetic_trace(n=14, d_v=4, d=12)
+    shape = tuple(trace.attentions.shape)
+    cases = [
+        (torch.zeros((*shape[:-1], 13), dtype=torch.float64), r"out has shape .* expected \[L, H, n, n_k\]"),
+        (torch.zeros(shape, dtype=torch.float32), r"out has dtype torch.float32; pass dtype="),
+        (torch.zeros(shape[:-2] + shape[-1:] + shape[-2:-1], dtype=torch.float64).transpose(-1, -2),
+         r"out is not contiguous"),
+        ("buffer", r"out must be a torch.Tensor, got str"),
+    ]  # fmt: skip
+    for out, message in cases:
+        with pytest.raises(IdentifiableError, match=message):
+            effective_attention(trace, out=out)
+        if isinstance(out, torch.Tensor):
+            assert not bool(out.any())  # nothing written
+    raw = trace.attentions.clone()
+    with pytest.raises(IdentifiableError, match=r"out shares memory with the trace's attentions"):
+        effective_attention(trace, dtype=torch.float32, out=trace.attentions)
+    assert torch.equal(trace.attentions, raw)

@@ -185,3 +185,46 @@ def test_the_eigensolver_free_test_never_admits_what_the_eigenvalue_test_rejects
     x[..., -1] = x[..., 0]
     ok, _, _ = cholesky_if_well_conditioned(x.transpose(-1, -2) @ x)
     assert not bool(ok.any())
+
+
+def test_the_float32_certificate_never_admits_what_the_float64_test_rejects():
+    """certified_well_conditioned proves κ(H) < 1e3 from a float32 Gram: over head slices of
+    controlled κ (including ones just past 1e3, and spectra with one small singular value),
+    certified ⇒ `head_factors` calls the head well-conditioned and of full row rank;
+    typical heads (κ ≤ 10) are certified, so the shortcut is not vacuous; reduced-precision
+    matmuls, float64 input, d < d_v and non-finite input certify nothing."""
+    from identifiable.attention.linalg import certified_well_conditioned
+
+    g = torch.Generator().manual_seed(1)
+    d_v, d = 16, 96
+    for kappa in (1.0, 3.0, 10.0, 30.0, 100.0, 999.0, 1.001e3, 1.1e3, 1e5):
+        for shape in ("log", "one"):
+            u, _ = torch.linalg.qr(torch.randn(8, d, d_v, generator=g, dtype=torch.float64))
+            w, _ = torch.linalg.qr(torch.randn(8, d_v, d_v, generator=g, dtype=torch.float64))
+            if shape == "log":
+                s = torch.logspace(0, -float(torch.log10(torch.tensor(kappa))), d_v)
+            else:
+                s = torch.ones(d_v)
+                s[-1] = 1 / kappa
+            h = (w @ torch.diag_embed(s.double()) @ u.transpose(-1, -2)).float()  # [8, d_v, d]
+            proved = certified_well_conditioned(h)
+            _, full, well = head_factors(h.double())
+            assert not bool((proved & ~well).any()), (kappa, shape)
+            assert not bool((proved & ~full).any()), (kappa, shape)
+            if kappa <= 10:
+                assert bool(proved.all()), (kappa, shape)
+            if kappa > 1e3:
+                assert not bool(proved.any()), (kappa, shape)
+    h = torch.randn(4, d_v, d, generator=g)
+    assert bool(certified_well_conditioned(h).all())
+    assert not bool(certified_well_conditioned(h.double()).any())
+    assert not bool(certified_well_conditioned(h[..., :8]).any())  # d < d_v
+    bad = h.clone()
+    bad[2, 3, 5] = float("nan")
+    assert certified_well_conditioned(bad).tolist() == [True, True, False, True]
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        assert not bool(certified_well_conditioned(h).any())
+    finally:
+        torch.set_float32_matmul_precision(previous)

@@ -13,7 +13,7 @@ only need statistics hold a single layer of n×n matrices.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,6 +26,7 @@ from identifiable.attention.checks import check_finite, check_shapes
 from identifiable.attention.keysets import keyset_groups, keyset_ranks, project_rows_keysets
 from identifiable.attention.linalg import (
     _column_basis,
+    certified_well_conditioned,
     cholesky_if_well_conditioned,
     head_factors,
     ones_direction,
@@ -161,9 +162,9 @@ def compute_head_factors(trace: Trace) -> HeadFactors:
     """
     _check_trace_shapes(trace)
     w_o = trace.out_proj
-    hit = _FACTOR_CACHE.get(w_o)
-    if hit is not None and hit[0] == w_o._version:
-        return hit[1]
+    hit = _cached(_FACTOR_CACHE, w_o)
+    if hit is not None:
+        return hit
     check_finite(w_o, "output projection (W_O)", per_layer_head=True)
     # Layer by layer: a float64 copy of all of W_O (54 MB at BERT-base) is not needed at once.
     parts = [head_factors(w_o[layer].double()) for layer in range(trace.n_layers)]
@@ -172,17 +173,71 @@ def compute_head_factors(trace: Trace) -> HeadFactors:
     return factors
 
 
+def _cached(cache: WeakIdKeyDictionary, w_o: Tensor) -> object | None:
+    hit = cache.get(w_o)
+    return hit[1] if hit is not None and hit[0] == w_o._version else None
+
+
 # W_O tensor → (its version when factored, factors). Keys by identity (a tensor's ==
 # is elementwise) and weak: a dropped trace or model frees its entry.
 _FACTOR_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
+# W_O tensor → (its version, `[L, H]` flags of `certified_well_conditioned`), likewise.
+_FLAGS_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+class _OutProj:
+    """What the routes need of W_O for one trace: the κ(H) flags of every head, and
+    the exact factors F (`compute_head_factors`) only for a layer whose route uses them.
+
+    Exact `HeadFactors` are used when given or already cached, and for causal traces
+    (every causal layer uses F). Otherwise the flags come from
+    `certified_well_conditioned` (one float32 Gram, no float64 copy or product) when
+    it proves every head well-conditioned, which is all that the usual encoder route
+    needs; F is then factored only if some layer falls back to it. Every decision
+    is the same either way: a proved head is well-conditioned, and of full row
+    rank, in the exact test too.
+    """
+
+    def __init__(self, trace: Trace, factors: HeadFactors | None) -> None:
+        self._trace = trace
+        exact = factors or _cached(_FACTOR_CACHE, trace.out_proj)
+        flags = None if exact is not None or trace.is_causal else _certified_flags(trace)
+        if flags is None:
+            exact = exact or compute_head_factors(trace)
+            flags = exact.well_conditioned
+            self.full_row_rank: Tensor = exact.full_row_rank
+        else:
+            self.full_row_rank = flags  # proved κ(H) < 1e3: rank d_v
+        self.well_conditioned: Tensor = flags
+        self._exact: HeadFactors | None = exact
+
+    def factor(self, layer: int) -> Tensor:
+        """`[H, d_v, k]` F of one layer (see `HeadFactors`)."""
+        if self._exact is None:
+            self._exact = compute_head_factors(self._trace)
+        return self._exact.factor[layer]
+
+
+def _certified_flags(trace: Trace) -> Tensor | None:
+    """`[L, H]` all-True flags when `certified_well_conditioned` proves every head, else None."""
+    _check_trace_shapes(trace)
+    w_o = trace.out_proj
+    flags = _cached(_FLAGS_CACHE, w_o)
+    if flags is None:
+        n_l, n_h, d_v, d = w_o.shape
+        flags = certified_well_conditioned(w_o.reshape(n_l * n_h, d_v, d)).reshape(n_l, n_h)
+        _FLAGS_CACHE[w_o] = (w_o._version, flags)
+    return flags if bool(flags.all()) else None
+
+
 def null_space(trace: Trace, *, factors: HeadFactors | None = None) -> NullSpace:
     """rank(T), dim LN(T) and dim LN([T, 1]) for every layer, head and row (see `NullSpace`)."""
-    factors = factors or compute_head_factors(trace)
+    w_o = _OutProj(trace, factors)
     ranks, dims, dims_s = [], [], []
     for layer in range(trace.n_layers):
-        r, d, ds, _ = _layer_dims(trace, layer, factors)
+        r, d, ds, _ = _layer_dims(trace, layer, w_o)
         ranks.append(r)
         dims.append(d)
         dims_s.append(ds)
@@ -190,7 +245,7 @@ def null_space(trace: Trace, *, factors: HeadFactors | None = None) -> NullSpace
         rank=torch.stack(ranks),
         dim=torch.stack(dims),
         dim_stochastic=torch.stack(dims_s),
-        out_proj_full_row_rank=factors.full_row_rank,
+        out_proj_full_row_rank=w_o.full_row_rank,
         is_causal=trace.is_causal,
         tokens=list(trace.tokens),
         model_name=trace.model_name,
@@ -214,7 +269,7 @@ def iter_effective_attention(
     Raises IdentifiableError for an unknown variant, a layer out of range, an
     unsupported dtype, or NaN/inf in the attention or values of a head.
     """
-    yield from _iter_layers(trace, variant, factors, layers, dtype, None)
+    yield from _iter_layers(trace, variant, _OutProj(trace, factors), layers, dtype, None)
 
 
 def effective_attention(
@@ -223,6 +278,7 @@ def effective_attention(
     *,
     factors: HeadFactors | None = None,
     dtype: torch.dtype = torch.float64,
+    out: Tensor | None = None,
 ) -> EffectiveAttention:
     """Effective attention of all heads and layers, `[L, H, n, n]` float64.
 
@@ -235,21 +291,56 @@ def effective_attention(
     encoder projection A Q Qᵀ runs in float32 (decoder and key-set routes are
     computed in float64 and rounded). The invariant then holds to float32
     accuracy, ‖A_eff T − A T‖ ≤ 1e-5 ‖A T‖ per head (tested), instead of 1e-9.
+
+    `out`: a contiguous CPU tensor `[L, H, n, n_k]` of `dtype` to write A_eff into
+    (returned as `.effective`), so that a loop over many sequences of one length
+    reuses one buffer. A fresh result costs the kernel's zeroing of new pages
+    whenever malloc has none to reuse: at BERT-base size and n = 512 in float32,
+    36,864 page faults and ~30 ms, 0.04× a forward pass (`bench_attention.py`).
     """
-    factors = factors or compute_head_factors(trace)
     n_l, n_h, n = trace.n_layers, trace.n_heads, trace.n_tokens
     # n_keys = n except for cross-attention traces (rows: decoder, keys: encoder).
-    effective = torch.empty(n_l, n_h, n, trace.n_keys, dtype=dtype)
+    shape = (n_l, n_h, n, trace.n_keys)
+    if out is not None:
+        _check_out(out, shape, dtype, trace)
+    w_o = _OutProj(trace, factors)
+    effective = torch.empty(shape, dtype=dtype) if out is None else out
     rank = torch.empty(n_l, n_h, n, dtype=torch.long)
     dim, dim_s = torch.empty_like(rank), torch.empty_like(rank)
     # Each layer is written straight into `effective`: no per-layer buffer and copy.
-    for le in _iter_layers(trace, variant, factors, None, dtype, effective):
+    for le in _iter_layers(trace, variant, w_o, None, dtype, effective):
         rank[le.layer], dim[le.layer], dim_s[le.layer] = le.rank, le.dim, le.dim_stochastic
     labels = {"tokens": list(trace.tokens), "model_name": trace.model_name}
-    ns = NullSpace(rank, dim, dim_s, factors.full_row_rank, trace.is_causal, **labels)
+    ns = NullSpace(rank, dim, dim_s, w_o.full_row_rank, trace.is_causal, **labels)
     return EffectiveAttention(
         trace.attentions, effective, variant, ns, key_tokens=trace.key_tokens, **labels
     )
+
+
+def _check_out(out: Tensor, shape: tuple[int, ...], dtype: torch.dtype, trace: Trace) -> None:
+    """One line for an `out` that cannot take the result (checked before any work)."""
+    if not isinstance(out, Tensor):
+        raise IdentifiableError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    problem = None
+    if tuple(out.shape) != shape:
+        problem = f"has shape {tuple(out.shape)}, expected [L, H, n, n_k] = {list(shape)}"
+    elif out.dtype != dtype:
+        problem = f"has dtype {out.dtype}; pass dtype={dtype} or an out of that dtype"
+    elif out.device.type != "cpu":
+        problem = f"is on {out.device}; the analysis runs on the CPU"
+    elif not out.is_contiguous():
+        problem = "is not contiguous; pass a contiguous tensor (e.g. torch.empty(shape))"
+    else:
+        storage = out.untyped_storage().data_ptr()
+        shared = [
+            name
+            for name in ("attentions", "values", "out_proj")
+            if getattr(trace, name).untyped_storage().data_ptr() == storage
+        ]
+        if shared:
+            problem = f"shares memory with the trace's {shared[0]}, which the call reads"
+    if problem:
+        raise IdentifiableError(f"out {problem}")
 
 
 # ---- internals ---------------------------------------------------------------
@@ -261,7 +352,7 @@ _DTYPES = (torch.float64, torch.float32)
 def _iter_layers(
     trace: Trace,
     variant: str,
-    factors: HeadFactors | None,
+    w_o: _OutProj,
     layers: Sequence[int] | None,
     dtype: torch.dtype,
     out: Tensor | None,
@@ -273,11 +364,10 @@ def _iter_layers(
         raise IdentifiableError(
             f"unsupported dtype {dtype}: use torch.float64 (default) or torch.float32"
         )
-    factors = factors or compute_head_factors(trace)
     for layer in range(trace.n_layers) if layers is None else layers:
         trace.check_layer(layer)
         raw = trace.attentions[layer]
-        rank, dim, dim_s, bases = _layer_dims(trace, layer, factors)
+        rank, dim, dim_s, bases = _layer_dims(trace, layer, w_o)
         route, data = bases
         if route in ("keysets", "causal"):  # float64 routes; rounded only if asked
             check_finite(raw, "attention", layer=layer)
@@ -349,9 +439,7 @@ def _check_trace_shapes(trace: Trace) -> None:
         )
 
 
-def _layer_dims(
-    trace: Trace, layer: int, factors: HeadFactors
-) -> tuple[Tensor, Tensor, Tensor, tuple]:
+def _layer_dims(trace: Trace, layer: int, w_o: _OutProj) -> tuple[Tensor, Tensor, Tensor, tuple]:
     """Ranks and dims `[H, n]` of one layer plus the projection data of both variants.
 
     The route follows the layer's key mask (`Trace.keys_seen`): all keys →
@@ -360,11 +448,13 @@ def _layer_dims(
     """
     check_finite(trace.values[layer], "values (E·W_V)", layer=layer)
     v = trace.values[layer].double()
-    factor = factors.factor[layer]
     n_h, n, _ = v.shape  # n keys (the encoder's for cross-attention)
     mask = trace.keys_seen(layer)
     if bool(mask.all()):
-        q, rank = _encoder_basis(v, factor, factors.well_conditioned[layer])
+        full_width = trace.out_proj.shape[-1] >= v.shape[-1]  # F is d_v × d_v
+        q, rank = _encoder_basis(
+            v, lambda: w_o.factor(layer), w_o.well_conditioned[layer], full_width
+        )
         # The row-stochastic basis [q, w] is formed only when that variant is asked for.
         w, new = _ones_is_new(q)
         rank_a = rank + new.long()
@@ -375,7 +465,7 @@ def _layer_dims(
             f"layer {layer}: a cross-attention trace must let every row see every key "
             "(its key mask is not all True); per-row key sets need self-attention"
         )
-    vp = v @ factor
+    vp = v @ w_o.factor(layer)
     if not torch.equal(mask, torch.ones_like(mask).tril()):
         groups = keyset_groups(vp, mask)
         rank, dim, dim_s = keyset_ranks(groups, n_h, n)
@@ -408,11 +498,14 @@ def _ones_is_new(q: Tensor) -> tuple[Tensor | None, Tensor]:
     return ones_direction(q)
 
 
-def _encoder_basis(v: Tensor, factor: Tensor, well_h: Tensor) -> tuple[Tensor, Tensor]:
+def _encoder_basis(
+    v: Tensor, factor_of: Callable[[], Tensor], well_h: Tensor, full_width: bool
+) -> tuple[Tensor, Tensor]:
     """Basis `[H, n, k]` of col(T) and rank `[H]`, from V where H and V are both
-    well-conditioned (then col(T) = col(V) and rank(T) = min(n, d_v)), else from V F."""
-    if v.shape[-1] != factor.shape[-1] or not bool(well_h.any()):
-        q, rank, _, _ = _column_basis(v @ factor, None)
+    well-conditioned (then col(T) = col(V) and rank(T) = min(n, d_v)), else from V F
+    (`factor_of()`, called only then; `full_width`: d ≥ d_v, so F is d_v × d_v)."""
+    if not full_width or not bool(well_h.any()):
+        q, rank, _, _ = _column_basis(v @ factor_of(), None)
         return q, rank
     if bool(well_h.all()) and v.shape[-2] >= v.shape[-1]:
         # The usual case: V well-conditioned by the eigensolver-free test, so Q = V L⁻ᵀ
@@ -423,5 +516,5 @@ def _encoder_basis(v: Tensor, factor: Tensor, well_h: Tensor) -> tuple[Tensor, T
     q, rank, _, well_v = _column_basis(v, None)
     redo = ~(well_h & well_v)
     if bool(redo.any()):
-        q[redo], rank[redo], _, _ = _column_basis(v[redo] @ factor[redo], None)
+        q[redo], rank[redo], _, _ = _column_basis(v[redo] @ factor_of()[redo], None)
     return q, rank

@@ -145,6 +145,54 @@ def cholesky_if_well_conditioned(gram: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return ok, lower, inverse
 
 
+def certified_well_conditioned(out_proj: Tensor) -> Tensor:
+    """`[B]` bool: κ(H) < 1e3 *proved* for each float32 head slice H `[B, d_v, d]`
+    (d_v ≤ d) from one float32 Gram matrix, without the float64 copy and product.
+
+    Proof. For any summation order (FMA or not), fl₃₂(H Hᵀ) = G̃ differs from H Hᵀ
+    entrywise by at most γ_d |H||H|ᵀ, γ_d = d u / (1 − d u), u = 2⁻²⁴; hence
+    ‖G̃ − H Hᵀ‖₂ ≤ δ = γ_d ‖ |H| ‖₂² ≤ γ_d ‖H‖_F², and ‖H‖_F² ≤ tr(G̃) / (1 − γ_d).
+    With L̃ the float64 Cholesky factor of G̃ (exact in float64) and M = L̃⁻¹:
+    λ_min(G̃) = 1/‖M‖₂² ≥ 1/b with b = min(‖M‖_F², ‖M‖₁‖M‖_∞) (both bound ‖M‖₂²; the
+    second is tight when G̃ is nearly diagonal), and λ_max(G̃) ≤ c = min(tr G̃, ‖G̃‖_∞).
+    By Weyl, λ_min(H Hᵀ) ≥ 1/b − δ and λ_max(H Hᵀ) ≤ c + δ. The flag is True
+    where these give λ_min > 1.01e-6 λ_max (factors 0.99 / 1.01 absorb float64
+    rounding in the factor and its inverse, O(k eps₆₄ κ²) ≤ 1e-8 relative here).
+    κ(H) < 1e3 is `_well_conditioned`'s criterion, and the 1 % margin keeps its
+    float64 eigenvalues (absolute error ~eps₆₄ λ_max) from deciding otherwise, so
+    every True here is True there and implies full row rank. False means "not
+    proved": callers then run the exact float64 test.
+
+    Only with float32 matmuls at full precision
+    (`torch.get_float32_matmul_precision() == "highest"`): reduced-precision
+    matmuls (TF32, bf16) void the bound, and nothing is claimed.
+    """
+    bsz, d_v, d = out_proj.shape
+    none = torch.zeros(bsz, dtype=torch.bool, device=out_proj.device)
+    if (
+        out_proj.dtype != torch.float32
+        or d_v > d
+        or torch.get_float32_matmul_precision() != "highest"
+    ):
+        return none
+    gram = (out_proj @ out_proj.transpose(-1, -2)).double()
+    unit = 2.0**-24
+    gamma = d * unit / (1 - d * unit)
+    trace = gram.diagonal(dim1=-2, dim2=-1).sum(-1)
+    delta = gamma * trace / (1 - gamma)
+    lower, info = torch.linalg.cholesky_ex(gram)
+    eye = torch.eye(d_v, dtype=gram.dtype, device=gram.device)
+    inverse = torch.linalg.solve_triangular(lower, eye, upper=False)
+    # The norms by hand: `matrix_norm(…, 1 / inf)` is slower on a batch of small matrices.
+    m = inverse.abs()
+    b = torch.minimum(m.square().sum((-2, -1)), m.sum(-2).amax(-1) * m.sum(-1).amax(-1))
+    c = torch.minimum(trace, gram.abs().sum(-1).amax(-1))
+    lam_min = 0.99 / b - delta
+    lam_max = 1.01 * c + delta
+    proved = (info == 0) & torch.isfinite(lam_min) & torch.isfinite(lam_max)
+    return proved & (lam_min > 1.01e-6 * lam_max)
+
+
 def _well_conditioned(gram: Tensor) -> tuple[Tensor, Tensor]:
     """`[B]` bool: λ_min > 1e-6 · λ_max for each SPD Gram matrix (κ of its factor < 1e3),
     and `[B]` λ_max.
