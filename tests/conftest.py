@@ -316,3 +316,16 @@ def minilm():
     from identifiable.models import load_model
 
     return load_model("minilm")
+
+
+def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """The real CLI entry point in-process: (exit status, stdout, stderr)."""
+    from identifiable.cli import main
+
+    try:
+        main(args)
+        rc = 0
+    except SystemExit as exc:
+        rc = int(exc.code or 0)
+    out = capsys.readouterr()
+    return rc, out.out, out.err

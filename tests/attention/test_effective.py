@@ -305,3 +305,14 @@ def test_bad_out_buffers_are_one_line_and_untouched():
     with pytest.raises(IdentifiableError, match=r"out shares memory with the trace's attentions"):
         effective_attention(trace, dtype=torch.float32, out=trace.attentions)
     assert torch.equal(trace.attentions, raw)
+
+
+def test_shapes_are_checked_when_the_factors_are_cached_or_given():
+    """A trace whose values no longer fit gets the one-line shape error even when its
+    W_O's factors come from the cache or from the caller (no factoring runs then)."""
+    trace = synthetic_trace(n=12, d_v=4, d=10)
+    factors = compute_head_factors(trace)  # cached for this W_O
+    trace.values = trace.values[:, :, :-1]
+    for given in (None, factors):
+        with pytest.raises(IdentifiableError, match=r"trace values have shape"):
+            effective_attention(trace, factors=given)

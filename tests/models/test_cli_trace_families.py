@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import build_tiny_hf_model
-from identifiable.cli import main
+from conftest import run_main as run
 from identifiable.models import Model
 
 SOURCE = "The house is wonderful and the garden is large."
@@ -28,16 +28,6 @@ def folders(tmp_path_factory, bert_tokenizer):
         if arch != "vit":
             bert_tokenizer.save_pretrained(root / arch)
     return root
-
-
-def run(args: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        main(args)
-        rc = 0
-    except SystemExit as exc:
-        rc = int(exc.code or 0)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 @pytest.mark.parametrize("arch", ["t5", "bart"])

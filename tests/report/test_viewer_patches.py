@@ -22,7 +22,7 @@ import torch
 from playwright.sync_api import expect
 
 from conftest import VISION_FAMILIES, build_tiny_hf_model
-from identifiable.cli import main
+from conftest import run_main as run
 from identifiable.errors import IdentifiableError
 from identifiable.models import Model
 from identifiable.report.viewer import read_viewer_data, viewer_html
@@ -492,16 +492,6 @@ def folders(tmp_path_factory: pytest.TempPathFactory, bert_tokenizer: Any) -> Pa
     np.save(root / "pixels.npy", pixels().numpy())
     (root / "notes.png").write_text("not an image")
     return root
-
-
-def run(args: list[str], capsys: Any) -> tuple[int, str, str]:
-    try:
-        main(args)
-        rc = 0
-    except SystemExit as exc:
-        rc = int(exc.code or 0)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def test_view_cli_draws_an_image(folders: Path, tmp_path: Path, capsys: Any) -> None:

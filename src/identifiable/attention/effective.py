@@ -201,6 +201,7 @@ class _OutProj:
     """
 
     def __init__(self, trace: Trace, factors: HeadFactors | None) -> None:
+        _check_trace_shapes(trace)  # also when the factors are given or cached
         self._trace = trace
         exact = factors or _cached(_FACTOR_CACHE, trace.out_proj)
         flags = None if exact is not None or trace.is_causal else _certified_flags(trace)
@@ -222,7 +223,6 @@ class _OutProj:
 
 def _certified_flags(trace: Trace) -> Tensor | None:
     """`[L, H]` all-True flags when `certified_well_conditioned` proves every head, else None."""
-    _check_trace_shapes(trace)
     w_o = trace.out_proj
     flags = _cached(_FLAGS_CACHE, w_o)
     if flags is None:

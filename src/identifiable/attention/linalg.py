@@ -3,7 +3,8 @@
 Shapes: B a batch of heads, n tokens, d_v head width, d model width, m the
 width of the matrix whose column space is used (d_v, or d_v + 1 with the
 ones column of the row-stochastic variant). All functions take and return
-float64 tensors; callers convert once.
+float64 tensors; callers convert once (except `certified_well_conditioned`,
+which takes the float32 W_O so that it can avoid that conversion).
 
 The central reduction: for one head, T = V H with V = E W_V (n×d_v) and
 H (d_v×d). For any F (d_v×d_v) with F Fᵀ = H Hᵀ (the Cholesky factor of
@@ -137,12 +138,17 @@ def cholesky_if_well_conditioned(gram: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     Returns:
         ok `[B]` bool, lower `[B, k, k]`, inverse `[B, k, k]` (meaningful where ok).
     """
-    lower, info = torch.linalg.cholesky_ex(gram)
-    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
-    inverse = torch.linalg.solve_triangular(lower, eye, upper=False)
+    lower, info, inverse = _cholesky_and_inverse(gram)
     kappa = torch.linalg.matrix_norm(lower) * torch.linalg.matrix_norm(inverse)
     ok = (info == 0) & torch.isfinite(kappa) & (kappa < 1e3)
     return ok, lower, inverse
+
+
+def _cholesky_and_inverse(gram: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """L, cholesky_ex's info (0 where positive definite) and L⁻¹ of each `[B, k, k]` matrix."""
+    lower, info = torch.linalg.cholesky_ex(gram)
+    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+    return lower, info, torch.linalg.solve_triangular(lower, eye, upper=False)
 
 
 def certified_well_conditioned(out_proj: Tensor) -> Tensor:
@@ -180,9 +186,7 @@ def certified_well_conditioned(out_proj: Tensor) -> Tensor:
     gamma = d * unit / (1 - d * unit)
     trace = gram.diagonal(dim1=-2, dim2=-1).sum(-1)
     delta = gamma * trace / (1 - gamma)
-    lower, info = torch.linalg.cholesky_ex(gram)
-    eye = torch.eye(d_v, dtype=gram.dtype, device=gram.device)
-    inverse = torch.linalg.solve_triangular(lower, eye, upper=False)
+    _, info, inverse = _cholesky_and_inverse(gram)
     # The norms by hand: `matrix_norm(…, 1 / inf)` is slower on a batch of small matrices.
     m = inverse.abs()
     b = torch.minimum(m.square().sum((-2, -1)), m.sum(-2).amax(-1) * m.sum(-1).amax(-1))
