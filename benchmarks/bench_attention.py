@@ -19,6 +19,11 @@ one sequence of 512 tokens, CPU. Measured side by side in one run:
   the 151 MB result fresh pages (36,864 faults, ~30 ms) or pages it already
   holds depends on the process's allocation history, and moves the ratio by
   ~0.05 between otherwise identical runs.
+- W_O test: the float32 certificate of every head against the float64 factoring of
+  W_O that it replaces on an encoder's first trace, at 1 and 2 threads.
+- orientation: the first GEMM of every layer as A Q and as (Qᵀ Aᵀ)ᵀ, in float32
+  and float64, timed side by side at 1 and 2 threads (the route takes the faster
+  per dtype), and whether both give identical results.
 Peak memory: each route runs in a child process that loads the saved trace,
 warms up on a short slice, resets the peak-RSS counter (/proc/self/clear_refs)
 and reports VmHWM minus the RSS before the run: memory beyond the trace
@@ -196,6 +201,69 @@ def public_vs_forward(hf, trace, repeats: int, threads: tuple[int, ...]) -> dict
     return out
 
 
+def orientation(trace, repeats: int, threads: tuple[int, ...]) -> dict:
+    """The first GEMM of every layer both ways, A Q and (Qᵀ Aᵀ)ᵀ, in float32 and float64
+    (the choice `_project_encoder_layer` makes per dtype): time of Qᵀ Aᵀ over A Q,
+    median of `repeats` interleaved runs at each thread count, and whether the two
+    results are identical."""
+    from identifiable.attention.effective import _layer_dims, _OutProj
+
+    w_o = _OutProj(trace, None)
+    qs = [_layer_dims(trace, layer, w_o)[3][1][0] for layer in range(trace.n_layers)]
+    out = {}
+    for dtype in (torch.float32, torch.float64):
+        a = [trace.attentions[layer].to(dtype) for layer in range(trace.n_layers)]
+        q = [basis.to(dtype) for basis in qs]
+        routes = {
+            "A Q": lambda a=a, q=q: [x @ y for x, y in zip(a, q, strict=True)],
+            "Qt At": lambda a=a, q=q: [(y.mT @ x.mT).mT for x, y in zip(a, q, strict=True)],
+        }
+        same = all(
+            torch.equal(x, y) for x, y in zip(routes["A Q"](), routes["Qt At"](), strict=True)
+        )
+        for nt, med in interleaved(routes, repeats, threads).items():
+            out[(str(dtype).removeprefix("torch."), nt)] = (med["Qt At"] / med["A Q"], same)
+    return out
+
+
+def w_o_test(trace, repeats: int, threads: tuple[int, ...]) -> dict:
+    """The first trace's test of W_O, both ways, for all heads: the float32 certificate
+    (`certified_well_conditioned`) and the float64 factoring it replaces
+    (`compute_head_factors`), median of `repeats` interleaved runs per thread count,
+    in ms, and whether the certificate proved every head."""
+    from identifiable.attention.effective import _FACTOR_CACHE, compute_head_factors
+    from identifiable.attention.linalg import certified_well_conditioned
+
+    n_l, n_h, d_v, d = trace.out_proj.shape
+    heads = trace.out_proj.reshape(n_l * n_h, d_v, d)
+
+    def factoring():
+        _FACTOR_CACHE.clear()
+        return compute_head_factors(trace)
+
+    routes = {"certificate": lambda: certified_well_conditioned(heads), "factoring": factoring}
+    out: dict = {"proved": bool(certified_well_conditioned(heads).all())}
+    for nt, med in interleaved(routes, repeats, threads).items():
+        out[nt] = {name: t * 1e3 for name, t in med.items()}
+    return out
+
+
+def interleaved(routes: dict, repeats: int, threads: tuple[int, ...]) -> dict:
+    """{threads: {route: median seconds}}: `repeats` rounds of every route in turn at each
+    torch thread count (the caller's count is restored)."""
+    previous = torch.get_num_threads()
+    out = {}
+    for nt in threads:
+        torch.set_num_threads(nt)
+        times = {name: [] for name in routes}
+        for _ in range(repeats):
+            for name, fn in routes.items():
+                times[name].append(timed(fn, 1))
+        out[nt] = {name: statistics.median(t) for name, t in times.items()}
+    torch.set_num_threads(previous)
+    return out
+
+
 def timed(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -301,6 +369,17 @@ def main() -> None:
     print(f"    max head ‖A_eff T − A T‖ / ‖A T‖: float64 {pub['rel64']:.1e} (≤ 1e-9), "
           f"float32 {pub['rel32']:.1e} (≤ 1e-5); "
           f"max |after − before| {pub['same_as_before']:.1e}")  # fmt: skip
+    orient = orientation(trace, args.repeats, (1, 2))
+    print("  first GEMM per layer, time of Qᵀ Aᵀ over A Q (float32 takes Qᵀ Aᵀ, float64 A Q): "
+          + "; ".join(f"{dt} {nt} thread{'s' if nt > 1 else ''} {r:.2f}×"
+                      + ("" if same else " (results differ)")
+                      for (dt, nt), (r, same) in orient.items()))  # fmt: skip
+    wo = w_o_test(trace, args.repeats, (1, 2))
+    print("  W_O test of a first trace, all heads: float32 certificate / float64 factoring: "
+          + "; ".join(f"{nt} thread{'s' if nt > 1 else ''} {wo[nt]['certificate']:.1f} ms / "
+                      f"{wo[nt]['factoring']:.1f} ms"
+                      for nt in (1, 2))
+          + f"; every head proved: {wo['proved']}")  # fmt: skip
     if args.public_only:
         return
     run_ours(trace)  # warm-up

@@ -316,3 +316,29 @@ def test_shapes_are_checked_when_the_factors_are_cached_or_given():
     for given in (None, factors):
         with pytest.raises(IdentifiableError, match=r"trace values have shape"):
             effective_attention(trace, factors=given)
+
+
+def test_sees_all_keys_agrees_with_the_key_mask():
+    """`Trace.sees_all_keys` (which picks the encoder route without forming a mask) equals
+    `keys_seen(layer).all()` for encoder, causal, one-token causal, cross-attention and
+    masked traces."""
+    from identifiable.models.trace import Trace
+
+    g = torch.Generator().manual_seed(0)
+    a_sq = torch.softmax(torch.randn(2, 3, 6, 6, generator=g), -1)
+    a_cross = torch.softmax(torch.randn(2, 3, 4, 7, generator=g), -1)
+    v6, v7 = torch.randn(2, 3, 6, 4, generator=g), torch.randn(2, 3, 7, 4, generator=g)
+    h = torch.randn(2, 3, 4, 10, generator=g)
+    window = torch.ones(6, 6, dtype=torch.bool).triu(-2).tril(2)
+    traces = [
+        synthetic_trace(n=6),
+        synthetic_trace(n=6, causal=True),
+        synthetic_trace(n=1, causal=True),
+        Trace.from_tensors(a_cross, v7, h),
+        Trace.from_tensors(a_sq, v6, h, key_mask=torch.ones(6, 6, dtype=torch.bool)),
+        Trace.from_tensors(a_sq.masked_fill(~window, 0), v6, h, key_mask=window),
+    ]
+    got = [[t.sees_all_keys(layer) for layer in range(t.n_layers)] for t in traces]
+    want = [[bool(t.keys_seen(layer).all()) for layer in range(t.n_layers)] for t in traces]
+    assert got == want
+    assert [row[0] for row in got] == [True, False, True, True, True, False]

@@ -239,6 +239,14 @@ class Trace(
         full = torch.ones(self.n_tokens, self.n_keys, dtype=torch.bool)
         return full.tril() if self.is_causal and not self.is_cross else full
 
+    def sees_all_keys(self, layer: int) -> bool:
+        """Whether every row of `layer` may attend to every key: `keys_seen(layer).all()`,
+        without forming the `[n, n_k]` mask when the trace has none."""
+        self.check_layer(layer)
+        if self.key_mask is not None:
+            return bool(self.key_mask[layer].all())
+        return not (self.is_causal and not self.is_cross) or self.n_tokens <= 1
+
     @property
     def tolerance(self) -> float:
         """`verify()`'s default relative tolerance for this trace's capture dtype.
