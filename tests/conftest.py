@@ -7,7 +7,7 @@ Everything is built offline. Tiny models share the embedded model's BERT tokeniz
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -329,3 +329,17 @@ def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
         rc = int(exc.code or 0)
     out = capsys.readouterr()
     return rc, out.out, out.err
+
+
+@pytest.fixture
+def medium_matmul_precision() -> Iterator[bool]:
+    """`torch.set_float32_matmul_precision("medium")` for one test, restored after; yields
+    whether float32 products really lose precision here (a CPU with bfloat16 matmuls)."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        a, b = torch.randn(256, 256), torch.randn(256, 64)
+        exact = a.double() @ b.double()
+        yield float(((a @ b).double() - exact).norm() / exact.norm()) > 1e-5
+    finally:
+        torch.set_float32_matmul_precision(previous)

@@ -86,6 +86,20 @@ def test_discovered_spec_is_verified(family, bert_tokenizer):
     assert torch.equal(tr.attentions.ne(0).any(1), tr.key_mask)
 
 
+def test_discovery_under_medium_precision_says_what_to_do(bert_tokenizer, medium_matmul_precision):
+    """Where "medium" makes float32 products bfloat16, no spec verifies to 1e-4; the error
+    quotes the right candidate's advice to restore full precision, not a bad spec."""
+    if not medium_matmul_precision:
+        pytest.skip("this CPU multiplies float32 at full precision under 'medium'")
+    config = LEFT_OUT["gptj"][0]
+    with pytest.raises(IdentifiableError) as info:
+        Model.from_hf(_tiny("gptj", config), bert_tokenizer)
+    assert "attn.v_proj → attn.out_proj: float32 matmuls run at reduced precision" in str(
+        info.value
+    )
+    assert "set_float32_matmul_precision('highest')" in str(info.value)
+
+
 def test_discovered_window_comes_from_the_config(bert_tokenizer):
     config = LEFT_OUT["starcoder2"][0]
     m = Model.from_hf(_tiny("starcoder2", config), bert_tokenizer)

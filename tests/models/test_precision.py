@@ -62,6 +62,43 @@ def test_float32_failure_never_blames_precision(tiny_model):
     assert "rounding" not in str(info.value)
 
 
+def test_reduced_matmul_precision_is_named_not_the_spec(tiny_model):
+    """A float32 capture that misses by ~3e-3 (what "medium" does on a CPU with bfloat16
+    support) is blamed on the matmul precision while it is reduced, and on the spec at
+    "highest"; a wrong spec (errors of order 1) is blamed on the spec either way."""
+    tr = tiny_model("llama").trace(TEXT)
+    off = type(tr)(**{**tr.__dict__, "attn_outputs": tr.attn_outputs * (1 + 3e-3)})
+    broken = type(tr)(**{**tr.__dict__, "out_proj": tr.out_proj.roll(1, dims=1)})
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        with pytest.raises(
+            IdentifiableError, match=r"reduced precision \('medium'\).* not the spec"
+        ) as info:
+            off.verify()
+        # discovery quotes a failure up to its first ';' and 120 characters
+        assert "set_float32_matmul_precision('highest')" in str(info.value).split(";")[0][:120]
+        with pytest.raises(IdentifiableError, match="probably reads E"):
+            broken.verify()
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    with pytest.raises(IdentifiableError, match="probably reads E"):
+        off.verify()
+
+
+def test_a_trace_taken_under_medium_precision_names_it(tiny_model, medium_matmul_precision):
+    """End to end, where "medium" really changes float32 products (a CPU with bfloat16
+    support): the capture misses by more than 1e-4 and verify() names the setting."""
+    if not medium_matmul_precision:
+        pytest.skip(
+            "this CPU multiplies float32 at full precision under 'medium' (no bfloat16 "
+            "matmuls), so a trace cannot show the effect; the fabricated test above covers "
+            "the message"
+        )
+    with pytest.raises(IdentifiableError, match=r"reduced precision \('medium'\)"):
+        tiny_model("bert").trace(TEXT).verify()
+
+
 @pytest.mark.parametrize(
     ("device", "match"),
     [

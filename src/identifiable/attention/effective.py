@@ -269,6 +269,7 @@ def iter_effective_attention(
     Raises IdentifiableError for an unknown variant, a layer out of range, an
     unsupported dtype, or NaN/inf in the attention or values of a head.
     """
+    _check_dtype(dtype)
     yield from _iter_layers(trace, variant, _OutProj(trace, factors), layers, dtype, None)
 
 
@@ -291,6 +292,9 @@ def effective_attention(
     encoder projection A Q Qᵀ runs in float32 (decoder and key-set routes are
     computed in float64 and rounded). The invariant then holds to float32
     accuracy, ‖A_eff T − A T‖ ≤ 1e-5 ‖A T‖ per head (tested), instead of 1e-9.
+    It needs full-precision float32 matmuls: under any
+    `torch.set_float32_matmul_precision` other than "highest" it raises, since
+    "medium" multiplies in bfloat16 on CPUs that support it (~3e-3 relative).
 
     `out`: a contiguous CPU tensor `[L, H, n, n_k]` of `dtype` to write A_eff into
     (returned as `.effective`), so that a loop over many sequences of one length
@@ -301,6 +305,7 @@ def effective_attention(
     n_l, n_h, n = trace.n_layers, trace.n_heads, trace.n_tokens
     # n_keys = n except for cross-attention traces (rows: decoder, keys: encoder).
     shape = (n_l, n_h, n, trace.n_keys)
+    _check_dtype(dtype)
     if out is not None:
         _check_out(out, shape, dtype, trace)
     w_o = _OutProj(trace, factors)
@@ -349,6 +354,24 @@ def _check_out(out: Tensor, shape: tuple[int, ...], dtype: torch.dtype, trace: T
 _DTYPES = (torch.float64, torch.float32)
 
 
+def _check_dtype(dtype: torch.dtype) -> None:
+    """One line for a dtype the routes cannot honour (checked before any work)."""
+    if dtype not in _DTYPES:
+        raise IdentifiableError(
+            f"unsupported dtype {dtype}: use torch.float64 (default) or torch.float32"
+        )
+    precision = torch.get_float32_matmul_precision()
+    if dtype == torch.float32 and precision != "highest":
+        # "medium" makes a CPU with bfloat16 support multiply float32 in bfloat16: the
+        # invariant then fails by ~3e-3 instead of holding to 1e-5 (measured here).
+        raise IdentifiableError(
+            f"dtype=torch.float32 needs full-precision float32 matmuls, but "
+            f"torch.get_float32_matmul_precision() is '{precision}' (bfloat16 or TF32 "
+            "products, ~1e-3 relative); call torch.set_float32_matmul_precision('highest') "
+            "first, or use the default dtype=torch.float64"
+        )
+
+
 def _iter_layers(
     trace: Trace,
     variant: str,
@@ -360,10 +383,7 @@ def _iter_layers(
     """`iter_effective_attention`, writing layer l into `out[l]` when `out` is given."""
     if variant not in VARIANTS:
         raise IdentifiableError(f"unknown variant {variant!r}: use one of {', '.join(VARIANTS)}")
-    if dtype not in _DTYPES:
-        raise IdentifiableError(
-            f"unsupported dtype {dtype}: use torch.float64 (default) or torch.float32"
-        )
+    _check_dtype(dtype)
     for layer in range(trace.n_layers) if layers is None else layers:
         trace.check_layer(layer)
         raw = trace.attentions[layer]
