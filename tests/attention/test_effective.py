@@ -344,22 +344,31 @@ def test_sees_all_keys_agrees_with_the_key_mask():
     assert [row[0] for row in got] == [True, False, True, True, True, False]
 
 
-def test_float32_route_refuses_reduced_precision_matmuls():
-    """Under `torch.set_float32_matmul_precision("medium")` a CPU with bfloat16 support
-    multiplies float32 in bfloat16 (the invariant then fails by ~3e-3): the float32 route
-    says so in one line before any work, leaving `out` untouched; float64 is unaffected."""
+@pytest.mark.parametrize("api", ["legacy", "per-backend"])
+def test_float32_route_refuses_reduced_precision_matmuls(api):
+    """Under `torch.set_float32_matmul_precision("medium")`, or the per-backend
+    `torch.backends.mkldnn.matmul.fp32_precision = "bf16"` (after which torch's legacy
+    getter raises), a CPU with bfloat16 support multiplies float32 in bfloat16 (the
+    invariant then fails by ~3e-3): the float32 route says so in one line before any
+    work, leaving `out` untouched; float64 is unaffected and the certificate proves
+    nothing."""
+    from identifiable.attention.linalg import certified_well_conditioned
+
     trace = synthetic_trace(n=30, d_v=4, d=12)
     want = effective_attention(trace)
     buffer = torch.full(trace.attentions.shape, float("nan"))
-    previous = torch.get_float32_matmul_precision()
     try:
-        torch.set_float32_matmul_precision("medium")
-        match = r"is 'medium' .*set_float32_matmul_precision\('highest'\)"
+        if api == "legacy":
+            torch.set_float32_matmul_precision("medium")
+        else:
+            torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+        match = r"reduced precision \('bf16'.*set_float32_matmul_precision\('highest'\)"
         with pytest.raises(IdentifiableError, match=match):
             effective_attention(trace, dtype=torch.float32, out=buffer)
         with pytest.raises(IdentifiableError, match=match):
             next(iter_effective_attention(trace, dtype=torch.float32))
         assert bool(buffer.isnan().all())
         assert torch.equal(effective_attention(trace).effective, want.effective)
+        assert not bool(certified_well_conditioned(trace.out_proj.flatten(0, 1)).any())
     finally:
-        torch.set_float32_matmul_precision(previous)
+        torch.set_float32_matmul_precision("highest")

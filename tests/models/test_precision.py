@@ -62,6 +62,32 @@ def test_float32_failure_never_blames_precision(tiny_model):
     assert "rounding" not in str(info.value)
 
 
+def test_matmul_precision_is_read_whichever_api_set_it():
+    """`precision.float32_matmul_precision` follows the legacy setter and torch's
+    per-backend settings (the most specific one set wins), and does not raise where
+    torch's own legacy getter does, after both APIs were used."""
+    from identifiable.precision import float32_matmul_precision, float32_matmuls_exact
+
+    try:
+        seen = {}
+        for legacy in ("highest", "high", "medium"):
+            torch.set_float32_matmul_precision(legacy)
+            seen[legacy] = float32_matmul_precision()
+        assert seen == {"highest": "ieee", "high": "tf32", "medium": "bf16"}
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+        with pytest.raises(RuntimeError):
+            torch.get_float32_matmul_precision()
+        assert float32_matmul_precision() == "bf16" and not float32_matmuls_exact()
+        torch.backends.fp32_precision = "bf16"  # the generic one: the specific one wins
+        torch.backends.mkldnn.matmul.fp32_precision = "ieee"
+        assert float32_matmuls_exact()
+    finally:
+        torch.backends.fp32_precision = "none"
+        torch.set_float32_matmul_precision("highest")
+    assert float32_matmuls_exact() and torch.get_float32_matmul_precision() == "highest"
+
+
 def test_reduced_matmul_precision_is_named_not_the_spec(tiny_model):
     """A float32 capture that misses by ~3e-3 (what "medium" does on a CPU with bfloat16
     support) is blamed on the matmul precision while it is reduced, and on the spec at
@@ -73,7 +99,7 @@ def test_reduced_matmul_precision_is_named_not_the_spec(tiny_model):
     torch.set_float32_matmul_precision("medium")
     try:
         with pytest.raises(
-            IdentifiableError, match=r"reduced precision \('medium'\).* not the spec"
+            IdentifiableError, match=r"reduced precision \('bf16'\).* not the spec"
         ) as info:
             off.verify()
         # discovery quotes a failure up to its first ';' and 120 characters
@@ -95,7 +121,7 @@ def test_a_trace_taken_under_medium_precision_names_it(tiny_model, medium_matmul
             "matmuls), so a trace cannot show the effect; the fabricated test above covers "
             "the message"
         )
-    with pytest.raises(IdentifiableError, match=r"reduced precision \('medium'\)"):
+    with pytest.raises(IdentifiableError, match=r"reduced precision \('bf16'\)"):
         tiny_model("bert").trace(TEXT).verify()
 
 

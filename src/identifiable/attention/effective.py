@@ -33,6 +33,7 @@ from identifiable.attention.linalg import (
 )
 from identifiable.errors import IdentifiableError
 from identifiable.models.trace import Trace
+from identifiable.precision import float32_matmul_precision, float32_matmuls_exact
 from identifiable.results import Result
 
 Variant = Literal["paper", "row-stochastic"]
@@ -360,15 +361,14 @@ def _check_dtype(dtype: torch.dtype) -> None:
         raise IdentifiableError(
             f"unsupported dtype {dtype}: use torch.float64 (default) or torch.float32"
         )
-    precision = torch.get_float32_matmul_precision()
-    if dtype == torch.float32 and precision != "highest":
+    if dtype == torch.float32 and not float32_matmuls_exact():
         # "medium" makes a CPU with bfloat16 support multiply float32 in bfloat16: the
         # invariant then fails by ~3e-3 instead of holding to 1e-5 (measured here).
         raise IdentifiableError(
-            f"dtype=torch.float32 needs full-precision float32 matmuls, but "
-            f"torch.get_float32_matmul_precision() is '{precision}' (bfloat16 or TF32 "
-            "products, ~1e-3 relative); call torch.set_float32_matmul_precision('highest') "
-            "first, or use the default dtype=torch.float64"
+            "dtype=torch.float32 needs full-precision float32 matmuls, but they run at "
+            f"reduced precision ('{float32_matmul_precision()}': ~1e-3 relative); call "
+            "torch.set_float32_matmul_precision('highest') first, or use the default "
+            "dtype=torch.float64"
         )
 
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from identifiable.precision import float32_matmuls_exact
+
 _EPS64 = torch.finfo(torch.float64).eps
 
 
@@ -179,17 +181,12 @@ def certified_well_conditioned(out_proj: Tensor) -> Tensor:
     values and κ ≤ 10 with one small one at d = 768, d_v = 64; κ ≤ 10 and ≤ 5 at
     d = 4096, d_v = 128; every head of MiniLM and of random BERT-base.
 
-    Only with float32 matmuls at full precision
-    (`torch.get_float32_matmul_precision() == "highest"`): reduced-precision
-    matmuls (TF32, bf16) void step 1, and nothing is claimed.
+    Only with float32 matmuls at full precision (`precision.float32_matmuls_exact`):
+    reduced-precision matmuls (TF32, bf16) void step 1, and nothing is claimed.
     """
     bsz, d_v, d = out_proj.shape
     none = torch.zeros(bsz, dtype=torch.bool, device=out_proj.device)
-    if (
-        out_proj.dtype != torch.float32
-        or d_v > d
-        or torch.get_float32_matmul_precision() != "highest"
-    ):
+    if out_proj.dtype != torch.float32 or d_v > d or not float32_matmuls_exact():
         return none
     gram = (out_proj @ out_proj.transpose(-1, -2)).double()
     u32, u64 = 2.0**-24, 2.0**-53

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from identifiable.errors import IdentifiableError
+from identifiable.precision import float32_matmul_precision, float32_matmuls_exact
 from identifiable.results import Result
 
 
@@ -268,9 +269,9 @@ class Trace(
         half-precision trace fails within 10× its tolerance the error names
         rounding, not the spec, as the likely cause. So does a float32 trace that
         fails by less than 0.1 while float32 matmuls run at reduced precision
-        (`torch.get_float32_matmul_precision()` other than "highest", read when
-        verify runs): "medium" makes a CPU with bfloat16 support multiply in
-        bfloat16, ~3e-3 relative on MiniLM, where a wrong spec errs by order 1.
+        (`precision.float32_matmul_precision()`, read when verify runs): "medium"
+        makes a CPU with bfloat16 support multiply in bfloat16, ~3e-3 relative on
+        MiniLM, where a wrong spec errs by order 1.
         Returns the per-layer relative errors `[L]`.
         """
         tol = self.tolerance if rtol is None else float(rtol)
@@ -293,11 +294,11 @@ class Trace(
                     "trace in float32 (dtype=torch.float32) to confirm, or use the dtype's "
                     "default tolerance (verify() without rtol)."
                 )
-            precision = torch.get_float32_matmul_precision()
-            if not half and precision != "highest" and worst <= 0.1:
+            if not half and not float32_matmuls_exact() and worst <= 0.1:
                 # The advice comes first: discovery quotes a failure up to its first ';'.
                 raise IdentifiableError(
-                    f"float32 matmuls run at reduced precision ('{precision}'): call "
+                    f"float32 matmuls run at reduced precision "
+                    f"('{float32_matmul_precision()}'): call "
                     "torch.set_float32_matmul_precision('highest') and trace again; that "
                     f"setting, not the spec, is the likely cause that the trace misses the "
                     f"model's attention output by {worst:.1e} (tolerance {tol:g}; {shown}), "
