@@ -293,9 +293,10 @@ def effective_attention(
     encoder projection A Q Qᵀ runs in float32 (decoder and key-set routes are
     computed in float64 and rounded). The invariant then holds to float32
     accuracy, ‖A_eff T − A T‖ ≤ 1e-5 ‖A T‖ per head (tested), instead of 1e-9.
-    It needs full-precision float32 matmuls: under any
-    `torch.set_float32_matmul_precision` other than "highest" it raises, since
-    "medium" multiplies in bfloat16 on CPUs that support it (~3e-3 relative).
+    It needs full-precision float32 matmuls and raises under any reduced setting
+    (`torch.set_float32_matmul_precision("high" | "medium")` or torch's per-backend
+    settings, see `identifiable.precision`), since "medium" multiplies in bfloat16 on
+    CPUs that support it (~3e-3 relative).
 
     `out`: a contiguous CPU tensor `[L, H, n, n_k]` of `dtype` to write A_eff into
     (returned as `.effective`), so that a loop over many sequences of one length
