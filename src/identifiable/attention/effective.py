@@ -270,7 +270,7 @@ def iter_effective_attention(
     Raises IdentifiableError for an unknown variant, a layer out of range, an
     unsupported dtype, or NaN/inf in the attention or values of a head.
     """
-    _check_dtype(dtype)
+    _check_request(variant, dtype)
     yield from _iter_layers(trace, variant, _OutProj(trace, factors), layers, dtype, None)
 
 
@@ -307,7 +307,7 @@ def effective_attention(
     n_l, n_h, n = trace.n_layers, trace.n_heads, trace.n_tokens
     # n_keys = n except for cross-attention traces (rows: decoder, keys: encoder).
     shape = (n_l, n_h, n, trace.n_keys)
-    _check_dtype(dtype)
+    _check_request(variant, dtype)
     if out is not None:
         _check_out(out, shape, dtype, trace)
     w_o = _OutProj(trace, factors)
@@ -356,8 +356,10 @@ def _check_out(out: Tensor, shape: tuple[int, ...], dtype: torch.dtype, trace: T
 _DTYPES = (torch.float64, torch.float32)
 
 
-def _check_dtype(dtype: torch.dtype) -> None:
-    """One line for a dtype the routes cannot honour (checked before any work)."""
+def _check_request(variant: str, dtype: torch.dtype) -> None:
+    """One line for a variant or dtype the routes cannot honour (checked before any work)."""
+    if variant not in VARIANTS:
+        raise IdentifiableError(f"unknown variant {variant!r}: use one of {', '.join(VARIANTS)}")
     if dtype not in _DTYPES:
         raise IdentifiableError(
             f"unsupported dtype {dtype}: use torch.float64 (default) or torch.float32"
@@ -381,10 +383,8 @@ def _iter_layers(
     dtype: torch.dtype,
     out: Tensor | None,
 ) -> Iterator[LayerEffective]:
-    """`iter_effective_attention`, writing layer l into `out[l]` when `out` is given."""
-    if variant not in VARIANTS:
-        raise IdentifiableError(f"unknown variant {variant!r}: use one of {', '.join(VARIANTS)}")
-    _check_dtype(dtype)
+    """`iter_effective_attention`, writing layer l into `out[l]` when `out` is given
+    (the callers have checked `variant` and `dtype`)."""
     for layer in range(trace.n_layers) if layers is None else layers:
         trace.check_layer(layer)
         raw = trace.attentions[layer]
@@ -434,7 +434,7 @@ def _project_encoder_layer(
         return
     q = basis.to(out.dtype)
     # float32 uses A as it is, and forms (A Q)ᵀ = Qᵀ Aᵀ: MKL's kernel for that
-    # orientation takes 10-15 % less time at BERT-base size, while in float64 it takes
+    # orientation takes 8-15 % less time at BERT-base size, while in float64 it takes
     # more (bench_attention.py, "orientation"). A float64 `out` first receives A (the
     # one conversion) and keeps A Q.
     aq = (q.mT @ raw.mT).mT if raw.dtype == out.dtype else out.copy_(raw) @ q

@@ -140,17 +140,12 @@ def cholesky_if_well_conditioned(gram: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     Returns:
         ok `[B]` bool, lower `[B, k, k]`, inverse `[B, k, k]` (meaningful where ok).
     """
-    lower, info, inverse = _cholesky_and_inverse(gram)
+    lower, info = torch.linalg.cholesky_ex(gram)
+    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+    inverse = torch.linalg.solve_triangular(lower, eye, upper=False)
     kappa = torch.linalg.matrix_norm(lower) * torch.linalg.matrix_norm(inverse)
     ok = (info == 0) & torch.isfinite(kappa) & (kappa < 1e3)
     return ok, lower, inverse
-
-
-def _cholesky_and_inverse(gram: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """L, cholesky_ex's info (0 where positive definite) and L⁻¹ of each `[B, k, k]` matrix."""
-    lower, info = torch.linalg.cholesky_ex(gram)
-    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
-    return lower, info, torch.linalg.solve_triangular(lower, eye, upper=False)
 
 
 def certified_well_conditioned(out_proj: Tensor) -> Tensor:
