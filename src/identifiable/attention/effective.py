@@ -302,7 +302,7 @@ def effective_attention(
     (returned as `.effective`), so that a loop over many sequences of one length
     reuses one buffer. A fresh result costs the kernel's zeroing of new pages
     whenever malloc has none to reuse: at BERT-base size and n = 512 in float32,
-    36,864 page faults and ~30 ms, 0.04× a forward pass (`bench_attention.py`).
+    36,864 page faults and 25-35 ms, 0.05-0.07× a forward pass (`bench_attention.py`).
     """
     n_l, n_h, n = trace.n_layers, trace.n_heads, trace.n_tokens
     # n_keys = n except for cross-attention traces (rows: decoder, keys: encoder).
