@@ -51,7 +51,13 @@ def test_head_map_parquet_and_summary(monkeypatch, capsys, tiny_model, tmp_path)
         (["--layer", "1", "--head", "9"], r"--head 9 is out of range: valid heads are 0\.\.3"),
         (["--layer", "3", "--head", "0"], r"valid layers are 1\.\.2"),
         (["--layer", "1", "--head", "0", "--row", "500"], r"--row 500 is out of range"),
-        (["--time-budget", "0.000001"], r"needs about \d+ s .*more than the time budget"),
+        # A small estimate is printed with two digits, not rounded to "0 s".
+        (
+            ["--time-budget", "0.000001"],
+            r"needs about (?!0 s)[\d.e-]+ s .*more than the time budget",
+        ),
+        (["--time-budget", "nan"], r"--time-budget nan must be a positive number of seconds"),
+        (["--time-budget", "-1"], r"--time-budget -1 must be a positive number of seconds"),
         (["--out", "x.csv"], r"must end in \.parquet"),
     ],
 )

@@ -26,6 +26,12 @@ def test_chunk_grows_with_budget_and_is_capped_by_the_work():
     assert plan_chunk_size(8, BERT_BASE, 4, 10, 4096 * MIB) == 10
 
 
+@pytest.mark.parametrize("bad", [0, -1, float("nan")])
+def test_budget_must_be_positive(bad):
+    with pytest.raises(IdentifiableError, match="memory budget must be positive"):
+        plan_chunk_size(128, BERT_BASE, 4, 10**6, bad)
+
+
 def test_budget_too_small_for_one_tangent_says_what_to_do():
     with pytest.raises(IdentifiableError) as err:
         plan_chunk_size(512, BERT_BASE, 4, 512 * 768, 64 * MIB)

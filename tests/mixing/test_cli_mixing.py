@@ -58,6 +58,17 @@ def test_option_of_another_method_is_refused(capsys):
     assert code == 2 and err.strip() == "error: --probes does not apply to --method rollout"
 
 
+@pytest.mark.parametrize("bad", ["nan", "0", "-2"])
+def test_flow_budget_must_be_positive_before_loading(capsys, monkeypatch, bad):
+    def never(name):
+        raise AssertionError("the model must not load")
+
+    monkeypatch.setattr(cli_mixing, "load", never)
+    code, _, err = run(capsys, TEXT, "--method", "flow", "--flow-budget", bad)
+    assert code == 2 and "\n" not in err.strip()
+    assert err.strip().endswith("must be a positive number of seconds") and "--flow-budget" in err
+
+
 def test_unwritable_json_fails_before_any_work(capsys, monkeypatch, tmp_path):
     def never(name):
         raise AssertionError("the model must not load")

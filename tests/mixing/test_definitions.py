@@ -187,6 +187,13 @@ def test_flow_budget_error_names_the_limit_and_a_way_around():
     assert max_tokens(6, 120.0) > limit
 
 
+@pytest.mark.parametrize("bad", [float("nan"), 0.0, -1.0, "60"])
+def test_flow_budget_must_be_a_positive_number(tiny_model, bad):
+    # NaN compares False with every estimate: unchecked, it would disable the budget.
+    with pytest.raises(IdentifiableError, match="budget_s must be a positive number of seconds"):
+        context_mixing(tiny_model("gpt2"), SHORT, "flow", budget_s=bad)
+
+
 # ---- norm, GlobEnc, ALTI: decompositions reconstruct what they decompose ------------
 
 

@@ -421,6 +421,10 @@ def interval_map(
                    f"layer {lyr} (CLI layer {lyr + 1}), head {h}")
         for lyr, h in jobs
     }  # fmt: skip
+    if time_budget is not None and not time_budget > 0:  # NaN too: it would refuse nothing
+        raise IdentifiableError(
+            f"time_budget must be a positive number of seconds, got {time_budget!r}"
+        )
     if time_budget is not None and jobs:
         _check_budget(problems[jobs[0]], len(jobs) * len(row_list), workers, time_budget, start)
     if workers > 1 and len(jobs) > 1:
@@ -480,7 +484,12 @@ def _check_budget(problem: tuple, n_rows: int, workers: int, budget: float, star
     estimate = (time.perf_counter() - start) + per_row * n_rows / 2 / max(workers, 1)
     if estimate > budget:
         raise IdentifiableError(
-            f"the interval map of {n_rows} rows needs about {estimate:.0f} s (one row took "
-            f"{per_row:.2f} s), more than the time budget of {budget:g} s: raise the budget "
-            "or choose one head with --layer and --head"
+            f"the interval map of {n_rows} rows needs about {_seconds(estimate)} (one row "
+            f"took {_seconds(per_row)}), more than the time budget of {budget:g} s: raise the "
+            "budget or choose one head with --layer and --head"
         )
+
+
+def _seconds(t: float) -> str:
+    """Two significant digits below 10 s, so a small estimate is not printed as "0 s"."""
+    return f"{t:.0f} s" if t >= 10 else f"{t:.2g} s"

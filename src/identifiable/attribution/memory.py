@@ -81,7 +81,7 @@ def plan_chunk_size(
     Raises IdentifiableError before any work starts if even one tangent does not fit,
     or if `requested` does not fit.
     """
-    if budget <= 0:
+    if not budget > 0:  # NaN too, which no chunk size could be compared with
         raise IdentifiableError(f"memory budget must be positive, got {budget} bytes")
     per, fixed = bytes_per_tangent(n, dims, itemsize), fixed_bytes(n, dims, itemsize)
     fits = (budget - fixed) // per

@@ -56,8 +56,10 @@ def certify(
         raise IdentifiableError(f"--out '{out}' must end in .parquet")
     if workers < 1:
         raise IdentifiableError(f"--workers {workers} must be at least 1")
-    if time_budget is not None and time_budget <= 0:
-        raise IdentifiableError(f"--time-budget {time_budget:g} must be positive (seconds)")
+    if time_budget is not None and not time_budget > 0:  # NaN too: it would refuse nothing
+        raise IdentifiableError(
+            f"--time-budget {time_budget:g} must be a positive number of seconds"
+        )
     check_writable(out)
     m = load(model)
     tr = m.trace((text, pair) if pair is not None else text, truncate=not no_truncate)

@@ -80,6 +80,10 @@ def mixing(
         if key not in spec.defaults:
             raise IdentifiableError(f"{flags[key]} does not apply to --method {method}")
         options[key] = value
+    if flow_budget is not None and not flow_budget > 0:  # NaN too: it would refuse nothing
+        raise IdentifiableError(
+            f"--flow-budget {flow_budget:g} must be a positive number of seconds"
+        )
     check_writable(json_out)
     m = load(model)
     result = context_mixing(

@@ -222,7 +222,7 @@ def check_flow_budget(n_tokens: int, n_layers: int, budget_s: float, workers: in
 
 def _flow(x: _Inputs, opts: dict[str, Any]) -> Computed:
     budget = opts["budget_s"]
-    if not isinstance(budget, int | float) or budget <= 0:
+    if not isinstance(budget, int | float) or not budget > 0:  # NaN would refuse nothing
         raise IdentifiableError(f"budget_s must be a positive number of seconds, got {budget!r}")
     workers = opts["workers"]
     flow.check_workers(workers)  # before the budget check divides by it

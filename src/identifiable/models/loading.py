@@ -180,7 +180,7 @@ def _load_error(name: str, local: bool, exc: Exception) -> IdentifiableError:
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if local:
         return IdentifiableError(
-            f"could not load the model at '{name}': {reason}. The directory needs config.json, "
+            f"could not load the model at '{name}': {reason.rstrip('.')}. The directory needs config.json, "
             "tokenizer files and safetensors weights."
         )
     return IdentifiableError(
