@@ -169,6 +169,27 @@ def test_time_budget_too_small_says_what_it_needs():
             interval_map(trace, layers=[0], heads=[0], time_budget=bad)
 
 
+def test_workers_beyond_heads_or_cores_neither_fail_nor_shrink_the_estimate(monkeypatch):
+    import identifiable.attention.certify as certify
+
+    trace = synthetic_trace(n=8, d_v=3, layers=1, heads=2)
+    seen = []
+    real = certify._check_budget
+    monkeypatch.setattr(certify.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(
+        certify, "_check_budget", lambda p, n, w, b, s: (seen.append(w), real(p, n, w, b, s))
+    )
+    # One head: one job, solved in this process however many workers are asked for (an
+    # int too large for a C int used to reach ProcessPoolExecutor and raise OverflowError).
+    one = interval_map(trace, layers=[0], heads=[0], workers=10**11, time_budget=600)
+    assert torch.equal(one.lower, interval_map(trace, layers=[0], heads=[0]).lower)
+    assert seen == [1]
+    # Two heads on two cores: the estimate is shared by 2 processes, not by 10**6.
+    with pytest.raises(IdentifiableError, match="time budget"):
+        interval_map(trace, workers=10**6, time_budget=1e-9)
+    assert seen[-1] == 2
+
+
 def test_worker_processes_give_the_same_map():
     trace = synthetic_trace(n=10, d_v=3, layers=1, heads=2)
     one = interval_map(trace)

@@ -168,10 +168,13 @@ def test_flow_on_a_model_and_its_budget(tiny_model):
     assert torch.allclose(res.rolled[0], res.layerwise[0])
 
 
-def test_flow_budget_error_names_the_limit_and_a_way_around():
+def test_flow_budget_error_names_the_limit_and_a_way_around(monkeypatch):
+    import os
+
     from identifiable.mixing.api import check_flow_budget
     from identifiable.mixing.flow import estimate_seconds, max_tokens
 
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
     # Two layers need no solver (closed form), so any length fits; six layers do not.
     assert estimate_seconds(500, 2) == 0
     limit = max_tokens(6, 60.0)
@@ -185,6 +188,16 @@ def test_flow_budget_error_names_the_limit_and_a_way_around():
     # more processes, a longer admissible sequence: the estimate is shared among them
     check_flow_budget(limit + 1, 6, 60.0, workers=2)
     assert max_tokens(6, 120.0) > limit
+    # More processes than cores cannot shorten it: 10**6 workers count as the 4 cores.
+    far = max_tokens(6, 4 * 60.0) + 1
+    with pytest.raises(IdentifiableError) as err:
+        check_flow_budget(far, 6, 60.0, workers=10**6)
+    assert "with 4 processes" in str(err.value) and "--workers" not in str(err.value)
+    # A short estimate is not printed as "0 s", and the budget it advises is at least 1 s.
+    with pytest.raises(IdentifiableError) as err:
+        check_flow_budget(30, 6, 1e-6)
+    msg = str(err.value)
+    assert "about 0 s" not in msg and "--flow-budget 0" not in msg and "--flow-budget 1" in msg
 
 
 @pytest.mark.parametrize("bad", [float("nan"), 0.0, -1.0, "60"])

@@ -140,7 +140,7 @@ def test_view_cli(model_and_corpus: tuple[Path, Path], tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     html = out.read_text("utf-8")
     assert "<script>alert" not in html and '"\\u003c","script","\\u003e","alert"' in html
-    bad = cli("view", "x", "--model", str(model_dir), "--layer", "9", "--out", str(out))
+    bad = cli("view", "x", "--model", str(model_dir), "--layer", "9", "--out", str(out), "--force")
     assert (
         bad.returncode == 2
         and "valid layers are 1..2" in bad.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -425,14 +426,18 @@ def interval_map(
         raise IdentifiableError(
             f"time_budget must be a positive number of seconds, got {time_budget!r}"
         )
+    # More processes than heads would idle, and more than the machine's cores cannot
+    # shorten the estimate: the budget check assumes neither.
+    pool_size = min(max(workers, 1), len(jobs))
+    parallel = min(pool_size, os.cpu_count() or 1)
     if time_budget is not None and jobs:
-        _check_budget(problems[jobs[0]], len(jobs) * len(row_list), workers, time_budget, start)
-    if workers > 1 and len(jobs) > 1:
+        _check_budget(problems[jobs[0]], len(jobs) * len(row_list), parallel, time_budget, start)
+    if pool_size > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        with ProcessPoolExecutor(max_workers=pool_size, mp_context=ctx) as pool:
             results = list(pool.map(_solve_head, [problems[j] for j in jobs]))
     else:
         results = [_solve_head(problems[j]) for j in jobs]

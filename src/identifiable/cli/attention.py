@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from identifiable.cli.common import (
+    ForceOption,
     JsonOption,
     ModelOption,
     NoTruncateOption,
@@ -47,6 +48,7 @@ def attention(
     ] = "paper",
     no_truncate: NoTruncateOption = False,
     json_out: JsonOption = None,
+    force: ForceOption = False,
 ) -> None:
     """Null-space dimensions and raw vs effective attention per layer; with --layer, --head and
     --row, each key's raw and effective weight, its interval and a witness."""
@@ -58,7 +60,7 @@ def attention(
         raise IdentifiableError("give --layer and --head together (or neither)")
     if row is not None and head is None:
         raise IdentifiableError("--row needs --layer and --head")
-    check_writable(json_out)
+    check_writable(json_out, force=force)
     m = load(model)
     tr = m.trace((text, pair) if pair is not None else text, truncate=not no_truncate)
     check_ranges(tr, layer, head, row)
@@ -66,7 +68,7 @@ def attention(
     if layer is not None and head is not None:
         payload["head"] = _head_view(tr, layer - 1, head, row, variant)
     if json_out is not None:
-        write_json(json_out, payload)
+        write_json(json_out, payload, force=force)
 
 
 def _overview(name: str, tr: Any, variant: str) -> dict:

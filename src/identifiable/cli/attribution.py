@@ -8,17 +8,17 @@ import typer
 from rich.table import Table
 
 from identifiable.cli.common import (
+    ForceOption,
     JsonOption,
     ModelOption,
     PairOption,
+    check_seed,
     check_writable,
     console,
     load,
     write_json,
 )
 from identifiable.errors import IdentifiableError
-
-SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit integer
 
 MemoryOption = Annotated[
     int,
@@ -41,6 +41,7 @@ def attribution(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random probes.")] = 0,
     memory_budget: MemoryOption = 2048,
     json_out: JsonOption = None,
+    force: ForceOption = False,
 ) -> None:
     """Contribution of each input token to each hidden token (paper Figs. 3-4).
 
@@ -49,11 +50,10 @@ def attribution(
     from identifiable.attribution import hidden_token_attribution
     from identifiable.attribution.stats import own_is_top
 
-    if not 0 <= seed <= SEED_MAX:
-        raise IdentifiableError(f"--seed must be between 0 and 2**63-1, got {seed}")
+    check_seed(seed)
     if memory_budget < 1:
         raise IdentifiableError(f"--memory-budget must be at least 1 MiB, got {memory_budget}")
-    check_writable(json_out)  # before the computation: a bad path costs nothing
+    check_writable(json_out, force=force)  # before the computation: a bad path costs nothing
     m = load(model)
     result = hidden_token_attribution(
         m,
@@ -92,7 +92,7 @@ def attribution(
     if probes is not None:
         console.print("estimated: shares carry a standard error (see --json 'stderr')")
     if json_out is not None:
-        write_json(json_out, result.to_dict())
+        write_json(json_out, result.to_dict(), force=force)
 
 
 def register(app: typer.Typer) -> None:

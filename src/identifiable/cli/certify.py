@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from identifiable.cli.common import (
+    ForceOption,
     ModelOption,
     NoTruncateOption,
     PairOption,
@@ -45,6 +46,7 @@ def certify(
         ),
     ] = None,
     workers: Annotated[int, typer.Option("--workers", help="Processes, one head each.")] = 1,
+    force: ForceOption = False,
     no_truncate: NoTruncateOption = False,
 ) -> None:
     """Interval map: for every key of every row, the min and max weight of any valid attention
@@ -60,7 +62,7 @@ def certify(
         raise IdentifiableError(
             f"--time-budget {time_budget:g} must be a positive number of seconds"
         )
-    check_writable(out)
+    check_writable(out, "--out", force=force)
     m = load(model)
     tr = m.trace((text, pair) if pair is not None else text, truncate=not no_truncate)
     check_ranges(tr, layer, head, row)
@@ -113,7 +115,7 @@ def certify(
         from identifiable.store.files import table_bytes
 
         df = pd.DataFrame(records)
-        write_atomic(out, table_bytes(df)[1])
+        write_atomic(out, table_bytes(df)[1], "--out", force=force)
         console.print(f"wrote {len(df)} rows to {out}")
 
 

@@ -43,6 +43,17 @@ MaxLineOption = Annotated[
 JsonOption = Annotated[
     Path | None, typer.Option("--json", help="Also write the results to this JSON file.")
 ]
+SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed and numpy take a signed 64-bit integer
+
+
+def check_seed(seed: int) -> None:
+    if not 0 <= seed <= SEED_MAX:
+        raise IdentifiableError(f"--seed must be between 0 and 2**63-1, got {seed}")
+
+
+ForceOption = Annotated[
+    bool, typer.Option("--force", help="Replace output files that already exist.")
+]
 
 
 def load(model: str):
@@ -54,8 +65,13 @@ def load(model: str):
         return load_model(model)
 
 
-def check_writable(path: Path | None, option: str = "--json") -> None:
-    """Fail before any work when an output file could not be written (nothing is created)."""
+def check_writable(path: Path | None, option: str = "--json", *, force: bool = False) -> None:
+    """Fail before any work when an output file could not be written, or exists and
+    `force` is not given: a file we did not write this run is never replaced unasked.
+    Writability is probed with a temporary file in the folder (removed at once), since
+    `os.access` says yes for root on read-only or virtual folders such as /proc."""
+    import tempfile
+
     if path is None:
         return
     if Path(path).is_dir():
@@ -63,20 +79,30 @@ def check_writable(path: Path | None, option: str = "--json") -> None:
     parent = Path(path).parent
     if not parent.is_dir():
         raise IdentifiableError(f"cannot write '{path}': directory '{parent}' does not exist")
-    if not os.access(parent, os.W_OK):
-        raise IdentifiableError(f"cannot write '{path}': directory '{parent}' is not writable")
+    if Path(path).exists() and not force:
+        raise IdentifiableError(
+            f"{option} {path} already exists; choose another file, or pass --force to replace it"
+        )
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".identifiable-probe-", dir=parent)
+    except OSError as err:
+        raise IdentifiableError(
+            f"cannot write '{path}': {err.strerror or err}; choose another {option} file"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes, option: str = "--json", *, force: bool = False) -> None:
     """Write to a temporary file beside `path`, then rename: never a half-written file."""
     from identifiable.store.files import atomic_write_bytes
 
-    check_writable(path)
-    atomic_write_bytes(path, data, parents=False, hint="choose another --json file")
+    check_writable(path, option, force=force)
+    atomic_write_bytes(path, data, parents=False, hint=f"choose another {option} file")
 
 
-def write_json(path: Path, payload: Any) -> None:
-    write_atomic(path, json.dumps(payload, indent=2, ensure_ascii=False).encode())
+def write_json(path: Path, payload: Any, *, force: bool = False) -> None:
+    write_atomic(path, json.dumps(payload, indent=2, ensure_ascii=False).encode(), force=force)
 
 
 class Interrupted(Exception):

@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from identifiable.cli.common import (
+    ForceOption,
     JsonOption,
     ModelOption,
     NoTruncateOption,
@@ -52,6 +53,7 @@ def mixing(
     ] = None,
     no_truncate: NoTruncateOption = False,
     json_out: JsonOption = None,
+    force: ForceOption = False,
 ) -> None:
     """Token-to-token mixing per layer by one method: each token's top source token.
 
@@ -84,7 +86,7 @@ def mixing(
         raise IdentifiableError(
             f"--flow-budget {flow_budget:g} must be a positive number of seconds"
         )
-    check_writable(json_out)
+    check_writable(json_out, force=force)
     m = load(model)
     result = context_mixing(
         m, (text, pair) if pair is not None else text, method, truncate=not no_truncate, **options
@@ -107,7 +109,7 @@ def mixing(
         table.add_row(str(layer + 1), "  ".join(cells))
     console.print(table)
     if json_out is not None:
-        write_json(json_out, result.to_dict())
+        write_json(json_out, result.to_dict(), force=force)
 
 
 def register(app: typer.Typer) -> None:

@@ -12,6 +12,7 @@ from identifiable.cli.common import (
     MaxLineOption,
     ModelOption,
     check_model_name,
+    check_seed,
     console,
 )
 
@@ -62,6 +63,7 @@ def reproduce(
     from identifiable.reproduction import reproduce as run
 
     check_model_name(model)
+    check_seed(seed)  # numpy's generators and torch's take 0 .. 2**63-1
     try:
         with read_limits(max_bytes=max_corpus_mib << 20, max_line_bytes=max_line_kib << 10):
             result = run(

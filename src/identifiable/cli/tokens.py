@@ -9,15 +9,21 @@ import typer
 from rich.table import Table
 
 from identifiable.cli.common import (
+    ForceOption,
     MaxCorpusOption,
     MaxLineOption,
     ModelOption,
     check_model_name,
+    check_seed,
     console,
     err_console,
     load,
 )
 from identifiable.errors import IdentifiableError
+
+# A batch is padded to its longest sequence and the extraction reads 4 batches ahead, so a
+# huge value would read the whole corpus and exhaust memory before the token cap applies.
+MAX_BATCH = 1024
 
 _COLUMNS = [
     (p, o) for p, o in (("naive", "l2"), ("naive", "cos"), ("linear", "l2"), ("linear", "cos"),
@@ -70,10 +76,11 @@ def tokens(
         typer.Option("--cache-dir", help="Cache extracted hidden states here (safetensors)."),
     ] = None,
     batch_size: Annotated[
-        int, typer.Option("--batch-size", help="Sequences per forward pass.")
+        int, typer.Option("--batch-size", help=f"Sequences per forward pass, 1..{MAX_BATCH}.")
     ] = 8,
     max_corpus_mib: MaxCorpusOption = 256,
     max_line_kib: MaxLineOption = 1024,
+    force: ForceOption = False,
 ) -> None:
     """Can each token still be recovered from its hidden state, layer by layer? (paper Fig. 2)
 
@@ -85,6 +92,7 @@ def tokens(
     from identifiable.experiments.tokens import (
         DEFAULT_MAX_TOKENS,
         QUICK_MAX_TOKENS,
+        output_files,
         token_identifiability,
     )
 
@@ -95,10 +103,24 @@ def tokens(
     )
     if cap < 1:
         raise IdentifiableError(f"--max-tokens must be at least 1, got {cap}")
-    if batch_size < 1:
-        raise IdentifiableError(f"--batch-size must be at least 1, got {batch_size}")
+    if not 1 <= batch_size <= MAX_BATCH:
+        raise IdentifiableError(f"--batch-size must be between 1 and {MAX_BATCH}, got {batch_size}")
+    check_seed(seed)
     if out.exists() and not out.is_dir():
         raise IdentifiableError(f"--out {out} is a file; give a folder for the tables")
+    existing = [p for p in output_files(out) if p.exists()]
+    if existing and not force:
+        raise IdentifiableError(
+            f"--out {out} already holds {existing[0].name}"
+            + (
+                f" and {len(existing) - 1} more of the files this writes"
+                if len(existing) > 1
+                else ""
+            )
+            + "; choose another folder, or pass --force to replace them"
+        )
+    if cache_dir is not None and cache_dir.exists() and not cache_dir.is_dir():
+        raise IdentifiableError(f"--cache-dir {cache_dir} is a file; give a folder")
     layer_list = _parse_layers(layers)
     check_model_name(model)
     m = load(model)

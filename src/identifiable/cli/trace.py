@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from identifiable.cli.common import (
+    ForceOption,
     JsonOption,
     ModelOption,
     NoTruncateOption,
@@ -110,6 +111,7 @@ def trace(
     model: ModelOption = "minilm",
     no_truncate: NoTruncateOption = False,
     json_out: JsonOption = None,
+    force: ForceOption = False,
     device: DeviceOption = "cpu",
 ) -> None:
     """Trace one forward pass and check that the captured pieces reproduce the model.
@@ -122,7 +124,7 @@ def trace(
     from identifiable.models.devices import resolve_device
     from identifiable.models.seq2seq import Seq2SeqModel
 
-    check_writable(json_out)
+    check_writable(json_out, force=force)
     resolve_device(device)
     m = load(model) if device == "cpu" else load_model(model, device=device)
     if getattr(m, "modality", "text") == "image":
@@ -203,7 +205,7 @@ def trace(
                 }
                 for part, t in parts.items()
             }
-        write_json(json_out, payload)
+        write_json(json_out, payload, force=force)
     if not ok:
         raise typer.Exit(1)
 

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from identifiable.cli.common import (
+    ForceOption,
     ModelOption,
     PairOption,
     check_model_name,
@@ -132,6 +133,7 @@ def view(
             "globenc,alti (see identifiable mixing).",
         ),
     ] = None,
+    force: ForceOption = False,
 ) -> None:
     """Write a self-contained page: raw, effective and null attention per head; for the
     chosen head, interval bands of every row, identifiable weights and constrained attention.
@@ -158,7 +160,7 @@ def view(
         )
     if out.exists() and out.is_dir():
         raise IdentifiableError(f"--out {out} is a folder; give a file name such as attention.html")
-    check_writable(out, "--out")
+    check_writable(out, "--out", force=force)
     if max_rows < 1:
         raise IdentifiableError(f"--max-rows must be at least 1, got {max_rows}")
     if not math.isfinite(max_mb) or max_mb < 1:
@@ -224,6 +226,7 @@ def view(
             identifiable_below=identifiable_below,
             image=picture_rgb,
         )
+    check_writable(out, "--out", force=force)  # a file made while we computed is not replaced
     atomic_write_text(out, html)
     console.print(f"wrote {out} ({len(html.encode()) / 1e6:.2f} MB, {trace.n_tokens} tokens)")
 

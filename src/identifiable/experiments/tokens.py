@@ -32,6 +32,16 @@ QUICK_MAX_TOKENS = 2048
 DEFAULT_CORPUS = "wikipedia-sample"
 
 
+TABLES = ("per_layer", "cross_layer", "control")
+
+
+def output_files(out_dir: str | Path) -> list[Path]:
+    """The files `TokenIdentifiabilityResult.write(out_dir)` writes, so callers can check first."""
+    out = Path(out_dir)
+    tables = [out / f"tokens_{name}{ext}" for name in TABLES for ext in (".csv", ".parquet")]
+    return [*tables, out / "tokens_settings.json"]
+
+
 @dataclass
 class TokenIdentifiabilityResult(
     Result,
@@ -71,7 +81,7 @@ class TokenIdentifiabilityResult(
 
         out = Path(out_dir)
         paths: list[Path] = []
-        for name in ("per_layer", "cross_layer", "control"):
+        for name in TABLES:
             paths += write_table(getattr(self, name), out / f"tokens_{name}")
         meta = {"settings": self.settings, "timings": self.timings}
         paths.append(

@@ -207,16 +207,27 @@ def _rollout(x: _Inputs, opts: dict[str, Any]) -> Computed:
 
 def check_flow_budget(n_tokens: int, n_layers: int, budget_s: float, workers: int = 1) -> None:
     """One-line error when flow on n tokens is predicted to exceed `budget_s` seconds
-    (the one-process estimate divided among `workers` processes)."""
-    need = flow.estimate_seconds(n_tokens, n_layers) / workers
+    (the one-process estimate divided among `workers` processes, at most one per core:
+    more processes than cores cannot shorten it)."""
+    import math
+    import os
+
+    parallel = max(1, min(workers, os.cpu_count() or 1))
+    need = flow.estimate_seconds(n_tokens, n_layers) / parallel
     if need > budget_s:
-        limit = flow.max_tokens(n_layers, budget_s * workers)
+        limit = flow.max_tokens(n_layers, budget_s * parallel)
+        enough = math.ceil(need * 1.2)  # whole seconds, so never the "0" the CLI refuses
+        more = (
+            " or add processes (workers=, CLI --workers)"
+            if parallel < (os.cpu_count() or 1)
+            else ""
+        )
+        shown = f"{need:.0f}" if need >= 10 else f"{need:.2g}"
         raise IdentifiableError(
-            f"flow on {n_tokens} tokens would take about {need:.0f} s, over its budget of "
+            f"flow on {n_tokens} tokens would take about {shown} s, over its budget of "
             f"{budget_s:g} s (about {limit} tokens for this {n_layers}-layer model with "
-            f"{workers} worker{'s' if workers > 1 else ''}); shorten the text, raise the budget "
-            f"(budget_s={need * 1.2:.0f}, CLI --flow-budget {need * 1.2:.0f}), add processes "
-            "(workers=, CLI --workers) or use rollout"
+            f"{parallel} process{'es' if parallel > 1 else ''}); shorten the text, raise the "
+            f"budget (budget_s={enough}, CLI --flow-budget {enough}){more}, or use rollout"
         )
 
 

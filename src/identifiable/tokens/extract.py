@@ -107,7 +107,7 @@ def collect_token_pairs(
     for trace in traces:
         hs = trace.hidden_states  # [L+1, n_i, d]
         if buf is None:
-            buf = torch.empty((max_tokens, hs.shape[0], hs.shape[2]), dtype=dtype)
+            buf = _token_buffer(max_tokens, hs.shape[0], hs.shape[2], dtype)
         elif hs.shape[0] != buf.shape[1] or hs.shape[2] != buf.shape[2]:
             raise IdentifiableError(
                 f"traces disagree in shape: {tuple(hs.shape)} after [L+1={buf.shape[1]}, n, "
@@ -134,3 +134,16 @@ def collect_token_pairs(
     return TokenPairs(
         states, seq_ids[:n].clone(), input_ids[:n].clone(), positions[:n].clone(), n_truncated
     )
+
+
+def _token_buffer(max_tokens: int, layers: int, d: int, dtype: torch.dtype) -> torch.Tensor:
+    """`[max_tokens, L+1, d]`, allocated once up front; a cap too large for this machine
+    is one line (torch raises RuntimeError, not MemoryError, when malloc refuses)."""
+    try:
+        return torch.empty((max_tokens, layers, d), dtype=dtype)
+    except (RuntimeError, MemoryError):
+        size = max_tokens * layers * d * torch.empty((), dtype=dtype).element_size()
+        raise IdentifiableError(
+            f"holding {max_tokens} tokens × {layers} layers × d = {d} needs {size / 2**30:.1f} GiB, "
+            "more than this machine can allocate; lower max_tokens (CLI --max-tokens)"
+        ) from None

@@ -1,0 +1,125 @@
+"""Output files and hostile numbers, through the real entry point (identifiable.cli.main).
+
+An existing file is never replaced unless --force says so: the commands refuse it in one
+line, exit 2, before loading a model, and leave its bytes as they were.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import identifiable.cli.common as cli_common
+from identifiable.cli import main
+from identifiable.errors import IdentifiableError
+
+TEXT = "The cat sat on the mat."
+
+
+def _run(capsys, *args: str) -> tuple[int, str, str]:
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Every command loads through `cli.common.load` or its import of it: refuse both."""
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model must not load")
+
+    import identifiable.cli.attention as attention
+    import identifiable.cli.attribution as attribution
+    import identifiable.cli.certify as certify
+    import identifiable.cli.mixing as mixing
+    import identifiable.cli.tokens as tokens
+    import identifiable.cli.trace as trace
+    import identifiable.cli.view as view
+
+    for module in (cli_common, attention, attribution, certify, mixing, tokens, trace, view):
+        if hasattr(module, "load"):
+            monkeypatch.setattr(module, "load", never)
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "suffix"),
+    [
+        (["trace", TEXT], "--json", ".json"),
+        (["attention", TEXT], "--json", ".txt"),
+        (["mixing", TEXT], "--json", ".json"),
+        (["attribution", TEXT], "--json", ".json"),
+        (["certify", TEXT], "--out", ".parquet"),
+        (["view", TEXT], "--out", ".html"),
+    ],
+)
+def test_an_existing_file_is_refused_and_kept(capsys, no_model, tmp_path, command, option, suffix):
+    mine = tmp_path / f"mine{suffix}"
+    mine.write_bytes(b"KEEP")
+    code, _, err = _run(capsys, *command, option, str(mine))
+    assert code == 2 and "\n" not in err.strip() and "Traceback" not in err
+    assert f"{option} {mine} already exists" in err and "--force" in err
+    assert mine.read_bytes() == b"KEEP"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [mine.name]  # no probe left behind
+
+
+@pytest.mark.integration
+def test_force_replaces_the_file(capsys, tmp_path):
+    mine = tmp_path / "mine.json"
+    mine.write_bytes(b"KEEP")
+    code, _, err = _run(capsys, "trace", TEXT, "--json", str(mine), "--force")
+    assert code == 0, err
+    assert mine.read_bytes().startswith(b"{") and not list(tmp_path.glob(".*"))
+
+
+def test_tokens_refuses_a_folder_holding_its_files(capsys, no_model, tmp_path):
+    (tmp_path / "tokens_control.csv").write_bytes(b"KEEP")
+    (tmp_path / "tokens_settings.json").write_bytes(b"KEEP")
+    code, _, err = _run(capsys, "tokens", "--out", str(tmp_path), "--max-tokens", "64")
+    assert code == 2 and "\n" not in err.strip()
+    assert "already holds tokens_control.csv and 1 more" in err and "--force" in err
+    assert (tmp_path / "tokens_control.csv").read_bytes() == b"KEEP"
+
+
+def test_an_unwritable_folder_is_refused_before_any_output(capsys, no_model, tmp_path):
+    # os.access says yes for root on /proc; the probe file does not.
+    code, out, err = _run(capsys, "certify", TEXT, "--out", "/proc/x.parquet")
+    assert code == 2 and out == "" and "\n" not in err.strip()
+    assert "cannot write '/proc/x.parquet'" in err and "--out" in err and "--json" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["tokens", "--batch-size", "99999999999"], "--batch-size must be between 1 and 1024"),
+        (["tokens", "--seed", "-1"], r"--seed must be between 0 and 2\*\*63-1"),
+        (["tokens", "--seed", str(2**63)], r"--seed must be between 0 and 2\*\*63-1"),
+        (["tokens", "--cache-dir", "{file}"], "is a file; give a folder"),
+        (["reproduce", "--seed", "-1", "--budget", "smoke"], r"--seed must be between"),
+    ],
+)
+def test_bad_numbers_and_paths_are_one_line(capsys, no_model, tmp_path, monkeypatch, args, message):
+    import re
+
+    monkeypatch.chdir(tmp_path)
+    Path("file").write_bytes(b"KEEP")
+    args = [a.replace("{file}", "file") for a in args]
+    code, _, err = _run(capsys, *args, *(["--out", "o"] if "--out" not in args else []))
+    assert code == 2 and "\n" not in err.strip() and "Traceback" not in err
+    assert re.search(message, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing written
+
+
+def test_a_token_cap_too_large_to_hold_is_one_line():
+    import torch
+
+    from identifiable.tokens.extract import _token_buffer
+
+    with pytest.raises(IdentifiableError, match=r"needs [\d.]+ GiB.*--max-tokens"):
+        _token_buffer(10**12, 7, 384, torch.float32)
+    assert _token_buffer(4, 7, 384, torch.float32).shape == (4, 7, 384)
