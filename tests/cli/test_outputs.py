@@ -11,20 +11,10 @@ from pathlib import Path
 import pytest
 
 import identifiable.cli.common as cli_common
-from identifiable.cli import main
+from conftest import run_main
 from identifiable.errors import IdentifiableError
 
 TEXT = "The cat sat on the mat."
-
-
-def _run(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture
@@ -61,7 +51,7 @@ def no_model(monkeypatch):
 def test_an_existing_file_is_refused_and_kept(capsys, no_model, tmp_path, command, option, suffix):
     mine = tmp_path / f"mine{suffix}"
     mine.write_bytes(b"KEEP")
-    code, _, err = _run(capsys, *command, option, str(mine))
+    code, _, err = run_main([*command, option, str(mine)], capsys)
     assert code == 2 and "\n" not in err.strip() and "Traceback" not in err
     assert f"{option} {mine} already exists" in err and "--force" in err
     assert mine.read_bytes() == b"KEEP"
@@ -72,7 +62,7 @@ def test_an_existing_file_is_refused_and_kept(capsys, no_model, tmp_path, comman
 def test_force_replaces_the_file(capsys, tmp_path):
     mine = tmp_path / "mine.json"
     mine.write_bytes(b"KEEP")
-    code, _, err = _run(capsys, "trace", TEXT, "--json", str(mine), "--force")
+    code, _, err = run_main(["trace", TEXT, "--json", str(mine), "--force"], capsys)
     assert code == 0, err
     assert mine.read_bytes().startswith(b"{") and not list(tmp_path.glob(".*"))
 
@@ -80,7 +70,7 @@ def test_force_replaces_the_file(capsys, tmp_path):
 def test_tokens_refuses_a_folder_holding_its_files(capsys, no_model, tmp_path):
     (tmp_path / "tokens_control.csv").write_bytes(b"KEEP")
     (tmp_path / "tokens_settings.json").write_bytes(b"KEEP")
-    code, _, err = _run(capsys, "tokens", "--out", str(tmp_path), "--max-tokens", "64")
+    code, _, err = run_main(["tokens", "--out", str(tmp_path), "--max-tokens", "64"], capsys)
     assert code == 2 and "\n" not in err.strip()
     assert "already holds tokens_control.csv and 1 more" in err and "--force" in err
     assert (tmp_path / "tokens_control.csv").read_bytes() == b"KEEP"
@@ -88,7 +78,7 @@ def test_tokens_refuses_a_folder_holding_its_files(capsys, no_model, tmp_path):
 
 def test_an_unwritable_folder_is_refused_before_any_output(capsys, no_model, tmp_path):
     # os.access says yes for root on /proc; the probe file does not.
-    code, out, err = _run(capsys, "certify", TEXT, "--out", "/proc/x.parquet")
+    code, out, err = run_main(["certify", TEXT, "--out", "/proc/x.parquet"], capsys)
     assert code == 2 and out == "" and "\n" not in err.strip()
     assert "cannot write '/proc/x.parquet'" in err and "--out" in err and "--json" not in err
 
@@ -109,7 +99,7 @@ def test_bad_numbers_and_paths_are_one_line(capsys, no_model, tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     Path("file").write_bytes(b"KEEP")
     args = [a.replace("{file}", "file") for a in args]
-    code, _, err = _run(capsys, *args, *(["--out", "o"] if "--out" not in args else []))
+    code, _, err = run_main([*args, *(["--out", "o"] if "--out" not in args else [])], capsys)
     assert code == 2 and "\n" not in err.strip() and "Traceback" not in err
     assert re.search(message, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing written
