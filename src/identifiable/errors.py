@@ -8,3 +8,9 @@ class IdentifiableError(ValueError):
     (`except ValueError`) also catches a bad argument given to this library.
     The CLI prints it on one line and exits with status 2; it never shows a traceback.
     """
+
+
+def seconds(t: float) -> str:
+    """A duration for a message: whole seconds from 10 s up, two significant digits
+    below, so that a short estimate is never printed as "0 s"."""
+    return f"{t:.0f} s" if t >= 10 else f"{t:.2g} s"

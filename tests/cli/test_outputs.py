@@ -108,8 +108,11 @@ def test_bad_numbers_and_paths_are_one_line(capsys, no_model, tmp_path, monkeypa
 def test_a_token_cap_too_large_to_hold_is_one_line():
     import torch
 
-    from identifiable.tokens.extract import _token_buffer
+    from identifiable.tokens.extract import _per_token, collect_token_pairs
 
     with pytest.raises(IdentifiableError, match=r"needs [\d.]+ GiB.*--max-tokens"):
-        _token_buffer(10**12, 7, 384, torch.float32)
-    assert _token_buffer(4, 7, 384, torch.float32).shape == (4, 7, 384)
+        _per_token(10**12, (7, 384), torch.float32)
+    assert _per_token(4, (7, 384), torch.float32).shape == (4, 7, 384)
+    # The ids are allocated before the states: a cap too large for them is one line too.
+    with pytest.raises(IdentifiableError, match=r"needs [\d.]+ GiB.*--max-tokens"):
+        collect_token_pairs(iter([]), max_tokens=10**14)

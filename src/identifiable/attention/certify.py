@@ -19,7 +19,7 @@ from identifiable.attention.certificates import (
 from identifiable.attention.checks import check_finite
 from identifiable.attention.effective import HeadFactors
 from identifiable.attention.linalg import add_ones, column_basis, head_factors
-from identifiable.errors import IdentifiableError
+from identifiable.errors import IdentifiableError, seconds
 from identifiable.models.trace import Trace
 from identifiable.results import Result
 
@@ -489,12 +489,7 @@ def _check_budget(problem: tuple, n_rows: int, workers: int, budget: float, star
     estimate = (time.perf_counter() - start) + per_row * n_rows / 2 / max(workers, 1)
     if estimate > budget:
         raise IdentifiableError(
-            f"the interval map of {n_rows} rows needs about {_seconds(estimate)} (one row "
-            f"took {_seconds(per_row)}), more than the time budget of {budget:g} s: raise the "
+            f"the interval map of {n_rows} rows needs about {seconds(estimate)} (one row "
+            f"took {seconds(per_row)}), more than the time budget of {budget:g} s: raise the "
             "budget or choose one head with --layer and --head"
         )
-
-
-def _seconds(t: float) -> str:
-    """Two significant digits below 10 s, so a small estimate is not printed as "0 s"."""
-    return f"{t:.0f} s" if t >= 10 else f"{t:.2g} s"

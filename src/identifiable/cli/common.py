@@ -43,17 +43,16 @@ MaxLineOption = Annotated[
 JsonOption = Annotated[
     Path | None, typer.Option("--json", help="Also write the results to this JSON file.")
 ]
+ForceOption = Annotated[
+    bool, typer.Option("--force", help="Replace output files that already exist.")
+]
 SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed and numpy take a signed 64-bit integer
 
 
 def check_seed(seed: int) -> None:
+    """One line for a --seed the random generators cannot take."""
     if not 0 <= seed <= SEED_MAX:
         raise IdentifiableError(f"--seed must be between 0 and 2**63-1, got {seed}")
-
-
-ForceOption = Annotated[
-    bool, typer.Option("--force", help="Replace output files that already exist.")
-]
 
 
 def load(model: str):

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from identifiable.errors import IdentifiableError
+from identifiable.errors import IdentifiableError, seconds
 from identifiable.mixing import decompose, flow, perturb
 from identifiable.mixing.result import MixingResult
 from identifiable.mixing.rollout import (
@@ -212,19 +212,15 @@ def check_flow_budget(n_tokens: int, n_layers: int, budget_s: float, workers: in
     import math
     import os
 
-    parallel = max(1, min(workers, os.cpu_count() or 1))
+    cores = os.cpu_count() or 1
+    parallel = max(1, min(workers, cores))
     need = flow.estimate_seconds(n_tokens, n_layers) / parallel
     if need > budget_s:
         limit = flow.max_tokens(n_layers, budget_s * parallel)
         enough = math.ceil(need * 1.2)  # whole seconds, so never the "0" the CLI refuses
-        more = (
-            " or add processes (workers=, CLI --workers)"
-            if parallel < (os.cpu_count() or 1)
-            else ""
-        )
-        shown = f"{need:.0f}" if need >= 10 else f"{need:.2g}"
+        more = " or add processes (workers=, CLI --workers)" if parallel < cores else ""
         raise IdentifiableError(
-            f"flow on {n_tokens} tokens would take about {shown} s, over its budget of "
+            f"flow on {n_tokens} tokens would take about {seconds(need)}, over its budget of "
             f"{budget_s:g} s (about {limit} tokens for this {n_layers}-layer model with "
             f"{parallel} process{'es' if parallel > 1 else ''}); shorten the text, raise the "
             f"budget (budget_s={enough}, CLI --flow-budget {enough}){more}, or use rollout"

@@ -10,6 +10,7 @@ the result is deterministic.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -100,14 +101,12 @@ def collect_token_pairs(
     if max_tokens < 1:
         raise IdentifiableError(f"max_tokens must be a positive number of tokens, got {max_tokens}")
     buf: torch.Tensor | None = None
-    seq_ids = torch.empty(max_tokens, dtype=torch.long)
-    input_ids = torch.empty(max_tokens, dtype=torch.long)
-    positions = torch.empty(max_tokens, dtype=torch.long)
+    seq_ids, input_ids, positions = (_per_token(max_tokens, (), torch.long) for _ in range(3))
     n = n_seq = n_truncated = 0
     for trace in traces:
         hs = trace.hidden_states  # [L+1, n_i, d]
         if buf is None:
-            buf = _token_buffer(max_tokens, hs.shape[0], hs.shape[2], dtype)
+            buf = _per_token(max_tokens, (hs.shape[0], hs.shape[2]), dtype)
         elif hs.shape[0] != buf.shape[1] or hs.shape[2] != buf.shape[2]:
             raise IdentifiableError(
                 f"traces disagree in shape: {tuple(hs.shape)} after [L+1={buf.shape[1]}, n, "
@@ -136,14 +135,16 @@ def collect_token_pairs(
     )
 
 
-def _token_buffer(max_tokens: int, layers: int, d: int, dtype: torch.dtype) -> torch.Tensor:
-    """`[max_tokens, L+1, d]`, allocated once up front; a cap too large for this machine
-    is one line (torch raises RuntimeError, not MemoryError, when malloc refuses)."""
+def _per_token(max_tokens: int, tail: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """`[max_tokens, *tail]`, allocated once up front (the ids, then the states
+    `[max_tokens, L+1, d]`); a cap too large for this machine is one line (torch raises
+    RuntimeError, not MemoryError, when malloc refuses)."""
     try:
-        return torch.empty((max_tokens, layers, d), dtype=dtype)
+        return torch.empty((max_tokens, *tail), dtype=dtype)
     except (RuntimeError, MemoryError):
-        size = max_tokens * layers * d * torch.empty((), dtype=dtype).element_size()
+        size = max_tokens * math.prod(tail) * torch.empty((), dtype=dtype).element_size()
+        shape = " × ".join(str(s) for s in (max_tokens, *tail))
         raise IdentifiableError(
-            f"holding {max_tokens} tokens × {layers} layers × d = {d} needs {size / 2**30:.1f} GiB, "
+            f"holding {max_tokens} tokens ([{shape}] {dtype}) needs {size / 2**30:.1f} GiB, "
             "more than this machine can allocate; lower max_tokens (CLI --max-tokens)"
         ) from None
