@@ -14,6 +14,7 @@ from identifiable.cli.common import (
     ModelOption,
     PairOption,
     check_model_name,
+    check_reads_text,
     check_writable,
     console,
     err_console,
@@ -181,7 +182,7 @@ def view(
         get_method(name)
     check_model_name(model)
     picture = None if image is None else _read_image(image)
-    m = load(model)
+    m = load(model, images=True)
     modality = getattr(m, "modality", "text")
     if picture is not None and modality != "image":
         raise IdentifiableError(
@@ -191,6 +192,8 @@ def view(
         raise IdentifiableError(
             f"'{model}' is an image model ({m.spec.name}): give --image FILE, not text"
         )
+    if picture is None:
+        check_reads_text(m, model)
     if picture is not None and not _is_tensor(picture) and m.image_processor is None:
         raise IdentifiableError(
             f"'{model}' has no image processor saved beside its weights "
