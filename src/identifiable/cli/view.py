@@ -36,33 +36,72 @@ def _rows(value: str | None) -> list[int] | None:
 
 def _read_image(path: Path) -> Any:
     """An image file as a PIL image, or pixel values `[C, H, W]` from a .npy file; a file that
-    is neither fails in one line before the model loads."""
+    is neither, or larger than PIL's decompression-bomb limit, fails in one line before the
+    model loads."""
     if not path.is_file():
         raise IdentifiableError(f"--image {path}: no such file; give an image file (PNG, JPEG)")
     if path.suffix.lower() == ".npy":
-        import numpy as np
-        import torch
-
-        try:
-            arr = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise IdentifiableError(f"--image {path}: not a readable .npy array ({exc})") from None
-        if arr.dtype.kind != "f" or arr.ndim not in (3, 4):
-            raise IdentifiableError(
-                f"--image {path}: a .npy image must hold float pixel values [C, H, W], "
-                f"got {arr.dtype} {list(arr.shape)}"
-            )
-        return torch.from_numpy(np.ascontiguousarray(arr))
+        return _read_npy(path)
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as im:
+        with Image.open(path) as im:  # reads the header only; PIL checks the size here
             return im.convert("RGB")
-    except (UnidentifiedImageError, OSError) as exc:
+    except Image.DecompressionBombError:
+        raise _too_many_pixels(path, _header_pixels(path)) from None
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise IdentifiableError(
             f"--image {path}: not an image file that can be read ({type(exc).__name__}); "
             "give a PNG or JPEG, or pixel values [C, H, W] as .npy"
         ) from None
+
+
+def _max_pixels() -> int:
+    """PIL's limit: an image above it is refused as a possible decompression bomb."""
+    from PIL import Image
+
+    return 2 * int(Image.MAX_IMAGE_PIXELS or 89_478_485)
+
+
+def _header_pixels(path: Path) -> int | None:
+    """Width × height from the file's header (PIL's check off for this read only)."""
+    from PIL import Image
+
+    saved, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+    try:
+        with Image.open(path) as im:
+            return int(im.width) * int(im.height)
+    except Exception:  # the header was readable a moment ago; the size is only for the message
+        return None
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved
+
+
+def _too_many_pixels(path: Path, pixels: int | None) -> IdentifiableError:
+    size = f"{pixels / 1e6:.0f} megapixels" if pixels else "too many pixels"
+    return IdentifiableError(
+        f"--image {path} holds {size}, more than the {_max_pixels() / 1e6:.0f} megapixels "
+        "that are read (a larger image may be a decompression bomb); resize it, e.g. to the "
+        "model's image size"
+    )
+
+
+def _read_npy(path: Path) -> Any:
+    import numpy as np
+    import torch
+
+    try:
+        arr = np.load(path, allow_pickle=False, mmap_mode="r")  # the header first
+    except (OSError, ValueError, EOFError) as exc:
+        raise IdentifiableError(f"--image {path}: not a readable .npy array ({exc})") from None
+    if arr.dtype.kind != "f" or arr.ndim not in (3, 4):
+        raise IdentifiableError(
+            f"--image {path}: a .npy image must hold float pixel values [C, H, W], "
+            f"got {arr.dtype} {list(arr.shape)}"
+        )
+    if arr.shape[-1] * arr.shape[-2] > _max_pixels() or arr.size > 4 * _max_pixels():
+        raise _too_many_pixels(path, int(arr.shape[-1]) * int(arr.shape[-2]))
+    return torch.from_numpy(np.array(arr))
 
 
 def view(
