@@ -24,6 +24,9 @@ from identifiable.errors import IdentifiableError
 # A batch is padded to its longest sequence and the extraction reads 4 batches ahead, so a
 # huge value would read the whole corpus and exhaust memory before the token cap applies.
 MAX_BATCH = 1024
+# The hidden states are allocated up front for the cap: 2**31 tokens are terabytes for any
+# real model, and a cap beyond 2**63 is not even a size torch can take (a TypeError).
+MAX_TOKENS = 2**31 - 1
 
 _COLUMNS = [
     (p, o) for p, o in (("naive", "l2"), ("naive", "cos"), ("linear", "l2"), ("linear", "cos"),
@@ -101,8 +104,8 @@ def tokens(
     cap = (
         max_tokens if max_tokens is not None else QUICK_MAX_TOKENS if quick else DEFAULT_MAX_TOKENS
     )
-    if cap < 1:
-        raise IdentifiableError(f"--max-tokens must be at least 1, got {cap}")
+    if not 1 <= cap <= MAX_TOKENS:
+        raise IdentifiableError(f"--max-tokens must be between 1 and {MAX_TOKENS}, got {cap}")
     if not 1 <= batch_size <= MAX_BATCH:
         raise IdentifiableError(f"--batch-size must be between 1 and {MAX_BATCH}, got {batch_size}")
     check_seed(seed)

@@ -23,6 +23,12 @@ from identifiable.cli.common import (
 from identifiable.errors import IdentifiableError
 
 
+# Finite bounds, so that what is computed from them (bytes, deadlines) stays finite:
+# 1e308 passed the isfinite checks and overflowed in int(max_mb * 1e6).
+MAX_PAGE_MB = 1e6  # a terabyte: no browser opens a page that large
+MAX_INTERVAL_S = 1e6
+
+
 def _rows(value: str | None) -> list[int] | None:
     if not value:
         return None
@@ -203,11 +209,14 @@ def view(
     check_writable(out, "--out", force=force)
     if max_rows < 1:
         raise IdentifiableError(f"--max-rows must be at least 1, got {max_rows}")
-    if not math.isfinite(max_mb) or max_mb < 1:
-        raise IdentifiableError(f"--max-mb must be a number of at least 1 (MB), got {max_mb}")
-    if not math.isfinite(interval_seconds) or interval_seconds < 0:
+    if not (math.isfinite(max_mb) and 1 <= max_mb <= MAX_PAGE_MB):
         raise IdentifiableError(
-            f"--interval-seconds must be a number of seconds ≥ 0, got {interval_seconds}"
+            f"--max-mb must be a number of MB between 1 and {MAX_PAGE_MB:.0f}, got {max_mb:g}"
+        )
+    if not (math.isfinite(interval_seconds) and 0 <= interval_seconds <= MAX_INTERVAL_S):
+        raise IdentifiableError(
+            f"--interval-seconds must be a number of seconds between 0 and "
+            f"{MAX_INTERVAL_S:.0f} (11 days), got {interval_seconds:g}"
         )
     if head < 0:
         raise IdentifiableError(f"--head must be 0 or more, got {head}")
