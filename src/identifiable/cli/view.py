@@ -22,7 +22,6 @@ from identifiable.cli.common import (
 )
 from identifiable.errors import IdentifiableError
 
-
 # Finite bounds, so that what is computed from them (bytes, deadlines) stays finite:
 # 1e308 passed the isfinite checks and overflowed in int(max_mb * 1e6).
 MAX_PAGE_MB = 1e6  # a terabyte: no browser opens a page that large

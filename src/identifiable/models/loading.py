@@ -239,8 +239,7 @@ def _size(config: Any, key: str) -> int:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise IdentifiableError(
-            f"config.json: {key} must be a whole number ≥ 0, got {str(value)[:40]}; "
-            "fix the config"
+            f"config.json: {key} must be a whole number ≥ 0, got {str(value)[:40]}; fix the config"
         )
     return value
 
