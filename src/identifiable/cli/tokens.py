@@ -111,6 +111,7 @@ def tokens(
     the same sequence is the token's own on test sequences, with 95 % intervals.
     """
     from identifiable.corpus import read_limits
+    from identifiable.experiments.pipeline import summarised_truncations
     from identifiable.experiments.tokens import (
         DEFAULT_MAX_TOKENS,
         QUICK_MAX_TOKENS,
@@ -137,7 +138,10 @@ def tokens(
     layer_list = _parse_layers(layers)
     check_model_name(model)
     m = load(model)
-    with read_limits(max_bytes=max_corpus_mib << 20, max_line_bytes=max_line_kib << 10):
+    with (
+        read_limits(max_bytes=max_corpus_mib << 20, max_line_bytes=max_line_kib << 10),
+        summarised_truncations(),
+    ):
         result = token_identifiability(
             m,
             corpus,

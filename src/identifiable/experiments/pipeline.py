@@ -142,6 +142,18 @@ def run_stages(
     reduces. Returns {stage name: (tables, seconds this rank spent computing it)} on rank 0,
     None on the other ranks.
     """
+    from identifiable.store.files import retry_advice
+
+    with (
+        retry_advice("rerun the same command with --resume (finished shards are kept)"),
+        summarised_truncations(),
+    ):
+        return _run_stages(cache, stages, progress, world)
+
+
+def _run_stages(
+    cache: RunCache, stages: Sequence[Stage], progress: Any, world: World
+) -> dict[str, tuple[Tables, float]] | None:
     tasks = [progress.add_task(s.label, total=sum(s.weights)) for s in stages]
     flat = [(si, k) for si, s in enumerate(stages) for k in range(len(s.shards))]
     order = (
@@ -186,6 +198,37 @@ def run_stages(
         progress.update(tasks[si], completed=sum(stage.weights))
         results[stage.name] = (stage.reduce(shard_tables), seconds[si])
     return results
+
+
+@contextmanager
+def summarised_truncations() -> Iterator[None]:
+    """One warning line for every text truncated in the block, instead of one per text
+    (a model with a short context truncated 20-64 sequences of a run, one line each).
+    Other warnings are shown as they come."""
+    import warnings
+
+    from identifiable.models import TruncationWarning
+
+    seen: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", TruncationWarning)  # count repeats too
+        show = warnings.showwarning
+
+        def count(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+            if issubclass(category, TruncationWarning):
+                seen.append(str(message))
+            else:
+                show(message, category, *args, **kwargs)
+
+        warnings.showwarning = count
+        yield
+    if seen:
+        warnings.warn(
+            f"{len(seen)} {'text was' if len(seen) == 1 else 'texts were'} longer than the "
+            f"model takes and truncated (e.g. {seen[0]})",
+            TruncationWarning,
+            stacklevel=3,
+        )
 
 
 class _Quiet:
