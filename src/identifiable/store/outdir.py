@@ -506,9 +506,14 @@ class OutputFolder:
             if _exists(work):  # empty leftover
                 os.rmdir(work)
             os.mkdir(work)
-            if self.resume and self._is_ours():
-                _link_tree(out / CACHE, work / CACHE)
-            self._mark(work)
+            try:
+                if self.resume and self._is_ours():
+                    _link_tree(out / CACHE, work / CACHE)
+                self._mark(work)
+            except BaseException:  # a full disk: leave no half-made work folder behind
+                with contextlib.suppress(OSError):
+                    _remove_tree(work)
+                raise
             return work
         except OSError as err:
             raise IdentifiableError(
