@@ -43,6 +43,8 @@ def _read_image(path: Path) -> Any:
     """An image file as a PIL image, or pixel values `[C, H, W]` from a .npy file; a file that
     is neither, or larger than PIL's decompression-bomb limit, fails in one line before the
     model loads."""
+    if path.is_dir():
+        raise IdentifiableError(f"--image {path} is a folder; give an image file (PNG, JPEG)")
     if not path.is_file():
         raise IdentifiableError(f"--image {path}: no such file; give an image file (PNG, JPEG)")
     if path.suffix.lower() == ".npy":
