@@ -34,7 +34,7 @@ def _commands(model: Path) -> dict[str, list[str]]:
             "0",
             "--row",
             "1",
-        ],  # fmt: skip
+        ],
         "models": ["models"],
         "version": ["--version"],
         "help": ["reproduce", "--help"],
