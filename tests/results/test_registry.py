@@ -24,9 +24,7 @@ def test_every_result_class_of_the_package_is_listed() -> None:
         if info.name != "identifiable.__main__":
             importlib.import_module(info.name)
     ours = {
-        class_name(c)
-        for c in _all_subclasses(Result)
-        if c.__module__.startswith("identifiable.")
+        class_name(c) for c in _all_subclasses(Result) if c.__module__.startswith("identifiable.")
     }
     assert ours == set(RESULT_CLASSES)
     assert len(RESULT_CLASSES) == len(set(RESULT_CLASSES))
