@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -88,7 +87,7 @@ def check_writable(path: Path | None, option: str = "--json", *, force: bool = F
     `force` is not given: a file we did not write this run is never replaced unasked.
     Writability is probed with a temporary file in the folder (removed at once), since
     `os.access` says yes for root on read-only or virtual folders such as /proc."""
-    import tempfile
+    from identifiable.store.places import probe
 
     if path is None:
         return
@@ -102,13 +101,11 @@ def check_writable(path: Path | None, option: str = "--json", *, force: bool = F
             f"{option} {path} already exists; choose another file, or pass --force to replace it"
         )
     try:
-        fd, probe = tempfile.mkstemp(prefix=".identifiable-probe-", dir=parent)
+        probe(parent)
     except OSError as err:
         raise IdentifiableError(
             f"cannot write '{path}': {err.strerror or err}; choose another {option} file"
         ) from None
-    os.close(fd)
-    os.unlink(probe)
 
 
 def write_atomic(path: Path, data: bytes, option: str = "--json", *, force: bool = False) -> None:

@@ -214,7 +214,7 @@ def summarised_truncations() -> Iterator[None]:
         warnings.simplefilter("always", TruncationWarning)  # count repeats too
         show = warnings.showwarning
 
-        def count(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+        def count(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
             if issubclass(category, TruncationWarning):
                 seen.append(str(message))
             else:

@@ -267,7 +267,8 @@ def estimate_size(config: Any) -> tuple[int, int]:
 def _dtype_bytes(config: Any, dtype: torch.dtype | None) -> int:
     if dtype is not None:
         return torch.empty((), dtype=dtype).element_size()
-    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    # `dtype` (transformers 5); 4.x stores `torch_dtype`, whose getter warns on 5
+    stored = getattr(config, "dtype", None) or vars(config).get("torch_dtype")
     if isinstance(stored, str):
         stored = getattr(torch, stored, None)
     small = isinstance(stored, torch.dtype) and stored.is_floating_point and stored.itemsize < 4

@@ -17,11 +17,8 @@ from pathlib import Path
 from identifiable.errors import IdentifiableError
 from identifiable.store.files import is_temporary
 from identifiable.store.outdir import enclosing_run
-from identifiable.store.places import exists as _exists
-from identifiable.store.places import is_link as _is_link
+from identifiable.store.places import check_place, probe_writable
 from identifiable.store.places import is_real_dir as _is_real_dir
-from identifiable.store.places import probe_writable
-from identifiable.store.places import refused_location as _refused_location
 
 
 def check_cache_dir(
@@ -39,18 +36,7 @@ def check_cache_dir(
     folder = Path(path).expanduser()
     if str(path).strip() == "":
         raise IdentifiableError(f"{option} is empty; name a folder for the cache")
-    refused = _refused_location(folder)
-    if refused:
-        raise IdentifiableError(
-            f"{option} {folder} is {refused}; a cache must be a folder of its own"
-        )
-    if _is_link(folder):
-        raise IdentifiableError(
-            f"{option} {folder} is a symbolic link; pass the folder it points to "
-            f"({os.path.realpath(folder)}) or another {option}"
-        )
-    if _exists(folder) and not _is_real_dir(folder):
-        raise IdentifiableError(f"{option} {folder} is a file; give a folder")
+    check_place(folder, option, "a cache")
     enclosing = enclosing_run(folder / "x")  # the folder itself may be a run's folder
     if enclosing is not None:
         raise IdentifiableError(

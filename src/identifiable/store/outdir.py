@@ -45,10 +45,10 @@ from pathlib import Path
 from typing import Any
 
 from identifiable.errors import IdentifiableError
+from identifiable.store.places import check_place, probe_writable
 from identifiable.store.places import exists as _exists
 from identifiable.store.places import is_link as _is_link
 from identifiable.store.places import is_real_dir as _is_real_dir
-from identifiable.store.places import probe_writable
 from identifiable.store.places import refused_location as _refused_location
 
 CACHE = ".cache"
@@ -324,18 +324,7 @@ class OutputFolder:
         if str(out) == "" or out.name in ("", ".", ".."):
             where = _refused_location(out) or "not a folder name"
             raise IdentifiableError(f"--out {str(out)!r} is {where}; name a new folder")
-        refused = _refused_location(out)
-        if refused:
-            raise IdentifiableError(
-                f"--out {out} is {refused}; an output folder must be a folder of its own"
-            )
-        if _is_link(out):
-            raise IdentifiableError(
-                f"--out {out} is a symbolic link; pass the folder it points to "
-                f"({os.path.realpath(out)}) or another --out"
-            )
-        if _exists(out) and not _is_real_dir(out):
-            raise IdentifiableError(f"--out {out} is a file; choose a folder")
+        check_place(out, "--out", "an output folder")
         enclosing = enclosing_run(out)
         if enclosing is not None:
             raise IdentifiableError(

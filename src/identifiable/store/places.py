@@ -51,12 +51,19 @@ def refused_location(out: Path) -> str | None:
     return None
 
 
-def probe_writable(folder: Path, option: str) -> None:
-    """Refuse, before any work, a folder that could not be created or written: its nearest
-    existing ancestor must be a folder that takes a file (probed with a temporary file,
-    removed at once: `os.access` says yes for root on a read-only filesystem)."""
+def probe(folder: Path) -> None:
+    """Create and remove a temporary file in `folder`; raises the OSError if it cannot be
+    written (`os.access` says yes for root on a read-only filesystem or /proc)."""
     import tempfile
 
+    fd, path = tempfile.mkstemp(prefix=".identifiable-probe-", dir=folder)
+    os.close(fd)
+    os.unlink(path)
+
+
+def probe_writable(folder: Path, option: str) -> None:
+    """Refuse, before any work, a folder that could not be created or written: its nearest
+    existing ancestor must be a folder that takes a file (`probe`)."""
     where = Path(os.path.abspath(folder))
     while not exists(where) and where != where.parent:
         where = where.parent
@@ -66,11 +73,26 @@ def probe_writable(folder: Path, option: str) -> None:
             f"{option} {folder}: {where} is {what}, not a folder; choose another {option}"
         )
     try:
-        fd, probe = tempfile.mkstemp(prefix=".identifiable-probe-", dir=where)
+        probe(where)
     except OSError as err:
         raise IdentifiableError(
             f"{option} {folder} cannot be written ({err.strerror or err} in {where}); "
             f"choose another {option}"
         ) from None
-    os.close(fd)
-    os.unlink(probe)
+
+
+def check_place(folder: Path, option: str, what: str) -> None:
+    """The places rule of every folder we write (`what`: "an output folder", "a cache"):
+    not /, HOME, the current folder or one of its ancestors, a symbolic link or a file."""
+    refused = refused_location(folder)
+    if refused:
+        raise IdentifiableError(
+            f"{option} {folder} is {refused}; {what} must be a folder of its own"
+        )
+    if is_link(folder):
+        raise IdentifiableError(
+            f"{option} {folder} is a symbolic link; pass the folder it points to "
+            f"({os.path.realpath(folder)}) or another {option}"
+        )
+    if exists(folder) and not is_real_dir(folder):
+        raise IdentifiableError(f"{option} {folder} is a file; give a folder")
