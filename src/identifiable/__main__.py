@@ -1,3 +1,6 @@
-from identifiable.cli import main
+"""`python -m identifiable`: the command line. Importing this module runs nothing."""
 
-main()
+if __name__ == "__main__":
+    from identifiable.cli import main
+
+    main()

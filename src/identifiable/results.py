@@ -15,7 +15,8 @@ and `Result` turns those declarations into
 * `plot()`, a labelled matplotlib `Figure` (heatmaps with token tick labels for `[n, n]`
   maps, interval or bar charts for one row, lines per layer for per-layer tables),
 * `save(path)` and `Class.load(path)`: one safetensors file whose header carries the
-  non-array fields as JSON. Nothing is ever pickled, so loading a file runs no code.
+  non-array fields as JSON. Nothing is ever pickled and no module a file names is
+  imported, so loading a file runs no code (`identifiable.result_files`).
 
 Dimension names (the vocabulary every result shares):
     layer, head: model coordinates (0-based unless a class says otherwise);
@@ -26,16 +27,14 @@ Dimension names (the vocabulary every result shares):
 Dimensions named query, token and row are labelled with `tokens`, key with `key_tokens`
 (cross-attention) or `tokens`.
 
-This module sits on the lowest floor: it imports only `identifiable.errors` and
-`identifiable.store`, and numpy, pandas, matplotlib, safetensors, torch and xarray
+This module sits on the lowest floor: it imports only `identifiable.errors`,
+`identifiable.store` and `identifiable.result_files`, and numpy, pandas, matplotlib, safetensors, torch and xarray
 lazily, so that `import identifiable.results` stays cheap.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -49,9 +48,6 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     import xarray as xr
     from matplotlib.figure import Figure
 
-FORMAT = "identifiable.result"
-FORMAT_VERSION = 1
-_META_KEY = "identifiable"
 TOKEN_DIMS = ("query", "token", "row")
 # a dimension takes its coordinates from this attribute when the result has one of that length
 COORD_ATTRS = {"layer": "layers", "head": "heads", "row": "rows"}
@@ -471,229 +467,31 @@ class Result:
     def save(self, path: str | Path) -> Path:
         """Write this result to one `.safetensors` file (arrays as tensors, everything else
         as JSON in the file's header), atomically. Read it back with `Class.load(path)`."""
-        from safetensors.torch import save
+        from identifiable.result_files import file_bytes
 
-        tensors: dict[str, Any] = {}
-        meta = _encode(self, "", tensors)
-        header = {"format": FORMAT, "version": FORMAT_VERSION, **meta}
-        data = save(_unshare(tensors), metadata={_META_KEY: json.dumps(header)})
-        return atomic_write_bytes(path, data, hint="choose another path")
+        return atomic_write_bytes(path, file_bytes(self), hint="choose another path")
 
     @classmethod
     def load(cls, path: str | Path) -> Any:
-        """Read a file written by `save`. Refuses, in one line, a file that is not ours or
-        holds another result class; never unpickles anything."""
-        header, tensors = _read(path)
+        """Read a file written by `save`. Refuses, in one line naming the file, a file that
+        is not ours, holds another result class, or is damaged or edited (see
+        `identifiable.result_files`); never unpickles anything or imports a module the
+        file names."""
+        from identifiable import result_files as rf
+
+        header, tensors = rf.read(path)
         stored = header["class"]
-        if cls is not Result and stored != _class_name(cls):
-            short = stored.rsplit(":", 1)[-1]
+        if cls is not Result and stored != rf.class_name(cls):
+            short = stored.rsplit(":", 1)[-1][:80]
             raise IdentifiableError(
                 f"{path} holds a {short}, not a {cls.__name__}: load it with {short}.load"
             )
-        return _decode(header, tensors, cls if cls is not Result else None, str(path))
+        return rf.decode(header, tensors, cls if cls is not Result else None, str(path))
 
 
 def load(path: str | Path) -> Any:
     """Load any result written by `Result.save` (its class is read from the file)."""
     return Result.load(path)
-
-
-# ---- file format ---------------------------------------------------------------------------
-
-
-def _class_name(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def _resolve_class(name: str, path: str) -> type:
-    module, _, qual = name.partition(":")
-    # only our own classes: a file must never make us import arbitrary modules
-    if not (module == "identifiable" or module.startswith("identifiable.")) or not qual:
-        raise IdentifiableError(f"{path} names a class outside identifiable ({name}); not loaded")
-    try:
-        cls = getattr(importlib.import_module(module), qual)
-    except (ImportError, AttributeError):
-        raise IdentifiableError(
-            f"{path} holds a {qual} that this version of identifiable does not have"
-        ) from None
-    if not (isinstance(cls, type) and issubclass(cls, Result)):
-        raise IdentifiableError(f"{path} names {name}, which is not a result class")
-    return cls
-
-
-def _encode(obj: Result, prefix: str, tensors: dict[str, Any]) -> dict[str, Any]:
-    import numpy as np
-    import pandas as pd
-    import torch
-
-    fields: dict[str, Any] = {}
-    for f in dataclasses.fields(obj):  # type: ignore[arg-type]
-        value = getattr(obj, f.name)
-        key = f"{prefix}{f.name}"
-        if value is None:
-            fields[f.name] = {"kind": "none"}
-        elif isinstance(value, torch.Tensor):
-            tensors[key] = value.detach().cpu()
-            fields[f.name] = {"kind": "tensor"}
-        elif isinstance(value, np.ndarray):
-            tensors[key] = torch.from_numpy(np.ascontiguousarray(value))
-            fields[f.name] = {"kind": "ndarray"}
-        elif isinstance(value, Result):
-            fields[f.name] = {
-                "kind": "result",
-                "class": _class_name(type(value)),
-                **_encode(value, f"{key}.", tensors),
-            }
-        elif isinstance(value, pd.DataFrame):
-            fields[f.name] = _encode_table(value, f"{key}/", tensors)
-        else:
-            fields[f.name] = {
-                "kind": "json",
-                "tuple": isinstance(value, tuple),
-                "value": json.loads(json.dumps(_plain(value), default=str)),
-            }
-    return {"class": _class_name(type(obj)), "fields": fields}
-
-
-def _encode_table(df: Any, prefix: str, tensors: dict[str, Any]) -> dict[str, Any]:
-    """Numeric columns as tensors (exact), the rest as JSON lists."""
-    import pandas as pd
-    import torch
-
-    cols, numeric, text = [str(c) for c in df.columns], [], {}
-    for col in df.columns:
-        series = df[col]
-        if pd.api.types.is_bool_dtype(series) or pd.api.types.is_numeric_dtype(series):
-            tensors[f"{prefix}{col}"] = torch.from_numpy(series.to_numpy().copy())
-            numeric.append(str(col))
-        else:
-            text[str(col)] = [None if pd.isna(v) else _plain(v) for v in series.tolist()]
-    index = None
-    if not isinstance(df.index, pd.RangeIndex) or df.index.start != 0 or df.index.step != 1:
-        index = [_plain(v) for v in df.index.tolist()]
-    return {"kind": "table", "columns": cols, "numeric": numeric, "text": text, "index": index}
-
-
-def _plain(value: Any) -> Any:
-    """JSON-ready copy: numpy/torch scalars to Python, tuples to lists, keys to str."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 0) == 0:
-        return value.item()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return value
-
-
-def _unshare(tensors: dict[str, Any]) -> dict[str, Any]:
-    """safetensors refuses tensors that share memory or are not contiguous: copy those."""
-    seen: set[int] = set()
-    out = {}
-    for key, t in tensors.items():
-        t = t.contiguous()
-        ptr = t.untyped_storage().data_ptr() if t.numel() else -1
-        if ptr in seen:
-            t = t.clone()
-        elif ptr != -1:
-            seen.add(ptr)
-        out[key] = t
-    return out
-
-
-def _read(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    from safetensors import safe_open
-
-    p = Path(path)
-    if not p.is_file():
-        raise IdentifiableError(f"{path}: no such file; write one with result.save(path)")
-    not_ours = f"{path} is not an identifiable result file; write one with result.save(path)"
-    try:
-        with safe_open(str(p), framework="pt") as f:
-            meta = f.metadata() or {}
-            text = meta.get(_META_KEY)
-            if text is None:
-                raise IdentifiableError(not_ours)
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - not a dict
-    except IdentifiableError:
-        raise
-    except Exception:  # safetensors raises its own error types for a foreign file
-        raise IdentifiableError(not_ours) from None
-    try:
-        header = json.loads(text)
-    except ValueError:
-        raise IdentifiableError(not_ours) from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise IdentifiableError(not_ours)
-    if int(header.get("version", 0)) > FORMAT_VERSION:
-        raise IdentifiableError(
-            f"{path} was written by a newer identifiable (format {header['version']}); upgrade"
-        )
-    return header, tensors
-
-
-def _decode(node: dict[str, Any], tensors: dict[str, Any], cls: type | None, path: str) -> Any:
-    cls = cls or _resolve_class(node["class"], path)
-    return _build(cls, node["fields"], "", tensors, path)
-
-
-def _build(cls: type, fields: dict[str, Any], prefix: str, tensors: dict[str, Any], path: str):
-    kwargs: dict[str, Any] = {}
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    for name, entry in fields.items():
-        if name not in known:
-            continue  # a field this version dropped
-        key = f"{prefix}{name}"
-        kind = entry.get("kind")
-        if kind == "none":
-            kwargs[name] = None
-        elif kind in ("tensor", "ndarray"):
-            if key not in tensors:
-                raise IdentifiableError(f"{path} is damaged: the array {key} is missing")
-            kwargs[name] = tensors[key] if kind == "tensor" else tensors[key].numpy()
-        elif kind == "result":
-            sub = _field_class(cls, name, entry["class"]) or _resolve_class(entry["class"], path)
-            kwargs[name] = _build(sub, entry["fields"], f"{key}.", tensors, path)
-        elif kind == "table":
-            kwargs[name] = _decode_table(entry, f"{key}/", tensors, path)
-        elif kind == "json":
-            value = entry["value"]
-            kwargs[name] = tuple(value) if entry.get("tuple") else value
-        else:
-            raise IdentifiableError(f"{path} is damaged: unknown field kind {kind!r}")
-    try:
-        return cls(**kwargs)
-    except TypeError as err:
-        raise IdentifiableError(f"{path} does not fit {cls.__name__}: {err}") from None
-
-
-def _field_class(cls: type, name: str, stored: str) -> type | None:
-    """The class a field is annotated with, when it is the stored one (no import needed)."""
-    import typing
-
-    try:
-        hint = typing.get_type_hints(cls).get(name)
-    except Exception:  # annotations that only resolve under TYPE_CHECKING
-        return None
-    return hint if isinstance(hint, type) and _class_name(hint) == stored else None
-
-
-def _decode_table(entry: dict[str, Any], prefix: str, tensors: dict[str, Any], path: str):
-    import pandas as pd
-
-    data: dict[str, Any] = {}
-    for col in entry["columns"]:
-        if col in entry["numeric"]:
-            if f"{prefix}{col}" not in tensors:
-                raise IdentifiableError(f"{path} is damaged: column {prefix}{col} is missing")
-            data[col] = tensors[f"{prefix}{col}"].numpy()
-        else:
-            data[col] = entry["text"][col]
-    df = pd.DataFrame(data, columns=entry["columns"])
-    if entry.get("index") is not None:
-        df.index = entry["index"]
-    return df
 
 
 # ---- small helpers ------------------------------------------------------------------------

@@ -71,6 +71,47 @@ CORPORA: dict[str, tuple[str, Callable[[Path], None], str]] = {
     "broken XML": ("b.xml", lambda p: p.write_text("<mediawiki><page>"), "truncated or corrupt"),
     "a folder": ("folder", lambda p: p.mkdir(), "is not a file"),
     "gz of nothing valid": ("e.jsonl.gz", lambda p: _gz(p, b"\xff\xfe\n"), "not UTF-8"),
+    # JSON escapes decode to lone surrogates, which no tokenizer takes (a TypeError before)
+    "lone high surrogate": (
+        "sur.jsonl",
+        lambda p: p.write_text('{"text": "bad \\ud800 text of several words here"}\n'),
+        "sur.jsonl:1: field 'text' holds a lone surrogate (U+D800 at character 4)",
+    ),
+    "lone low surrogate, line 2": (
+        "low.jsonl",
+        lambda p: p.write_text('{"text": "A fine line."}\n{"text": "x\\udfff"}\n'),
+        "low.jsonl:2: field 'text' holds a lone surrogate (U+DFFF",
+    ),
+    "reversed surrogate pair": (
+        "pair.jsonl",
+        lambda p: p.write_text('{"text": "\\ude00\\ud83d reversed"}\n'),
+        "lone surrogate (U+DE00 at character 0)",
+    ),
+    "surrogate in a JSON array": (
+        "arr.json",
+        lambda p: p.write_text('[{"text": "fine words"}, {"text": "\\udbff"}]'),
+        "record 2: field 'text' holds a lone surrogate",
+    ),
+    "100,000-digit integer": (
+        "int.jsonl",
+        lambda p: p.write_text('{"text": "a sentence", "id": ' + "9" * 100_000 + "}\n"),
+        "line 1 holds a number of 100000 digits",
+    ),
+    "negative huge integer, line 3": (
+        "neg.jsonl",
+        lambda p: p.write_text('{"text": "a"}\n{"text": "b"}\n{"n": -' + "1" * 5000 + "}\n"),
+        "line 3 holds a number of 5001 digits",
+    ),
+    "huge integer in a JSON array": (
+        "arr-int.json",
+        lambda p: p.write_text('[{"text": "a", "n": ' + "7" * 10_000 + "}]"),
+        "holds a number of 10000 digits",
+    ),
+    "huge integer as the text": (
+        "text-int.jsonl",
+        lambda p: p.write_text('{"text": ' + "5" * 4301 + "}\n"),
+        "holds a number of 4301 digits",
+    ),
 }
 
 

@@ -67,12 +67,17 @@ def test_force_replaces_the_file(capsys, tmp_path):
     assert mine.read_bytes().startswith(b"{") and not list(tmp_path.glob(".*"))
 
 
-def test_tokens_refuses_a_folder_holding_its_files(capsys, no_model, tmp_path):
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_tokens_refuses_a_folder_holding_files_it_did_not_write(capsys, no_model, tmp_path, force):
+    """Files named like its tables but written by someone else (no manifest of ours) are
+    foreign: refused with and without --force, as reproduce --out does."""
     (tmp_path / "tokens_control.csv").write_bytes(b"KEEP")
     (tmp_path / "tokens_settings.json").write_bytes(b"KEEP")
-    code, _, err = run_main(["tokens", "--out", str(tmp_path), "--max-tokens", "64"], capsys)
+    code, _, err = run_main(
+        ["tokens", "--out", str(tmp_path), "--max-tokens", "64", *force], capsys
+    )
     assert code == 2 and "\n" not in err.strip()
-    assert "already holds tokens_control.csv and 1 more" in err and "--force" in err
+    assert "holds no identifiable" in err and "--resume" not in err
     assert (tmp_path / "tokens_control.csv").read_bytes() == b"KEEP"
 
 
@@ -90,6 +95,7 @@ def test_an_unwritable_folder_is_refused_before_any_output(capsys, no_model, tmp
         (["tokens", "--seed", "-1"], r"--seed must be between 0 and 2\*\*63-1"),
         (["tokens", "--seed", str(2**63)], r"--seed must be between 0 and 2\*\*63-1"),
         (["tokens", "--cache-dir", "{file}"], "is a file; give a folder"),
+        (["tokens", "--cache-dir", "{file}/sub"], "is a file, not a folder"),
         (["reproduce", "--seed", "-1", "--budget", "smoke"], r"--seed must be between"),
     ],
 )

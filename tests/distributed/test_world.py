@@ -16,8 +16,10 @@ from identifiable.experiments.pipeline import Stage, progress_bars, run_stages
 
 
 def _worlds(size: int, timeout_s: float = 5.0) -> list[d.World]:
-    store = dist.HashStore()
-    return [d.World(r, size, store, "test", timeout_s) for r in range(size)]
+    import uuid
+
+    store, prefix = dist.HashStore(), uuid.uuid4().hex  # a run of its own per test
+    return [d.World(r, size, store, prefix, timeout_s) for r in range(size)]
 
 
 def _in_threads(fn: Any, worlds: list[d.World]) -> list[Any]:
@@ -49,6 +51,7 @@ def test_a_failed_rank_stops_the_others_at_the_barrier() -> None:
     worlds = _worlds(2)
 
     def rank(w: d.World) -> None:
+        d.barrier(w, d.WORK_STARTS)  # the work has started: shards may be finished
         if w.rank == 1:
             d.report_failure(w, "IdentifiableError: the disk is full")
             return
@@ -58,6 +61,23 @@ def test_a_failed_rank_stops_the_others_at_the_barrier() -> None:
     assert isinstance(err, IdentifiableError)
     assert "rank 1: IdentifiableError: the disk is full" in str(err)
     assert "--resume" in str(err)
+
+
+def test_a_refusal_before_the_work_starts_never_advises_resume() -> None:
+    """Rank 0 refuses the output folder up front; rank 1, waiting for it, says so without
+    --resume (there is nothing to resume)."""
+    worlds = _worlds(2)
+
+    def rank(w: d.World) -> None:
+        if w.rank == 0:
+            d.report_failure(w, "output folder r is not empty")
+            return
+        d.barrier(w, d.WORK_STARTS)
+
+    err = _in_threads(rank, worlds)[1]
+    assert isinstance(err, IdentifiableError)
+    assert "rank 0: output folder r is not empty" in str(err)
+    assert "--resume" not in str(err) and "rerun the same command" in str(err)
 
 
 def test_a_rank_that_never_arrives_times_out_with_one_line() -> None:

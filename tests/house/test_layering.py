@@ -20,7 +20,10 @@ FLOORS = {
     "errors": 0,
     "store": 0,
     "results": 0,  # the Result mixin every result dataclass shares
+    "result_files": 0,  # its file format: an explicit table of result classes, checked reads
     "precision": 0,  # the float32 matmul precision torch is set to, read without raising
+    "seeds": 0,  # the seed range and seeds derived for a layer
+    "unicode": 0,  # text a tokenizer can take (no lone surrogates)
     "corpus": 1,
     "models": 2,
     "attention": 3,

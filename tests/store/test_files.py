@@ -51,7 +51,12 @@ def test_disk_full_on_a_new_file_leaves_nothing(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(files, "_raw_write", full_disk)
-    with pytest.raises(IdentifiableError, match="--resume"):
+    with pytest.raises(IdentifiableError, match=r"then rerun the same command$"):
+        files.atomic_write_text(tmp_path / "index.html", "<html>")  # no --resume to advise
+    with (
+        files.retry_advice("rerun with --resume"),
+        pytest.raises(IdentifiableError, match="--resume"),
+    ):
         files.atomic_write_text(tmp_path / "index.html", "<html>")
     assert list(tmp_path.iterdir()) == []
 

@@ -198,7 +198,12 @@ def test_force_deletes_only_what_the_manifest_lists(tmp_path: Path) -> None:
     out = tmp_path / "report"
     fake_run(out)
     manifest = json.loads((out / ".cache" / "manifest.json").read_text())
-    assert set(manifest["files"]) == {".cache/settings.json", "figures/fig.png", "index.html"}
+    assert set(manifest["files"]) == {
+        ".cache/run.json",
+        ".cache/settings.json",
+        "figures/fig.png",
+        "index.html",
+    }
     (out / "notes.txt").write_text("the user's")
     with pytest.raises(IdentifiableError, match=r"did not write \(e\.g\. notes\.txt\)"):
         fake_run(out, force=True)

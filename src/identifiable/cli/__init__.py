@@ -119,7 +119,18 @@ def _usage(exc: click_exceptions.UsageError) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the `identifiable` script."""
+    """Entry point of the `identifiable` script.
+
+    stdout and stderr are written through `channels.guarded`: a console that cannot show a
+    character gets an ASCII spelling (≤ as <=), and a failed write (a full disk behind
+    `> file`) ends the command with one line instead of a traceback."""
+    from identifiable.cli.channels import guarded
+
+    with guarded():
+        _main(argv)
+
+
+def _main(argv: list[str] | None) -> None:
     from identifiable.cli.common import Interrupted
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

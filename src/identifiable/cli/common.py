@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,6 +10,7 @@ import typer
 from rich.console import Console
 
 from identifiable.errors import IdentifiableError
+from identifiable.seeds import SEED_MAX
 
 console = Console()
 err_console = Console(stderr=True)
@@ -46,7 +46,6 @@ JsonOption = Annotated[
 ForceOption = Annotated[
     bool, typer.Option("--force", help="Replace output files that already exist.")
 ]
-SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed and numpy take a signed 64-bit integer
 
 
 def check_seed(seed: int) -> None:
@@ -55,13 +54,32 @@ def check_seed(seed: int) -> None:
         raise IdentifiableError(f"--seed must be between 0 and 2**63-1, got {seed}")
 
 
-def load(model: str):
-    """Load a model with a spinner; errors are already user-facing."""
+def load(model: str, *, device: str = "cpu", images: bool = False):
+    """Load a model with a spinner; errors are already user-facing. A command that reads
+    text (`images=False`) refuses an image model or one without a tokenizer here."""
     from identifiable.models import load_model
 
     check_model_name(model)
     with err_console.status(f"loading {model} …"):
-        return load_model(model)
+        m = load_model(model, device=device)
+    if not images:
+        check_reads_text(m, model)
+    return m
+
+
+def check_reads_text(m: Any, model: str) -> None:
+    """One line, naming what the CLI can do, for a model that cannot read text."""
+    if getattr(m, "modality", "text") == "image":
+        raise IdentifiableError(
+            f"'{model}' is an image model ({m.spec.name}) and this command reads text: look at "
+            "an image with identifiable view --image FILE --model MODEL"
+        )
+    if getattr(m, "tokenizer", None) is None:
+        raise IdentifiableError(
+            f"'{model}' has no tokenizer, so it cannot read text: copy the tokenizer files of "
+            "the model it came from (tokenizer.json or vocab.txt, tokenizer_config.json) into "
+            "its folder"
+        )
 
 
 def check_writable(path: Path | None, option: str = "--json", *, force: bool = False) -> None:
@@ -69,7 +87,7 @@ def check_writable(path: Path | None, option: str = "--json", *, force: bool = F
     `force` is not given: a file we did not write this run is never replaced unasked.
     Writability is probed with a temporary file in the folder (removed at once), since
     `os.access` says yes for root on read-only or virtual folders such as /proc."""
-    import tempfile
+    from identifiable.store.places import probe
 
     if path is None:
         return
@@ -83,13 +101,11 @@ def check_writable(path: Path | None, option: str = "--json", *, force: bool = F
             f"{option} {path} already exists; choose another file, or pass --force to replace it"
         )
     try:
-        fd, probe = tempfile.mkstemp(prefix=".identifiable-probe-", dir=parent)
+        probe(parent)
     except OSError as err:
         raise IdentifiableError(
             f"cannot write '{path}': {err.strerror or err}; choose another {option} file"
         ) from None
-    os.close(fd)
-    os.unlink(probe)
 
 
 def write_atomic(path: Path, data: bytes, option: str = "--json", *, force: bool = False) -> None:

@@ -79,6 +79,10 @@ def reproduce(
             )
     except KeyboardInterrupt:
         raise Interrupted("interrupted; rerun with --resume") from None
+    from identifiable.experiments.distributed import is_main_process
+
+    if not is_main_process():  # under torchrun every rank returns the summary; one prints it
+        return
     s = result.summary
     console.print(
         f"{s['supported']} of {s['claims_tested']} tested claims supported · "

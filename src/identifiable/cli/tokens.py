@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -24,11 +25,22 @@ from identifiable.errors import IdentifiableError
 # A batch is padded to its longest sequence and the extraction reads 4 batches ahead, so a
 # huge value would read the whole corpus and exhaust memory before the token cap applies.
 MAX_BATCH = 1024
+# The hidden states are allocated up front for the cap: 2**31 tokens are terabytes for any
+# real model, and a cap beyond 2**63 is not even a size torch can take (a TypeError).
+MAX_TOKENS = 2**31 - 1
 
 _COLUMNS = [
     (p, o) for p, o in (("naive", "l2"), ("naive", "cos"), ("linear", "l2"), ("linear", "cos"),
                         ("mlp", "l2"), ("mlp", "cos"))
 ]  # fmt: skip
+
+
+# the files of identifiable.tokens.cache: token-pairs-<16 hex>.safetensors and .json
+_TOKEN_CACHE_FILE = re.compile(r"^token-pairs-[0-9a-f]{16}\.(safetensors|json)$")
+
+
+def _is_token_cache_file(name: str) -> bool:
+    return bool(_TOKEN_CACHE_FILE.match(name))
 
 
 def _parse_layers(text: str | None) -> list[int] | None:
@@ -58,7 +70,13 @@ def tokens(
         bool, typer.Option("--quick", help="Small token budget (2048) for a fast look.")
     ] = False,
     out: Annotated[
-        Path, typer.Option("--out", "-o", help="Directory for the CSV and Parquet tables.")
+        Path,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Folder for the CSV and Parquet tables: new or empty, or a tokens run of "
+            "ours with --force (written beside it and swapped in whole when done).",
+        ),
     ] = Path("out/tokens"),
     candidates: Annotated[
         str,
@@ -73,7 +91,11 @@ def tokens(
     ] = 0,
     cache_dir: Annotated[
         Path | None,
-        typer.Option("--cache-dir", help="Cache extracted hidden states here (safetensors)."),
+        typer.Option(
+            "--cache-dir",
+            help="Cache extracted hidden states here (safetensors): a folder holding only "
+            "identifiable's cache files.",
+        ),
     ] = None,
     batch_size: Annotated[
         int, typer.Option("--batch-size", help=f"Sequences per forward pass, 1..{MAX_BATCH}.")
@@ -89,42 +111,37 @@ def tokens(
     the same sequence is the token's own on test sequences, with 95 % intervals.
     """
     from identifiable.corpus import read_limits
+    from identifiable.experiments.pipeline import summarised_truncations
     from identifiable.experiments.tokens import (
         DEFAULT_MAX_TOKENS,
         QUICK_MAX_TOKENS,
-        output_files,
         token_identifiability,
     )
+    from identifiable.store.cachedir import check_cache_dir
+    from identifiable.store.outdir import OutputFolder
 
     if max_tokens is not None and quick:
         raise IdentifiableError("give either --max-tokens or --quick, not both")
     cap = (
         max_tokens if max_tokens is not None else QUICK_MAX_TOKENS if quick else DEFAULT_MAX_TOKENS
     )
-    if cap < 1:
-        raise IdentifiableError(f"--max-tokens must be at least 1, got {cap}")
+    if not 1 <= cap <= MAX_TOKENS:
+        raise IdentifiableError(f"--max-tokens must be between 1 and {MAX_TOKENS}, got {cap}")
     if not 1 <= batch_size <= MAX_BATCH:
         raise IdentifiableError(f"--batch-size must be between 1 and {MAX_BATCH}, got {batch_size}")
     check_seed(seed)
-    if out.exists() and not out.is_dir():
-        raise IdentifiableError(f"--out {out} is a file; give a folder for the tables")
-    existing = [p for p in output_files(out) if p.exists()]
-    if existing and not force:
-        raise IdentifiableError(
-            f"--out {out} already holds {existing[0].name}"
-            + (
-                f" and {len(existing) - 1} more of the files this writes"
-                if len(existing) > 1
-                else ""
-            )
-            + "; choose another folder, or pass --force to replace them"
-        )
-    if cache_dir is not None and cache_dir.exists() and not cache_dir.is_dir():
-        raise IdentifiableError(f"--cache-dir {cache_dir} is a file; give a folder")
+    # the folders first (read-only checks): reproduce's rules, before any work
+    folder = OutputFolder(out, force=force, kind="tokens", resumable=False)
+    folder.check()
+    if cache_dir is not None:
+        cache_dir = check_cache_dir(cache_dir, _is_token_cache_file, out=out)
     layer_list = _parse_layers(layers)
     check_model_name(model)
     m = load(model)
-    with read_limits(max_bytes=max_corpus_mib << 20, max_line_bytes=max_line_kib << 10):
+    with (
+        read_limits(max_bytes=max_corpus_mib << 20, max_line_bytes=max_line_kib << 10),
+        summarised_truncations(),
+    ):
         result = token_identifiability(
             m,
             corpus,
@@ -136,7 +153,8 @@ def tokens(
             batch_size=batch_size,
             progress=True,
         )
-    paths = result.write(out)
+    with folder.run() as work:  # written beside --out, swapped in whole at the end
+        paths = result.write(work)
     console.print(_table(result))
     s, t = result.settings, result.timings
     ctrl = result.control

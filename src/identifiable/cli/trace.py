@@ -120,18 +120,12 @@ def trace(
     decoder's causal self-attention and the decoder's cross-attention over the source.
     """
     from identifiable.errors import IdentifiableError
-    from identifiable.models import load_model
     from identifiable.models.devices import resolve_device
     from identifiable.models.seq2seq import Seq2SeqModel
 
     check_writable(json_out, force=force)
     resolve_device(device)
-    m = load(model) if device == "cpu" else load_model(model, device=device)
-    if getattr(m, "modality", "text") == "image":
-        raise IdentifiableError(
-            f"'{model}' is an image model ({m.spec.name}); the CLI traces text. Trace images "
-            "from Python: load_model(...).trace(pixel_values or a PIL image)"
-        )
+    m = load(model, device=device)
     source = (text, pair) if pair is not None else text
     if isinstance(m, Seq2SeqModel):
         s2s = m.trace(source, target, truncate=not no_truncate)

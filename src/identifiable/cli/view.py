@@ -14,12 +14,18 @@ from identifiable.cli.common import (
     ModelOption,
     PairOption,
     check_model_name,
+    check_reads_text,
     check_writable,
     console,
     err_console,
     load,
 )
 from identifiable.errors import IdentifiableError
+
+# Finite bounds, so that what is computed from them (bytes, deadlines) stays finite:
+# 1e308 passed the isfinite checks and overflowed in int(max_mb * 1e6).
+MAX_PAGE_MB = 1e6  # a terabyte: no browser opens a page that large
+MAX_INTERVAL_S = 1e6
 
 
 def _rows(value: str | None) -> list[int] | None:
@@ -35,33 +41,74 @@ def _rows(value: str | None) -> list[int] | None:
 
 def _read_image(path: Path) -> Any:
     """An image file as a PIL image, or pixel values `[C, H, W]` from a .npy file; a file that
-    is neither fails in one line before the model loads."""
+    is neither, or larger than PIL's decompression-bomb limit, fails in one line before the
+    model loads."""
+    if path.is_dir():
+        raise IdentifiableError(f"--image {path} is a folder; give an image file (PNG, JPEG)")
     if not path.is_file():
         raise IdentifiableError(f"--image {path}: no such file; give an image file (PNG, JPEG)")
     if path.suffix.lower() == ".npy":
-        import numpy as np
-        import torch
-
-        try:
-            arr = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise IdentifiableError(f"--image {path}: not a readable .npy array ({exc})") from None
-        if arr.dtype.kind != "f" or arr.ndim not in (3, 4):
-            raise IdentifiableError(
-                f"--image {path}: a .npy image must hold float pixel values [C, H, W], "
-                f"got {arr.dtype} {list(arr.shape)}"
-            )
-        return torch.from_numpy(np.ascontiguousarray(arr))
+        return _read_npy(path)
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as im:
+        with Image.open(path) as im:  # reads the header only; PIL checks the size here
             return im.convert("RGB")
-    except (UnidentifiedImageError, OSError) as exc:
+    except Image.DecompressionBombError:
+        raise _too_many_pixels(path, _header_pixels(path)) from None
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise IdentifiableError(
             f"--image {path}: not an image file that can be read ({type(exc).__name__}); "
             "give a PNG or JPEG, or pixel values [C, H, W] as .npy"
         ) from None
+
+
+def _max_pixels() -> int:
+    """PIL's limit: an image above it is refused as a possible decompression bomb."""
+    from PIL import Image
+
+    return 2 * int(Image.MAX_IMAGE_PIXELS or 89_478_485)
+
+
+def _header_pixels(path: Path) -> int | None:
+    """Width × height from the file's header (PIL's check off for this read only)."""
+    from PIL import Image
+
+    saved, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+    try:
+        with Image.open(path) as im:
+            return int(im.width) * int(im.height)
+    except Exception:  # the header was readable a moment ago; the size is only for the message
+        return None
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved
+
+
+def _too_many_pixels(path: Path, pixels: int | None) -> IdentifiableError:
+    size = f"{pixels / 1e6:.0f} megapixels" if pixels else "too many pixels"
+    return IdentifiableError(
+        f"--image {path} holds {size}, more than the {_max_pixels() / 1e6:.0f} megapixels "
+        "that are read (a larger image may be a decompression bomb); resize it, e.g. to the "
+        "model's image size"
+    )
+
+
+def _read_npy(path: Path) -> Any:
+    import numpy as np
+    import torch
+
+    try:
+        arr = np.load(path, allow_pickle=False, mmap_mode="r")  # the header first
+    except (OSError, ValueError, EOFError) as exc:
+        raise IdentifiableError(f"--image {path}: not a readable .npy array ({exc})") from None
+    if arr.dtype.kind != "f" or arr.ndim not in (3, 4):
+        raise IdentifiableError(
+            f"--image {path}: a .npy image must hold float pixel values [C, H, W], "
+            f"got {arr.dtype} {list(arr.shape)}"
+        )
+    if arr.shape[-1] * arr.shape[-2] > _max_pixels() or arr.size > 4 * _max_pixels():
+        raise _too_many_pixels(path, int(arr.shape[-1]) * int(arr.shape[-2]))
+    return torch.from_numpy(np.array(arr))
 
 
 def view(
@@ -163,11 +210,14 @@ def view(
     check_writable(out, "--out", force=force)
     if max_rows < 1:
         raise IdentifiableError(f"--max-rows must be at least 1, got {max_rows}")
-    if not math.isfinite(max_mb) or max_mb < 1:
-        raise IdentifiableError(f"--max-mb must be a number of at least 1 (MB), got {max_mb}")
-    if not math.isfinite(interval_seconds) or interval_seconds < 0:
+    if not (math.isfinite(max_mb) and 1 <= max_mb <= MAX_PAGE_MB):
         raise IdentifiableError(
-            f"--interval-seconds must be a number of seconds ≥ 0, got {interval_seconds}"
+            f"--max-mb must be a number of MB between 1 and {MAX_PAGE_MB:.0f}, got {max_mb:g}"
+        )
+    if not (math.isfinite(interval_seconds) and 0 <= interval_seconds <= MAX_INTERVAL_S):
+        raise IdentifiableError(
+            f"--interval-seconds must be a number of seconds between 0 and "
+            f"{MAX_INTERVAL_S:.0f} (11 days), got {interval_seconds:g}"
         )
     if head < 0:
         raise IdentifiableError(f"--head must be 0 or more, got {head}")
@@ -181,7 +231,7 @@ def view(
         get_method(name)
     check_model_name(model)
     picture = None if image is None else _read_image(image)
-    m = load(model)
+    m = load(model, images=True)
     modality = getattr(m, "modality", "text")
     if picture is not None and modality != "image":
         raise IdentifiableError(
@@ -191,6 +241,8 @@ def view(
         raise IdentifiableError(
             f"'{model}' is an image model ({m.spec.name}): give --image FILE, not text"
         )
+    if picture is None:
+        check_reads_text(m, model)
     if picture is not None and not _is_tensor(picture) and m.image_processor is None:
         raise IdentifiableError(
             f"'{model}' has no image processor saved beside its weights "

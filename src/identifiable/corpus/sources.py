@@ -23,6 +23,7 @@ from identifiable.corpus.fileio import ReadLimits, current_limits, file_digest, 
 from identifiable.corpus.sentences import split_sentences
 from identifiable.corpus.wikidump import parse_wiki_dump
 from identifiable.errors import IdentifiableError
+from identifiable.unicode import check_unicode
 
 __all__ = ["FORMATS", "WIKIPEDIA_SAMPLE", "SourceData", "read_source", "wikipedia_sample_path"]
 
@@ -119,6 +120,7 @@ def _field(record: Mapping[str, Any], key: str, where: str) -> str:
         raise IdentifiableError(
             f"{where}: field {key!r} is {type(value).__name__}, not text; pick a text field"
         )
+    check_unicode(value, f"{where}: field {key!r}", "fix or remove that record")
     return value
 
 
@@ -155,11 +157,34 @@ def _records_to_data(
     )
 
 
+_MAX_DIGITS = 4300  # Python's default limit on converting decimal text to int
+
+
+class _LongNumber(Exception):
+    """A JSON integer longer than Python converts (`sys.get_int_max_str_digits()`)."""
+
+
+def _int(literal: str) -> int:
+    # json would raise a bare ValueError from int(); say which record instead
+    if len(literal.lstrip("-")) > _MAX_DIGITS:
+        raise _LongNumber(len(literal))
+    return int(literal)
+
+
+def _long_number(where: str, exc: _LongNumber) -> IdentifiableError:
+    return IdentifiableError(
+        f"{where} holds a number of {exc.args[0]} digits (at most {_MAX_DIGITS} can be read); "
+        "quote it as a string or remove it"
+    )
+
+
 def _jsonl_records(path: Path, text: str) -> Iterable[tuple[str, Any]]:
     """Parse JSON Lines (or a JSON array), naming the line of any invalid record."""
     if text.lstrip().startswith("["):
         try:
-            records = json.loads(text)
+            records = json.loads(text, parse_int=_int)
+        except _LongNumber as exc:
+            raise _long_number(str(path), exc) from None
         except json.JSONDecodeError as exc:
             raise IdentifiableError(
                 f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}; fix the file"
@@ -176,7 +201,9 @@ def _jsonl_records(path: Path, text: str) -> Iterable[tuple[str, Any]]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json.loads(line, parse_int=_int)
+        except _LongNumber as exc:
+            raise _long_number(f"{path}: line {number}", exc) from None
         except json.JSONDecodeError as exc:
             raise IdentifiableError(
                 f"{path}: invalid JSON on line {number}: {exc.msg}; fix or remove that line"

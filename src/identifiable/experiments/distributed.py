@@ -221,17 +221,32 @@ def report_failure(world: World, message: str) -> None:
             world.store.set(world.key("failed"), f"rank {world.rank}: {message}")
 
 
+# The work of a run starts once every rank has passed this barrier (rank 0 has locked and
+# prepared the output folder): a failure before it is an up-front refusal, with nothing to
+# resume, so no message then advises --resume.
+WORK_STARTS = "out-ready"
+_started: set[str] = set()  # the prefixes of the runs in this process whose work started
+
+
+def work_started(world: World) -> bool:
+    return world.prefix in _started
+
+
+def _rerun(world: World) -> str:
+    return "rerun with --resume" if work_started(world) else "rerun the same command"
+
+
 def _wait(world: World, done: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + world.timeout_s
     failed = world.key("failed")
     while not done():
         if world.store.check([failed]):
             why = world.store.get(failed).decode()
-            raise IdentifiableError(f"stopped: {why}; fix it and rerun with --resume")
+            raise IdentifiableError(f"stopped: {why}; fix it and {_rerun(world)}")
         if time.monotonic() > deadline:
             raise IdentifiableError(
                 f"stopped: timed out after {world.timeout_s:.0f} s waiting for the other ranks "
-                f"to {what} (a rank may have died); rerun with --resume"
+                f"to {what} (a rank may have died); {_rerun(world)}"
             )
         time.sleep(_POLL_S)
 
@@ -243,6 +258,17 @@ def barrier(world: World, name: str) -> None:
     key = world.key(f"barrier/{name}")
     world.store.add(key, 1)
     _wait(world, lambda: world.store.add(key, 0) >= world.size, f"reach '{name}'")
+    if name == WORK_STARTS:
+        _started.add(world.prefix)
+
+
+def is_main_process() -> bool:
+    """Whether this process is rank 0 (or alone): the one that prints a run's summary."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return int(os.environ.get("RANK", "0") or 0) == 0
 
 
 def broadcast(world: World, name: str, value: str | None) -> str:
@@ -266,9 +292,13 @@ def stop_cleanly(world: World) -> Iterator[None]:
     if world.distributed:
 
         def on_term(signum: int, frame: Any) -> None:
+            advice = (
+                "rerun with --resume to finish the missing shards"
+                if work_started(world)
+                else "its error says what to fix"
+            )
             print(
-                f"error: rank {world.rank} stopped by the launcher (another rank failed); "
-                "rerun with --resume to finish the missing shards",
+                f"error: rank {world.rank} stopped by the launcher (another rank failed); {advice}",
                 file=sys.stderr,
             )
             os._exit(143)

@@ -26,6 +26,7 @@ import pandas as pd
 from identifiable.errors import IdentifiableError
 from identifiable.experiments.distributed import SINGLE, World, barrier, claims, work_order
 from identifiable.store.cache import RunCache
+from identifiable.unicode import check_unicode
 
 Item = str | tuple[str, str]
 Advance = Callable[[int], None]
@@ -78,6 +79,7 @@ def resolve_corpus(
     corpus: Any, model: Any, budget: Any, seed: int
 ) -> tuple[list[Item], dict[str, Any]]:
     """Items (pairs formatted later as [CLS] a [SEP] b [SEP]) and a description for the settings."""
+    _check_reads_text(model)
     if isinstance(corpus, str | Path):
         from identifiable.corpus import load_corpus
 
@@ -97,8 +99,29 @@ def resolve_corpus(
         raise IdentifiableError(
             "corpus must be a corpus name or a non-empty list of texts or (text, text) pairs"
         )
+    for number, item in enumerate(items, start=1):
+        for text in (item,) if isinstance(item, str) else item:
+            check_unicode(text, f"corpus item {number}")
     digest = hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()[:16]
     return items, {"name": "custom", "unit": "given", "items": len(items), "fingerprint": digest}  # type: ignore[return-value]
+
+
+def _check_reads_text(model: Any) -> None:
+    """The experiments read text: an image model or one without a tokenizer is refused
+    before the corpus is read (with what to do, not a tokenizer= argument)."""
+    name = getattr(getattr(model, "info", None), "name", "") or "this model"
+    if getattr(model, "modality", "text") == "image":
+        spec = getattr(getattr(model, "spec", None), "name", "image")
+        raise IdentifiableError(
+            f"'{name}' is an image model ({spec}); the reproduction runs the paper's text "
+            "experiments: give a text model, or look at an image with identifiable view --image"
+        )
+    if getattr(model, "tokenizer", None) is None:
+        raise IdentifiableError(
+            f"'{name}' has no tokenizer, and the reproduction reads a text corpus: copy the "
+            "tokenizer files of the model it came from (tokenizer.json or vocab.txt, "
+            "tokenizer_config.json) into its folder"
+        )
 
 
 def shard_items(items: Sequence[Item], size: int) -> list[list[Item]]:
@@ -119,6 +142,18 @@ def run_stages(
     reduces. Returns {stage name: (tables, seconds this rank spent computing it)} on rank 0,
     None on the other ranks.
     """
+    from identifiable.store.files import retry_advice
+
+    with (
+        retry_advice("rerun the same command with --resume (finished shards are kept)"),
+        summarised_truncations(),
+    ):
+        return _run_stages(cache, stages, progress, world)
+
+
+def _run_stages(
+    cache: RunCache, stages: Sequence[Stage], progress: Any, world: World
+) -> dict[str, tuple[Tables, float]] | None:
     tasks = [progress.add_task(s.label, total=sum(s.weights)) for s in stages]
     flat = [(si, k) for si, s in enumerate(stages) for k in range(len(s.shards))]
     order = (
@@ -163,6 +198,37 @@ def run_stages(
         progress.update(tasks[si], completed=sum(stage.weights))
         results[stage.name] = (stage.reduce(shard_tables), seconds[si])
     return results
+
+
+@contextmanager
+def summarised_truncations() -> Iterator[None]:
+    """One warning line for every text truncated in the block, instead of one per text
+    (a model with a short context truncated 20-64 sequences of a run, one line each).
+    Other warnings are shown as they come."""
+    import warnings
+
+    from identifiable.models import TruncationWarning
+
+    seen: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", TruncationWarning)  # count repeats too
+        show = warnings.showwarning
+
+        def count(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+            if issubclass(category, TruncationWarning):
+                seen.append(str(message))
+            else:
+                show(message, category, *args, **kwargs)
+
+        warnings.showwarning = count
+        yield
+    if seen:
+        warnings.warn(
+            f"{len(seen)} {'text was' if len(seen) == 1 else 'texts were'} longer than the "
+            f"model takes and truncated (e.g. {seen[0]})",
+            TruncationWarning,
+            stacklevel=3,
+        )
 
 
 class _Quiet:

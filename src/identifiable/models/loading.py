@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,10 @@ def load_model(
         dtype: weights dtype (default: as stored, usually float32). float16 and
             bfloat16 trace too; `Trace.verify()` then uses a tolerance that
             follows the dtype (see `Trace.tolerance`).
-        trust_remote_code: allow custom modelling code from the hub (off by default).
+        trust_remote_code: run the model's own modelling code (config.json's auto_map; off
+            by default). Without it such a config is refused, unless transformers has its
+            model type built in: then those classes are used, the model's code is never
+            run, and a `RemoteCodeNotRun` warning says so.
         device_map: passed to `from_pretrained` for models larger than one device
             (e.g. "auto", which needs the `accelerate` package); the model then stays
             where it is placed and `device` is not applied.
@@ -104,11 +108,19 @@ def load_model(
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     native = getattr(config, "model_type", None) in CONFIG_MAPPING_NAMES
-    if getattr(config, "auto_map", None) and not native and not trust_remote_code:
-        raise IdentifiableError(
-            f"'{name_or_path}' needs its own modelling code (config.json has auto_map); "
-            "review it, then pass trust_remote_code=True (--trust-remote-code)"
+    if getattr(config, "auto_map", None) and not trust_remote_code:
+        if not native:
+            raise _remote_code_error(name_or_path)
+        # transformers has this model type built in and uses it; the repository's code is
+        # never run (what from_pretrained itself does without trust_remote_code)
+        warnings.warn(
+            f"'{name_or_path}' names its own modelling code (config.json has auto_map); it is "
+            f"not run: the model loads with transformers' built-in '{config.model_type}' "
+            "classes, and verify() checks the trace against that model",
+            RemoteCodeNotRun,
+            stacklevel=2,
         )
+    check_size(config, name_or_path, dtype=dtype, weights_in_ram=device_map is None)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except Exception:
@@ -171,12 +183,22 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
     return True
 
 
+class RemoteCodeNotRun(UserWarning):
+    """A config names its own modelling code (auto_map), which is not run: transformers'
+    built-in classes for its model type are used."""
+
+
+def _remote_code_error(name: str) -> IdentifiableError:
+    return IdentifiableError(
+        f"'{name}' needs its own modelling code (config.json has auto_map and a model type "
+        "transformers does not have); review that code, then load it from Python with "
+        "load_model(..., trust_remote_code=True): the CLI never runs a model's own code"
+    )
+
+
 def _load_error(name: str, local: bool, exc: Exception) -> IdentifiableError:
     if "trust_remote_code" in str(exc):  # transformers refuses custom code it may not run
-        return IdentifiableError(
-            f"'{name}' needs its own modelling code (config.json has auto_map); "
-            "review it, then pass trust_remote_code=True (--trust-remote-code)"
-        )
+        return _remote_code_error(name)
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if local:
         return IdentifiableError(
@@ -187,3 +209,160 @@ def _load_error(name: str, local: bool, exc: Exception) -> IdentifiableError:
         f"could not load '{name}' from the Hugging Face hub or its local cache ({reason}). "
         f"Without network, download it first (`hf download {name}`) or pass a local model directory."
     )
+
+
+# ---- the size pre-flight -------------------------------------------------------------------
+# A config is read before anything is allocated: `num_hidden_layers: 1000000` with the
+# weights of a 2-layer model would otherwise build a million layers (minutes, then
+# std::bad_alloc). The estimate is a lower bound, so that no real model is refused:
+# per layer 2·d² (the query and output projections) + 2·d·ff per expert (the MLP's two
+# matrices), (vocabulary + positions)·d for the embeddings, and the Python objects of the
+# modules themselves (16 KiB a layer, measured 24-120 KiB for BERT, GPT-2, Llama, T5).
+
+_LAYER_KEYS = ("num_hidden_layers", "decoder_layers", "num_decoder_layers")
+_FF_KEYS = ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "d_ff", "n_inner", "hidden_dim")
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+_MODULE_BYTES_PER_LAYER = 16 << 10
+# Building a layer takes 2.7-10 ms (measured as above): 100k layers is 5 min or more before
+# the first weight loads. Published models have at most about a thousand.
+MAX_LAYERS = 100_000
+_MODULE_BYTES_PER_EXPERT = 4 << 10
+
+
+def _size(config: Any, key: str) -> int:
+    """A size field of the config: 0 when absent, refused when not a whole number ≥ 0."""
+    try:
+        value = getattr(config, key, None)
+    except Exception:  # an attribute_map pointing at nothing
+        return 0
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise IdentifiableError(
+            f"config.json: {key} must be a whole number ≥ 0, got {str(value)[:40]}; fix the config"
+        )
+    return value
+
+
+def estimate_size(config: Any) -> tuple[int, int]:
+    """(a lower bound on the parameter count, the layers) a config describes; sub-configs
+    (CLIP's text and vision towers, an encoder-decoder's halves) are added."""
+    alias = getattr(config, "attribute_map", {}).get("num_hidden_layers")
+    # the decoder's layers unless num_hidden_layers already names them (BART: the encoder's)
+    layers = sum(_size(config, k) for k in _LAYER_KEYS if k == "num_hidden_layers" or k != alias)
+    width = _size(config, "hidden_size")
+    ff = max((_size(config, k) for k in _FF_KEYS), default=0)
+    expert_ff = _size(config, "moe_intermediate_size") or ff
+    experts = max((_size(config, k) for k in _EXPERT_KEYS), default=0)
+    per_layer = 2 * width * width + 2 * width * (expert_ff * experts if experts else ff)
+    positions = max(_size(config, "max_position_embeddings"), _size(config, "n_positions"))
+    params = layers * per_layer + (_size(config, "vocab_size") + positions) * width
+    for value in vars(config).values():
+        if hasattr(value, "to_dict") and hasattr(value, "model_type"):  # a sub-config
+            sub_params, sub_layers = estimate_size(value)
+            params, layers = params + sub_params, layers + sub_layers
+    return params, layers
+
+
+def _dtype_bytes(config: Any, dtype: torch.dtype | None) -> int:
+    if dtype is not None:
+        return torch.empty((), dtype=dtype).element_size()
+    # `dtype` (transformers 5); 4.x stores `torch_dtype`, whose getter warns on 5
+    stored = getattr(config, "dtype", None) or vars(config).get("torch_dtype")
+    if isinstance(stored, str):
+        stored = getattr(torch, stored, None)
+    small = isinstance(stored, torch.dtype) and stored.is_floating_point and stored.itemsize < 4
+    return 2 if small else 4  # the smaller of the stored dtype and float32: a lower bound
+
+
+def check_size(
+    config: Any, name: str, *, dtype: torch.dtype | None = None, weights_in_ram: bool = True
+) -> None:
+    """Refuse, before any allocation, a config whose model cannot fit in the memory this
+    process may still use (`weights_in_ram=False` with a device_map: only the modules)."""
+    params, layers = estimate_size(config)
+    if layers > MAX_LAYERS:
+        raise IdentifiableError(
+            f"'{name}': its config gives {layers} layers, and identifiable loads at most "
+            f"{MAX_LAYERS} (published models have about a thousand at most; building more "
+            "would take minutes before any check); check num_hidden_layers in config.json"
+        )
+    experts = max((_size(config, k) for k in _EXPERT_KEYS), default=0)
+    modules = layers * (_MODULE_BYTES_PER_LAYER + experts * _MODULE_BYTES_PER_EXPERT)
+    weights = params * _dtype_bytes(config, dtype) if weights_in_ram else 0
+    free = available_memory()
+    if free is None or weights + modules <= free:
+        return
+    raise IdentifiableError(
+        f"'{name}' describes a model too large for this machine: its config gives {layers} "
+        f"layers of width {_size(config, 'hidden_size')}, at least {params:.2g} parameters "
+        f"({_gb(weights)} of weights and {_gb(modules)} of modules), but {_gb(free)} of memory "
+        "is available; check config.json (num_hidden_layers, hidden_size, vocab_size) or use "
+        "a machine with more memory"
+    )
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.3g} GB"
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still allocate: the least of the system's available memory,
+    its cgroup's limit less its usage, and its address-space limit (RLIMIT_AS) less what it
+    has mapped; None where none of them can be read."""
+    import resource
+
+    found: list[int] = []
+    meminfo = _proc_fields("/proc/meminfo")
+    if "MemAvailable" in meminfo:
+        found.append(meminfo["MemAvailable"])
+    cgroup = _cgroup_room()
+    if cgroup is not None:
+        found.append(cgroup)
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        found.append(max(0, soft - _proc_fields("/proc/self/status").get("VmSize", 0)))
+    if not found:
+        try:
+            found.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            return None
+    return min(found)
+
+
+def _proc_fields(path: str) -> dict[str, int]:
+    """`Name: 123 kB` lines of a /proc file, in bytes (empty where it cannot be read)."""
+    out: dict[str, int] = {}
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                parts = rest.split()
+                if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+                    out[name] = int(parts[0]) << 10
+    except OSError:
+        pass
+    return out
+
+
+def _cgroup_room() -> int | None:
+    """The memory limit of this process's cgroup (v2, else v1) less its usage, or None."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    v2 = next((ln.split("::", 1)[1] for ln in lines if ln.startswith("0::")), None)
+    candidates = []
+    if v2 is not None:
+        base = Path("/sys/fs/cgroup") / v2.lstrip("/")
+        candidates.append((base / "memory.max", base / "memory.current"))
+    v1 = Path("/sys/fs/cgroup/memory")
+    candidates.append((v1 / "memory.limit_in_bytes", v1 / "memory.usage_in_bytes"))
+    for limit_file, usage_file in candidates:
+        try:
+            limit, usage = limit_file.read_text().strip(), usage_file.read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit() and usage.isdigit() and int(limit) < 1 << 60:  # v1: 2**63 = none
+            return max(0, int(limit) - int(usage))
+    return None

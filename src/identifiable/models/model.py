@@ -31,6 +31,7 @@ from identifiable.models.hooks import (
 )
 from identifiable.models.specs import ArchSpec, find_spec
 from identifiable.models.trace import Trace
+from identifiable.unicode import check_unicode
 
 TextOrPair = str | tuple[str, str]
 ModelInput = Any
@@ -1053,6 +1054,7 @@ def _check_text(text: TextOrPair) -> tuple[str, ...]:
     for p in parts:
         if not p.strip():
             raise IdentifiableError("text is empty: give at least one non-whitespace character")
+        check_unicode(p, "text")
     return parts
 
 

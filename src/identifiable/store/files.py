@@ -9,11 +9,15 @@ filesystem). Any OS error becomes an `IdentifiableError` that says what to do.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import errno
 import hashlib
 import io
 import os
+import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,11 +41,49 @@ def _raw_write(fd: int, data: memoryview) -> int:
     return os.write(fd, data)
 
 
+# What a disk-full message advises: a resumable run (`OutputFolder.run`) says --resume,
+# every other writer just "rerun the same command" (view, trace, tokens have no --resume).
+_RETRY: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "identifiable_retry", default="rerun the same command"
+)
+
+
+@contextlib.contextmanager
+def retry_advice(text: str) -> Iterator[None]:
+    """Within the block, a full disk's message ends with `text` (what to rerun)."""
+    token = _RETRY.set(text)
+    try:
+        yield
+    finally:
+        _RETRY.reset(token)
+
+
+# mkstemp(prefix=".NAME.", suffix=".tmp"): a dot, the target's name, 8 random characters
+_TEMPORARY = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a file name is one of our temporary files (`.index.html.k3j_9xq2.tmp`)."""
+    return bool(_TEMPORARY.match(name))
+
+
+def remove_temporaries(root: Path) -> list[Path]:
+    """Delete the temporary files a killed writer left under `root` (a folder of ours: the
+    work folder of a run, before its manifest); links are never followed."""
+    removed = []
+    for dirpath, _dirs, filenames in os.walk(root, followlinks=False):
+        for name in filenames:
+            path = Path(dirpath) / name
+            if is_temporary(name) and not path.is_symlink():
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
+
+
 def _explain(err: OSError, path: Path, hint: str = "choose another --out") -> IdentifiableError:
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         return IdentifiableError(
-            f"disk full while writing {path}: free some space, then rerun the same command "
-            "with --resume (finished parts are kept)"
+            f"disk full while writing {path}: free some space, then {_RETRY.get()}"
         )
     if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return IdentifiableError(f"cannot write {path}: permission denied; {hint}")

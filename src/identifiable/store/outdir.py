@@ -1,18 +1,24 @@
-"""The life cycle of a report folder (`reproduce --out DIR`): nothing lost, nothing foreign deleted.
+"""The life cycle of an output folder (`reproduce --out DIR`, `tokens --out DIR`): nothing lost,
+nothing foreign deleted. One policy for every command that writes a folder.
 
 Rules, in the order a run meets them:
 
 1. `check()` is read-only and runs before anything is loaded: the folder must not be the
    filesystem root, the home directory, the current directory or one of its ancestors,
-   nor a symbolic link; a non-empty folder needs `--resume` or `--force`, and `--force`
-   only ever replaces a run of ours (see 3).
+   a symbolic link, a file, or inside a folder identifiable wrote (a finished run or a
+   work folder); its parent must take a file (probed; see `store.places`). A run that is
+   live in it right now (its lock is held) is named as such. A non-empty folder needs
+   `--resume` or `--force`, and `--force` only ever replaces a finished run of ours of the
+   same command (see 3). A command without `--resume` (`resumable=False`) never advises it,
+   and starts an interrupted run of its own over.
 2. `run()` (after the model, corpus and device were validated) takes an exclusive lock
    (`fcntl.flock` on the sibling `.DIR.identifiable.lock`), so a second run into the same
-   folder refuses with one line, and works in the sibling folder `.DIR.identifiable-partial`:
-   the shard cache and then the report are written there, never through the old folder.
-   A run that fails or is interrupted leaves that folder for `--resume` and the previous
-   report in DIR untouched.
-3. On success the work folder gets a manifest (`.cache/manifest.json`: size and SHA-256 of
+   folder refuses with one line, and works in the sibling folder `.DIR.identifiable-partial`
+   (marked `.cache/run.json` at once): the shard cache and then the outputs are written
+   there, never through the old folder. A run that fails or is interrupted leaves that
+   folder for `--resume` and the previous outputs in DIR untouched.
+3. On success the temporary files a killed writer left in the work folder are removed, the
+   work folder gets a manifest (`.cache/manifest.json`: the command, size and SHA-256 of
    every file, and every folder) and is swapped in for DIR with one atomic
    `renameat2(RENAME_EXCHANGE)` (two renames where the kernel lacks it). The previous run is
    then deleted entry by entry, and only the entries its own manifest lists with unchanged
@@ -20,7 +26,8 @@ Rules, in the order a run meets them:
    symbolic link) is never deleted and `--force` refuses it up front.
 
 Symbolic links are never followed: every walk uses `lstat` and nothing is removed through a
-link.
+link. A manifest that cannot be read (missing, malformed, nested 200k deep) vouches for
+nothing.
 """
 
 from __future__ import annotations
@@ -38,9 +45,15 @@ from pathlib import Path
 from typing import Any
 
 from identifiable.errors import IdentifiableError
+from identifiable.store.places import check_place, probe_writable
+from identifiable.store.places import exists as _exists
+from identifiable.store.places import is_link as _is_link
+from identifiable.store.places import is_real_dir as _is_real_dir
+from identifiable.store.places import refused_location as _refused_location
 
 CACHE = ".cache"
 MANIFEST = "manifest.json"  # inside CACHE
+RUN_MARKER = "run.json"  # inside CACHE: written first, so a killed run is known as ours
 _FORMAT = 1
 
 
@@ -50,28 +63,6 @@ def _partial(out: Path) -> Path:
 
 def _lockfile(out: Path) -> Path:
     return out.parent / f".{out.name}.identifiable.lock"
-
-
-def _is_link(path: Path) -> bool:
-    try:
-        return stat.S_ISLNK(os.lstat(path).st_mode)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-
-
-def _exists(path: Path) -> bool:
-    try:
-        os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-    return True
-
-
-def _is_real_dir(path: Path) -> bool:
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
 
 
 def _sha256(path: Path) -> str:
@@ -97,8 +88,9 @@ def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
                     stack.append(child)
 
 
-def write_manifest(root: Path) -> dict[str, Any]:
-    """Record every file (size, SHA-256) and folder under `root` in `root/.cache/manifest.json`."""
+def write_manifest(root: Path, kind: str = "reproduce") -> dict[str, Any]:
+    """Record every file (size, SHA-256) and folder under `root` in `root/.cache/manifest.json`,
+    with the command (`kind`) that wrote the folder."""
     files: dict[str, dict[str, Any]] = {}
     dirs: list[str] = []
     for rel, st in _walk(root):
@@ -112,7 +104,13 @@ def write_manifest(root: Path) -> dict[str, Any]:
             raise IdentifiableError(
                 f"{root / rel} is not a regular file; something else writes into this folder"
             )
-    manifest = {"format": _FORMAT, "writer": "identifiable", "files": files, "dirs": sorted(dirs)}
+    manifest = {
+        "format": _FORMAT,
+        "writer": "identifiable",
+        "kind": kind,
+        "files": files,
+        "dirs": sorted(dirs),
+    }
     from identifiable.store.files import atomic_write_text
 
     atomic_write_text(root / CACHE / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
@@ -126,7 +124,7 @@ def read_manifest(root: Path) -> dict[str, Any] | None:
         return None
     try:
         manifest = json.loads(path.read_text("utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: 200k-deep JSON
         return None
     if not (
         isinstance(manifest, dict)
@@ -212,33 +210,62 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def _refused_location(out: Path) -> str | None:
+def enclosing_run(out: Path) -> Path | None:
+    """The folder of ours that `out` would land inside (a finished run, or a work folder)."""
     resolved = Path(os.path.realpath(out))
-    if resolved == Path(resolved.anchor):
-        return "the filesystem root"
-    with contextlib.suppress(RuntimeError, KeyError):
-        if resolved == Path(os.path.realpath(Path.home())):
-            return "your home directory"
-    cwd = Path(os.path.realpath(Path.cwd()))
-    if resolved == cwd:
-        return "the current directory"
-    if resolved in cwd.parents:
-        return "an ancestor of the current directory"
+    for parent in resolved.parents:
+        if parent.name.endswith(".identifiable-partial") or read_manifest(parent) is not None:
+            return parent
+    return None
+
+
+def _lock_holder(out: Path) -> str | None:
+    """The pid of a live run holding `out`'s lock ("?" if unreadable), or None. Reads only:
+    an existing lock file is opened read-only and tested with a shared, non-blocking flock."""
+    try:
+        fd = os.open(_lockfile(out), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        with contextlib.suppress(OSError):
+            return os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+        return "?"
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     return None
 
 
 class OutputFolder:
-    """A report folder and the rules for writing it (see the module docstring).
+    """An output folder and the rules for writing it (see the module docstring).
 
     `check()` before loading anything; then `with folder.run(check_settings) as work:`
     write everything into `work`; on a clean exit it becomes `out`.
+
+    `kind` names the command that writes the folder ("reproduce", "tokens"): `--force`
+    replaces only a finished run of the same kind. `resumable=False` for a command without
+    `--resume`, whose messages then never advise it.
     """
 
-    def __init__(self, out: str | Path, *, resume: bool = False, force: bool = False) -> None:
+    def __init__(
+        self,
+        out: str | Path,
+        *,
+        resume: bool = False,
+        force: bool = False,
+        kind: str = "reproduce",
+        resumable: bool = True,
+    ) -> None:
         self.out = Path(out)
         self.resume = resume
         self.force = force
+        self.kind = kind
+        self.resumable = resumable
         self.partial = _partial(self.out)
+        self._locked = False
 
     # ---- read-only checks ------------------------------------------------------
     def check(self) -> None:
@@ -254,28 +281,15 @@ class OutputFolder:
         out = self.out
         if self.resume and self.force:
             raise IdentifiableError("give --resume or --force, not both")
-        if str(out) == "" or out.name in ("", ".", ".."):
-            where = _refused_location(out) or "not a folder name"
-            raise IdentifiableError(
-                f"--out {str(out)!r} is {where}; name a new folder for the report"
-            )
-        refused = _refused_location(out)
-        if refused:
-            raise IdentifiableError(
-                f"--out {out} is {refused}; a report folder must be a folder of its own"
-            )
-        if _is_link(out):
-            raise IdentifiableError(
-                f"--out {out} is a symbolic link; pass the folder it points to "
-                f"({os.path.realpath(out)}) or another --out"
-            )
-        if _exists(out) and not _is_real_dir(out):
-            raise IdentifiableError(f"--out {out} is a file; choose a folder")
-        if _exists(self.partial) and not _is_real_dir(self.partial):
-            raise IdentifiableError(
-                f"{self.partial} is in the way (not a folder we wrote); move it or choose another --out"
-            )
+        self._check_location()
         interrupted = self._partial_is_ours()
+        if not self._locked:
+            holder = _lock_holder(out)
+            if holder is not None:
+                raise IdentifiableError(
+                    f"another identifiable run (process {holder}) is writing to {out} right "
+                    "now; wait for it to finish, or choose another --out"
+                )
         if _exists(self.partial) and not interrupted and not self._partial_is_empty():
             raise IdentifiableError(
                 f"{self.partial} holds files identifiable did not write; move it or choose another --out"
@@ -284,36 +298,66 @@ class OutputFolder:
             self._check_replaceable()
             return
         if self.resume:
-            if interrupted or (self._is_ours() and not self._foreign()):
-                return
-            if _is_real_dir(out) and self._is_ours():
-                raise IdentifiableError(
-                    f"cannot resume in {out}: it holds files identifiable did not write "
-                    f"(e.g. {self._foreign()[0]}); move them or choose another --out"
-                )
-            if _is_real_dir(out) and any(os.scandir(out)):
-                raise IdentifiableError(
-                    f"cannot resume in {out}: it holds no identifiable run; choose another --out"
-                )
-            return  # nothing to resume: a fresh run
-        if interrupted:
+            self._check_resumable(interrupted)
+            return
+        if interrupted and self.resumable:  # without --resume it is simply started over
             raise IdentifiableError(
-                f"a run into {out} was interrupted (its work is in {self.partial}): pass --resume "
-                "to continue it, --force to start over, or choose another --out"
+                f"a run into {out} was interrupted (its work is in {self.partial}): pass "
+                "--resume to continue it, --force to start over, or choose another --out"
             )
         if _is_real_dir(out) and any(os.scandir(out)):
             if self._is_ours():
+                resume = "pass --resume to reuse it, " if self.resumable else ""
                 raise IdentifiableError(
-                    f"output folder {out} is not empty (it holds a finished run): pass --resume "
-                    "to reuse it, --force to replace it, or choose another --out"
+                    f"output folder {out} is not empty (it holds a finished run): {resume}"
+                    "pass --force to replace it, or choose another --out"
                 )
+            only = "--resume and --force only work" if self.resumable else "--force only works"
             raise IdentifiableError(
-                f"output folder {out} is not empty and holds no identifiable run: choose another "
-                "--out (--resume and --force only work on a run of ours)"
+                f"output folder {out} is not empty and holds no identifiable {self.kind} run: "
+                f"choose another --out ({only} on a run of ours)"
             )
 
+    def _check_location(self) -> None:
+        """Not /, HOME, the current folder or above, a link, a file, or inside a run of ours."""
+        out = self.out
+        if str(out) == "" or out.name in ("", ".", ".."):
+            where = _refused_location(out) or "not a folder name"
+            raise IdentifiableError(f"--out {str(out)!r} is {where}; name a new folder")
+        check_place(out, "--out", "an output folder")
+        enclosing = enclosing_run(out)
+        if enclosing is not None:
+            raise IdentifiableError(
+                f"--out {out} is inside {enclosing}, a folder identifiable wrote (its --force "
+                "would then refuse it); choose a folder outside it"
+            )
+        if _exists(self.partial) and not _is_real_dir(self.partial):
+            raise IdentifiableError(
+                f"{self.partial} is in the way (not a folder we wrote); move it or choose another --out"
+            )
+        probe_writable(out.parent, "--out")  # the work folder and the lock go beside `out`
+
+    def _check_resumable(self, interrupted: bool) -> None:
+        out = self.out
+        if interrupted or (self._is_ours() and not self._foreign()):
+            return
+        if _is_real_dir(out) and self._is_ours():
+            raise IdentifiableError(
+                f"cannot resume in {out}: it holds files identifiable did not write "
+                f"(e.g. {self._foreign()[0]}); move them or choose another --out"
+            )
+        if _is_real_dir(out) and any(os.scandir(out)):
+            raise IdentifiableError(
+                f"cannot resume in {out}: it holds no identifiable run; choose another --out"
+            )
+        # nothing to resume: a fresh run
+
+    def _manifest(self) -> dict[str, Any] | None:
+        return read_manifest(self.out) if _is_real_dir(self.out) else None
+
     def _is_ours(self) -> bool:
-        return _is_real_dir(self.out) and read_manifest(self.out) is not None
+        manifest = self._manifest()
+        return manifest is not None and manifest.get("kind", "reproduce") == self.kind
 
     def _foreign(self) -> list[str]:
         manifest = read_manifest(self.out)
@@ -324,18 +368,25 @@ class OutputFolder:
 
     def _partial_is_ours(self) -> bool:
         cache = self.partial / CACHE
-        return (
-            _is_real_dir(self.partial)
-            and _is_real_dir(cache)
-            and not _is_link(cache / "settings.json")
-            and (cache / "settings.json").is_file()
+        if not (_is_real_dir(self.partial) and _is_real_dir(cache)):
+            return False
+        return any(
+            not _is_link(cache / name) and (cache / name).is_file()
+            for name in (RUN_MARKER, "settings.json")  # settings.json: runs before the marker
         )
 
     def _check_replaceable(self) -> None:
         out = self.out
         if not _is_real_dir(out) or not any(os.scandir(out)):
             return
-        if not self._is_ours():
+        manifest = self._manifest()
+        if manifest is not None and manifest.get("kind", "reproduce") != self.kind:
+            raise IdentifiableError(
+                f"--force refused: {out} holds an identifiable {manifest.get('kind')} run, and "
+                f"{self.kind} --force only replaces a {self.kind} run; nothing was deleted; "
+                "choose another --out"
+            )
+        if manifest is None:
             raise IdentifiableError(
                 f"--force refused: {out} holds no identifiable run, and --force only replaces "
                 "a run of ours; nothing was deleted; choose another --out"
@@ -354,19 +405,39 @@ class OutputFolder:
 
         `check_settings(folder)` is called with the folder whose `.cache` a resumed run
         would reuse, before anything is written, so that a refused resume changes nothing.
+        Temporary files a killed writer left in the work folder are removed before the
+        manifest is written, so none survives into the finished folder.
         """
+        from identifiable.store.files import remove_temporaries, retry_advice
+
         try:
             self.out.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise IdentifiableError(
                 f"cannot write to output folder {self.out}: {err.strerror or err}; choose another --out"
             ) from None
-        with self._lock():
-            self.check()  # again, under the lock: the folder may have changed meanwhile
-            work = self._prepare(check_settings)
-            yield work
-            write_manifest(work)
-            self._swap_in(work)
+        advice = (
+            "rerun the same command with --resume (finished parts are kept)"
+            if self.resumable
+            else "rerun the same command"
+        )
+        with self._lock(), retry_advice(advice):
+            self._locked = True
+            try:
+                self.check()  # again, under the lock: the folder may have changed meanwhile
+                work = self._prepare(check_settings)
+                try:
+                    yield work
+                except BaseException:
+                    if not self.resumable:  # nothing to resume: leave no work folder behind
+                        with contextlib.suppress(OSError):
+                            _remove_tree(work)
+                    raise
+                remove_temporaries(work)
+                write_manifest(work, self.kind)
+                self._swap_in(work)
+            finally:
+                self._locked = False
 
     @contextlib.contextmanager
     def _lock(self) -> Iterator[None]:
@@ -407,7 +478,7 @@ class OutputFolder:
     def _prepare(self, check_settings: Callable[[Path], None] | None) -> Path:
         work, out = self.partial, self.out
         try:
-            if self.force and _exists(work):
+            if (self.force or not self.resumable) and _exists(work):
                 _remove_tree(work)  # an earlier interrupted run of ours (checked in check())
             if self.resume and self._partial_is_ours():
                 for name in (CACHE, "figures", "tables"):
@@ -424,13 +495,28 @@ class OutputFolder:
             if _exists(work):  # empty leftover
                 os.rmdir(work)
             os.mkdir(work)
-            if self.resume and self._is_ours():
-                _link_tree(out / CACHE, work / CACHE)
+            try:
+                if self.resume and self._is_ours():
+                    _link_tree(out / CACHE, work / CACHE)
+                self._mark(work)
+            except BaseException:  # a full disk: leave no half-made work folder behind
+                with contextlib.suppress(OSError):
+                    _remove_tree(work)
+                raise
             return work
         except OSError as err:
             raise IdentifiableError(
                 f"cannot write to output folder {out}: {err.strerror or err}; choose another --out"
             ) from None
+
+    def _mark(self, work: Path) -> None:
+        """Say in the work folder that it is ours (and which command's), so that an
+        interrupted run is recognised as one even before it wrote anything else."""
+        from identifiable.store.files import atomic_write_text
+
+        (work / CACHE).mkdir(exist_ok=True)
+        marker = {"writer": "identifiable", "kind": self.kind}
+        atomic_write_text(work / CACHE / RUN_MARKER, json.dumps(marker, sort_keys=True))
 
     def _swap_in(self, work: Path) -> None:
         out = self.out

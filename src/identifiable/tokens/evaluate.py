@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from identifiable.errors import IdentifiableError
+from identifiable.seeds import layer_seed as derived_layer_seed
 from identifiable.tokens.extract import TokenPairs
 from identifiable.tokens.fitting import RidgeSolver, fit_probes, select_adam
 from identifiable.tokens.lookup import (
@@ -325,7 +326,7 @@ def evaluate_pairs(
     for layer in layer_list:
         x_tr, x_val = pairs.layer(layer, split.train), pairs.layer(layer, split.val)
         x_te = x_test_all[:, layer]
-        layer_seed = seed * 1_000_003 + layer
+        layer_seed = derived_layer_seed(seed, layer)  # in 0..2**63-1 for any --seed
         # Factorised once per layer, shared by the probes and the control.
         solver = RidgeSolver(x_tr) if needs_solver else None
         plain = [k for k in kinds if k not in adam_cfg]

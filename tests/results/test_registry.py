@@ -1,0 +1,36 @@
+"""The table of loadable result classes is exactly identifiable's `Result` subclasses: a new
+result class that is not listed could be saved but never loaded, and a listed name that no
+longer exists (a module moved) would make every file of that class unloadable."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import identifiable
+from identifiable.result_files import RESULT_CLASSES, class_name, resolve_class
+from identifiable.results import Result
+
+
+def _all_subclasses(cls: type) -> set[type]:
+    out = set()
+    for sub in cls.__subclasses__():
+        out |= {sub, *_all_subclasses(sub)}
+    return out
+
+
+def test_every_result_class_of_the_package_is_listed() -> None:
+    for info in pkgutil.walk_packages(identifiable.__path__, "identifiable."):
+        if info.name != "identifiable.__main__":
+            importlib.import_module(info.name)
+    ours = {
+        class_name(c) for c in _all_subclasses(Result) if c.__module__.startswith("identifiable.")
+    }
+    assert ours == set(RESULT_CLASSES)
+    assert len(RESULT_CLASSES) == len(set(RESULT_CLASSES))
+
+
+def test_every_listed_name_resolves_to_that_class() -> None:
+    for name in RESULT_CLASSES:
+        cls = resolve_class(name, "f.st")
+        assert issubclass(cls, Result) and class_name(cls) == name
