@@ -211,11 +211,6 @@ def _layer_sum(
         a = torch.gather(a, 2, order[:, None, :, None].expand_as(a))
         a = torch.gather(a, 3, order[:, None, None, :].expand_as(a))
         v = torch.gather(v, 2, order[:, None, :, None].expand_as(v))
-    if not bool(torch.isfinite(a.detach()).all()) or not bool(torch.isfinite(v.detach()).all()):
-        raise IdentifiableError(
-            f"layer {layer}: the attention or the values hold NaN or inf; the penalty needs "
-            "a finite forward pass (lower the learning rate, check the inputs)"
-        )
     bsz, n_h, n_pad, _ = a.shape
     vp = v.double() @ f[None]  # [B, h, N, r]
     frac, real = row_null_fractions(
@@ -225,5 +220,10 @@ def _layer_sum(
         causal=causal,
         row_stochastic=variant == "row-stochastic",
     )
-    count = int(real.sum())
-    return frac.sum(), count
+    total = frac.sum()
+    if not bool(torch.isfinite(total.detach())):
+        raise IdentifiableError(
+            f"layer {layer}: the attention or the values hold NaN or inf; the penalty needs "
+            "a finite forward pass (lower the learning rate, check the inputs)"
+        )
+    return total, int(real.sum())

@@ -45,19 +45,26 @@ def relative_tolerance(sigma_max: Tensor, n: Tensor | int, m: int) -> Tensor:
 
 
 def out_proj_factor(out_proj: Tensor) -> Tensor:
-    """F `[H, d_v, r]` with col(V F) = col(V H) and sing(V F) = sing(V H), differentiable in H.
+    """F `[H, d_v, r]` with col(V F) = col(V H) and sing(V F) = sing(V H).
 
-    F = H W_r, W_r the right singular vectors of H (`[H, d_v, d]`, float64) above the
-    relative tolerance, held constant: H = U S Wᵀ gives V H W_r = V U_r S_r, whose
-    columns span col(T) exactly, with T's singular values. Heads whose H has lower
-    rank than the others get zero columns (they add nothing to a column space).
+    Where H (`[H, d_v, d]`, float64) is well-conditioned (κ < 1e3, the usual case) F is
+    the Cholesky factor L of H Hᵀ, held constant: the null fraction depends on H only
+    through col(T) = col(V) then, so its derivative in H is exactly 0 and in V the same
+    for any such F. Elsewhere F = H W_r, W_r the right singular vectors of H above the
+    relative tolerance (held constant, so that F carries H's derivative): V H W_r =
+    V U_r S_r spans col(T) with T's singular values; missing ranks give zero columns.
     """
+    with torch.no_grad():
+        ok, lower, _ = cholesky_if_well_conditioned(out_proj @ out_proj.transpose(-1, -2))
+    if bool(ok.all()):
+        return lower
     with torch.no_grad():
         _, s, wh = torch.linalg.svd(out_proj, full_matrices=False)  # wh: [H, k, d]
         d_v, d = out_proj.shape[-2:]
         keep = s > relative_tolerance(s[:, :1], d_v, d)
         w = wh.transpose(-1, -2) * keep[:, None, :]
-    return out_proj @ w
+    f = out_proj @ w
+    return torch.where(ok[:, None, None], lower[..., : f.shape[-1]], f)
 
 
 def _ones_column(v: Tensor, real: Tensor, lengths: Tensor) -> Tensor:
@@ -129,8 +136,17 @@ def _coordinates(v: Tensor, lengths: Tensor, causal: bool) -> tuple[Tensor, Tens
         basis = v.new_zeros(bsz, m, k)
         inactive = torch.zeros(bsz, n_pad, k, dtype=torch.bool, device=v.device)
         active = torch.zeros(bsz, n_pad, dtype=torch.bool, device=v.device)
-        for n in torch.unique(lengths).tolist():
-            idx = torch.nonzero(lengths == n).flatten()
+        todo = torch.ones(bsz, dtype=torch.bool, device=v.device)
+        if not causal and n_pad >= m:
+            # The usual case in one batched call: tall and well-conditioned V' has rank m,
+            # decided without a tolerance (zero padded rows leave VᵀV unchanged).
+            ok, _, inverse = cholesky_if_well_conditioned(v.transpose(-1, -2) @ v)
+            ok = ok & (lengths >= m)
+            basis[ok, :, :m] = inverse[ok].transpose(-1, -2)
+            active[ok] = (lengths[ok] > m)[:, None]
+            todo = ~ok
+        for n in torch.unique(lengths[todo]).tolist():
+            idx = torch.nonzero(todo & (lengths == n)).flatten()
             x = v[idx, :n]
             if causal:
                 b, inact, act = _prefix_basis(x, k)
