@@ -41,6 +41,23 @@ class FinetuneResult:
     timings: dict[str, float]
 
 
+def load_attention_model(name: str) -> Any:
+    """`load_model`, with one line for an architecture that has no attention to read (a state
+    space model, for instance: transformers' config then lacks attention heads)."""
+    from identifiable.models import load_model
+
+    try:
+        return load_model(name)
+    except IdentifiableError:
+        raise
+    except (AttributeError, KeyError, TypeError, NotImplementedError) as exc:
+        raise IdentifiableError(
+            f"'{name}' has no attention maps identifiable can read ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); give a Transformer with "
+            "softmax attention (BERT, GPT-2, Llama, …)"
+        ) from None
+
+
 def checkpoint_dir(out: Path, weights: Sequence[float], w: float) -> Path:
     return out if len(weights) == 1 else out / f"penalty-{w:g}"
 
@@ -85,7 +102,7 @@ def finetune(
     from identifiable.corpus import load_documents
     from identifiable.models import load_model
 
-    base = load_model(model)
+    base = load_attention_model(model)
     source = str(getattr(base.hf_model.config, "_name_or_path", "") or "")
     from identifiable.training.capture import check_supported
 

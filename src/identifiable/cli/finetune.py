@@ -41,7 +41,7 @@ def finetune(
         str, typer.Option("--corpus", "-c", help="'wikipedia-sample' or a MediaWiki/text file.")
     ] = "wikipedia-sample",
     batch_size: Annotated[int, typer.Option("--batch-size", help="Pairs per step.")] = 8,
-    lr: Annotated[float, typer.Option("--lr", help="AdamW learning rate.")] = 1e-4,
+    lr: Annotated[float, typer.Option("--lr", help="AdamW learning rate.")] = 5e-5,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Longest training pair.")] = 72,
     save_every: Annotated[
         int, typer.Option("--save-every", help="Steps between resume points.")

@@ -65,7 +65,7 @@ class TrainSettings:
 
     steps: int = 100
     batch_size: int = 8
-    lr: float = 1e-4
+    lr: float = 5e-5
     warmup: int = 10
     max_tokens: int = 72
     min_tokens: int = 40
@@ -258,7 +258,9 @@ def train_weight(
     m = as_model(model)
     folder.mkdir(parents=True, exist_ok=True)
     hf = m.hf_model
-    opt = torch.optim.AdamW(hf.parameters(), lr=s.lr, weight_decay=0.0)
+    # eps 1e-6: Adam would turn the ~1e-10 gradients of a loss at its minimum (the start of
+    # self-distillation) into full-size steps; real gradients (≥ 1e-5) are unaffected
+    opt = torch.optim.AdamW(hf.parameters(), lr=s.lr, weight_decay=0.0, eps=1e-6)
     rows: list[dict[str, float]] = []
     start = 0
     if (folder / STATE).is_file():

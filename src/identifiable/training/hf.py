@@ -110,7 +110,7 @@ class NullFractionCallback(TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         model = kwargs.get("model")
-        if model is None or logs is None or "eval_loss" in logs:
+        if model is None or logs is None or "loss" not in logs:  # training logs only
             return
         got = self.measure(model)
         self.history.append({"step": state.global_step, **got})
