@@ -30,9 +30,12 @@ FLOORS = {
     "tokens": 3,
     "attribution": 3,
     "mixing": 3,
+    "training": 3,  # the null-attention penalty and label-free fine-tuning
     "experiments": 4,
     "viewer": 5,
     "reproduction": 5,
+    "finetuning": 5,  # `identifiable finetune`: train, evaluate, render
+    "comparison": 5,  # `identifiable compare`: reproductions side by side
     "cli": 6,
     "peers": 6,  # adapters to bertviz and inseq
     "__init__": 7,

@@ -34,6 +34,8 @@ COMMAND_MODULES = (
     "certify",
     "reproduce",
     "view",
+    "finetune",
+    "compare",
 )
 
 app = typer.Typer(

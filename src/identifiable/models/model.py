@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import inspect
 import sys
 import warnings
@@ -22,6 +21,7 @@ from identifiable.models.compat import (
     dtype_of,
     window_config,
 )
+from identifiable.models.fingerprint import model_fingerprint
 from identifiable.models.hooks import (
     HookSet,
     first_tensor,
@@ -411,13 +411,8 @@ class Model:
 
     @property
     def fingerprint(self) -> str:
-        """Stable id of config + weights, for keying caches."""
-        h = hashlib.sha256(self.hf_model.config.to_json_string().encode())
-        params = list(self.hf_model.parameters())
-        with torch.no_grad():
-            for p in params[:: max(1, len(params) // 16)]:  # ~16 tensors sampled
-                h.update(p.detach().float().cpu().flatten()[:4096].numpy().tobytes())
-        return h.hexdigest()[:16]
+        """Stable id of config + every weight, for keying caches (models/fingerprint.py)."""
+        return model_fingerprint(self.hf_model)
 
     # ---- encoding ------------------------------------------------------------
     def encode(self, text: TextOrPair, *, truncate: bool = True) -> Encoding:

@@ -1,0 +1,60 @@
+"""`identifiable compare`: two or more models side by side on the same texts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from identifiable.cli.common import check_model_name, check_seed, console
+
+
+def compare(
+    models: Annotated[
+        list[str], typer.Argument(help="Two or more models: 'minilm', folders, hub ids.")
+    ],
+    corpus: Annotated[
+        str, typer.Option("--corpus", "-c", help="'wikipedia-sample' or a text/JSONL/XML file.")
+    ] = "wikipedia-sample",
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Output folder (rules of reproduce --out).")
+    ] = Path("comparison"),
+    budget: Annotated[str, typer.Option("--budget", "-b", help="quick, paper or smoke.")] = "quick",
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace a previous run of ours.")] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of every random choice.")] = 0,
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars.")] = False,
+) -> None:
+    """Run the reproduction for each model on the same texts; write OUT/index.html side by side."""
+    from identifiable.cli.common import Interrupted
+    from identifiable.comparison import compare as run
+    from identifiable.errors import IdentifiableError
+
+    if len(models) < 2:
+        raise IdentifiableError("compare takes two or more models, e.g. compare minilm ./finetuned")
+    for m in models:
+        check_model_name(m)
+    check_seed(seed)
+    try:
+        result = run(
+            models,
+            corpus,
+            out,
+            budget=budget,
+            resume=resume,
+            force=force,
+            seed=seed,
+            progress=not no_progress,
+        )
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted; rerun with --resume") from None
+    differs = int(result.tables["verdicts"]["differs"].sum())
+    console.print(
+        f"{differs} claims differ · {result.timings['total_s']:.0f} s · report: "
+        f"{out / 'index.html'}"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(compare)

@@ -1,0 +1,25 @@
+"""Tiny float64 models and texts long enough (n > d_v = 16) to have null attention."""
+
+from __future__ import annotations
+
+TEXTS = [
+    "the river ran past the old mill and the village where the miller lived with his three "
+    "daughters, who sold bread at the market every saturday morning",
+    "a short sentence here",
+    "music and language share a long history; both have rhythm, grammar and a sense of time "
+    "that listeners feel before they can name it",
+]
+
+
+def batch_for(model, texts, *, left: bool = False):
+    """A padded BatchEncoding with only the keys the model's forward takes."""
+    tok = model.tokenizer
+    tok.padding_side = "left" if left else "right"
+    try:
+        enc = tok(list(texts), padding=True, return_tensors="pt")
+    finally:
+        tok.padding_side = "right"
+    keep = {"input_ids", "attention_mask"}
+    if model._accepts_token_types:
+        keep.add("token_type_ids")
+    return {k: v for k, v in enc.items() if k in keep}
