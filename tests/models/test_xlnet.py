@@ -233,7 +233,7 @@ def test_pairs_pass_their_segments(xlnet):
     pair = ("The cat sat on the mat.", "It was happy.")
     enc = xlnet.encode(pair)
     assert enc.token_type_ids is not None and set(enc.token_type_ids.tolist()) == {0, 1}
-    inputs = xlnet._batch_inputs([enc])
+    inputs = xlnet.batch_inputs([enc])
     assert torch.equal(inputs["token_type_ids"][0], enc.token_type_ids)
     tr = xlnet.trace(pair)
     assert tr.verify().max() < 1e-5
