@@ -222,7 +222,7 @@ def test_context_mixing_runs_or_refuses_in_one_line(xlnet):
                 # inside the attention's forward from the raw parameter v
                 assert "not available for xlnet" in str(err)
                 continue
-            # the norm-based decompositions: XLNet's norm layout is not described (yet)
+            # the norm-based decompositions run on XLNet (its post-LN layout is in its spec)
             assert method in ("globenc", "alti") and "'xlnet'" in str(err)
             continue
         assert res.layerwise.shape == (2, n, n) and torch.isfinite(res.layerwise).all()
