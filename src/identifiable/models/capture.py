@@ -108,7 +108,7 @@ class TraceBuilder:
     def _values(self, layer: int, i: int, e: torch.Tensor) -> None:
         if e.shape[1] != self.map_shape[1]:
             raise IdentifiableError(
-                f"{self.stack._prefix}the value projection read {e.shape[1]} vectors but the "
+                f"{self.stack.prefix}the value projection read {e.shape[1]} vectors but the "
                 f"attention has {self.map_shape[1]} keys; the spec '{self.stack.spec.name}' "
                 "reads E from the wrong module."
             )

@@ -94,7 +94,7 @@ class AttentionStack:
         self.n_kv_heads, self.v_cols = value_columns(spec, width, n_heads, head_dim)
         if self.n_kv_heads < 1 or n_heads % self.n_kv_heads:
             raise IdentifiableError(
-                f"{self._prefix}the value projection has width {width}, which gives "
+                f"{self.prefix}the value projection has width {width}, which gives "
                 f"{self.n_kv_heads} key/value heads of width {head_dim} for {n_heads} query "
                 "heads; the spec does not fit this model."
             )
@@ -109,7 +109,8 @@ class AttentionStack:
         return len(self.layers)
 
     @property
-    def _prefix(self) -> str:
+    def prefix(self) -> str:
+        """The start of this stack's error messages ("cross attention: ", or nothing)."""
         return f"{self.label} attention: " if self.label else ""
 
     # ---- weights ---------------------------------------------------------------
@@ -134,7 +135,7 @@ class AttentionStack:
         expected_o = (self.n_heads * self.head_dim, self.hidden_size)
         if tuple(w_v.shape) != expected_v or tuple(w_o.shape) != expected_o:
             raise IdentifiableError(
-                f"{self._prefix}layer {layer}: W_V has shape {tuple(w_v.shape)} (expected "
+                f"{self.prefix}layer {layer}: W_V has shape {tuple(w_v.shape)} (expected "
                 f"{expected_v}) and W_O {tuple(w_o.shape)} (expected {expected_o}); the output "
                 "projection of this model is not separable per head as the spec assumes."
             )
@@ -201,7 +202,7 @@ class AttentionStack:
         if bool(outside.any()):
             first = layer + int(outside.flatten(1).any(-1).nonzero()[0])
             raise IdentifiableError(
-                f"{self._prefix}layer {first} attends to keys outside the mask derived from "
+                f"{self.prefix}layer {first} attends to keys outside the mask derived from "
                 f"the config (spec '{self.spec.name}': causal, windows); the spec does not "
                 "describe this model's masking."
             )
@@ -286,12 +287,12 @@ class AttentionStack:
                     f"{shape[-1]}; the spec '{self.spec.name}' does not fit this model"
                 )
             raise IdentifiableError(
-                f"{self._prefix}layer {layer}'s attention maps are {got[0]}×{got[1]}, but the "
+                f"{self.prefix}layer {layer}'s attention maps are {got[0]}×{got[1]}, but the "
                 f"input gives {shape[0]} queries and {shape[1]} keys; the spec "
                 f"'{self.spec.name}' does not fit this model"
             )
         raise IdentifiableError(
-            f"{self._prefix}the attention module of the '{self.spec.name}' spec returns no "
+            f"{self.prefix}the attention module of the '{self.spec.name}' spec returns no "
             f"attention weights per layer (layer {layer}); load the model with "
             "attn_implementation='eager' (identifiable.load_model does this for you)"
         )
@@ -303,7 +304,7 @@ class AttentionStack:
         if set(counts.values()) <= {expected} and calls.get("input", 1) >= 1:
             return
         raise IdentifiableError(
-            f"{self._prefix}{expected} layers, but the value projection ran "
+            f"{self.prefix}{expected} layers, but the value projection ran "
             f"{calls.get('e', '?')} times, the output projection {calls.get('block', '?')}, the "
             f"layers {calls.get('output', '?')} and the attention modules returned "
             f"{calls.get('maps', '?')} attention maps; the spec '{self.spec.name}' does not "
