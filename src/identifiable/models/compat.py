@@ -9,7 +9,10 @@ the rest of models/ reads one vocabulary:
 - module paths: 4.x ViT and DeiT keep `encoder.layer[i].attention.attention.value`
   (`ArchSpec.tf4_paths`, tried only when the 5.x path is missing: `adapt_spec`);
 - attention weights: a 4.x attention module returns its probabilities only when it is
-  called with `output_attentions=True` (`ask_for_attention_weights`);
+  called with `output_attentions=True` (`ask_for_attention_weights`); and a 4.x T5 stack
+  reads the position biases out of its layers' outputs by a position that depends on the
+  flag it passed down, so an encoder–decoder forward asks the model itself
+  (`seq2seq_forward_options`);
 - layer outputs: a 4.x DistilBERT block puts its attention weights before its hidden
   states (`hooks.first_tensor` skips a leading attention map);
 - configs: 4.x ModernBERT names its local layers by `local_attention` and
@@ -71,6 +74,17 @@ def ask_for_attention_weights(module: nn.Module) -> Callable[..., Any] | None:
         return bound.args, bound.kwargs
 
     return hook
+
+
+def seq2seq_forward_options() -> dict[str, Any]:
+    """Extra arguments of an encoder–decoder forward pass: under transformers 4.x the model
+    is asked for `output_attentions` (a T5 attention module asked alone returns one more
+    output than its block expects, and the stack then reads the cross-attention's position
+    bias from the wrong place); 5.x needs nothing. The maps are still taken per layer from
+    the attention modules; 4.x then also keeps its own tuple until the pass returns."""
+    import transformers
+
+    return {"output_attentions": True} if transformers.__version__.startswith("4.") else {}
 
 
 def window_config(config: Any, spec: ArchSpec) -> tuple[Any, Any]:

@@ -23,6 +23,7 @@ from torch import nn
 from identifiable.errors import IdentifiableError
 from identifiable.models import functional
 from identifiable.models.capture import TraceBuilder, TraceMeta, trace_batch
+from identifiable.models.compat import seq2seq_forward_options
 from identifiable.models.discover import Discovery, discover_spec
 from identifiable.models.encoding import (
     Encoding,
@@ -507,6 +508,7 @@ class Seq2SeqModel:
                 decoder_input_ids=dids,
                 decoder_attention_mask=torch.ones_like(dids),
                 use_cache=False,
+                **seq2seq_forward_options(),
             )
         meta = TraceMeta(self.encoder.info.name, self.spec.name, dict(self.encoder.special_tokens))
         dec_trace = decoder.traces(meta)[0]
