@@ -103,7 +103,7 @@ def main() -> None:
     text = text_of(model, args.n)
     enc = model.encode(text)
     n = len(enc)
-    inputs = model._batch_inputs([enc])
+    inputs = model.batch_inputs([enc])
     print(f"all-MiniLM-L6-v2, n = {n} tokens, {torch.get_num_threads()} thread(s), CPU seconds")
 
     def forward() -> None:

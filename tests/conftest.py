@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -23,11 +24,17 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
-ARCHITECTURES = ["bert", "roberta", "distilbert", "electra", "gpt2", "llama"]
-CAUSAL = {"gpt2", "llama"}
 
-# Families added by issue 9 (tested in tests/models/test_families.py): model_type →
-# extra config. Windows are small (4 keys) so that short texts exercise key sets.
+class Tiny(NamedTuple):
+    """A tiny random config of one model type: `AutoConfig.for_model(type, **config)`
+    (text models also get the BERT vocabulary), the family-wide tests it joins (`suite`),
+    and whether its attention is causal (test knowledge, independent of the spec table)."""
+
+    suite: str
+    config: dict
+    causal: bool = False
+
+
 _LLAMA_LIKE = {
     "hidden_size": 64,
     "num_hidden_layers": 2,
@@ -38,97 +45,19 @@ _LLAMA_LIKE = {
     "head_dim": 16,
 }
 _IDS = {"pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102}
-FAMILY_CONFIGS: dict[str, dict] = {
-    "albert": {
-        "embedding_size": 32,
-        "hidden_size": 64,
-        "num_hidden_layers": 3,  # one shared layer, run three times
-        "num_attention_heads": 4,
-        "intermediate_size": 128,
-        "max_position_embeddings": 128,
-        **_IDS,
-    },
-    "gpt_neox": {
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "intermediate_size": 128,
-        "max_position_embeddings": 128,
-        **_IDS,
-    },
-    "opt": {
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "ffn_dim": 128,
-        "word_embed_proj_dim": 64,
-        "max_position_embeddings": 128,
-        **_IDS,
-    },
-    "gpt_neo": {
-        "hidden_size": 64,
-        "num_layers": 2,
-        "num_heads": 4,
-        "intermediate_size": 128,
-        "attention_types": [[["global", "local"], 1]],
-        "window_size": 4,
-        "max_position_embeddings": 128,
-        **_IDS,
-    },
-    "bloom": {"hidden_size": 64, "n_layer": 2, "n_head": 4, **_IDS},
-    "falcon": {
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "multi_query": True,
-        "new_decoder_architecture": False,
-        "max_position_embeddings": 128,
-        **_IDS,
-    },
-    "phi3": {**_LLAMA_LIKE, **_IDS},
-    "gemma": {**_LLAMA_LIKE, **_IDS},
-    "gemma2": {**_LLAMA_LIKE, "sliding_window": 4, **_IDS},  # layers: sliding, full
-    "gemma3_text": {
-        **_LLAMA_LIKE,
-        "sliding_window": 4,
-        "layer_types": ["sliding_attention", "full_attention"],
-        **_IDS,
-    },
-    "qwen3": {**_LLAMA_LIKE, **_IDS},
-    "olmo2": {**_LLAMA_LIKE, **_IDS},
-    "mixtral": {**_LLAMA_LIKE, "num_local_experts": 4, "sliding_window": 4, **_IDS},
-    "deberta-v2": {
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "intermediate_size": 128,
-        "max_position_embeddings": 128,
-        "relative_attention": True,
-        "pos_att_type": ["p2c", "c2p"],
-        "pad_token_id": 0,
-    },
-    "modernbert": {
-        "hidden_size": 64,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 4,
-        "intermediate_size": 128,
-        "max_position_embeddings": 128,
-        "local_attention": 4,  # layers: global, local (|i − j| ≤ 2), local
-        "global_attn_every_n_layers": 3,
-        "pad_token_id": 0,
-        "bos_token_id": 101,
-        "eos_token_id": 102,
-        "cls_token_id": 101,
-        "sep_token_id": 102,
-    },
+_BERT_LIKE = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "max_position_embeddings": 128,
 }
-FAMILIES = list(FAMILY_CONFIGS)
-
-# XLNet (tests/models/test_xlnet.py): kept out of FAMILY_CONFIGS because its values are
-# formed inside the attention module's forward (raw parameters, no value module), so the
-# value-zeroing re-runs of the mixing family tests have no output to zero.
-XLNET_CONFIG = {"d_model": 64, "n_layer": 2, "n_head": 4, "d_inner": 128, **_IDS}
-
+_ROBERTA_LIKE = {
+    **_BERT_LIKE,
+    "max_position_embeddings": 130,
+    "pad_token_id": 0,
+    "type_vocab_size": 1,
+}
 # Encoder–decoder families (tests/models/test_seq2seq.py), traced by `Seq2SeqModel`.
 _BART_LIKE = {
     "d_model": 64,
@@ -156,15 +85,6 @@ _T5_LIKE = {
     "eos_token_id": 102,
     "decoder_start_token_id": 0,
 }
-SEQ2SEQ_CONFIGS: dict[str, dict] = {
-    "t5": _T5_LIKE,
-    "mt5": {**_T5_LIKE, "feed_forward_proj": "gated-gelu"},
-    "bart": _BART_LIKE,
-    "mbart": _BART_LIKE,
-    "marian": {**_BART_LIKE, "decoder_vocab_size": 30522, "share_encoder_decoder_embeddings": True},
-}
-SEQ2SEQ_FAMILIES = list(SEQ2SEQ_CONFIGS)
-
 # Vision families (tests/models/test_vision.py): 32×32 images in 8×8 patches, so a
 # 4×4 grid plus [CLS] (and DeiT's [DIST]): n = 17 or 18 > head width 16.
 _VISION = {
@@ -175,11 +95,158 @@ _VISION = {
     "image_size": 32,
     "patch_size": 8,
 }
-VISION_CONFIGS: dict[str, dict] = {
-    "vit": _VISION,
-    "deit": _VISION,
-    "clip_vision_model": _VISION,
+
+TINY_CONFIGS: dict[str, Tiny] = {
+    # "core": every test of tests/models, attention, attribution and mixing runs on these.
+    "bert": Tiny("core", _BERT_LIKE),
+    "roberta": Tiny("core", _ROBERTA_LIKE),
+    "distilbert": Tiny(
+        "core",
+        {"dim": 64, "n_layers": 2, "n_heads": 4, "hidden_dim": 128, "max_position_embeddings": 128},
+    ),
+    "electra": Tiny("core", {"embedding_size": 32, **_BERT_LIKE}),
+    "gpt2": Tiny(
+        "core", {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128}, causal=True
+    ),
+    "llama": Tiny(
+        "core",
+        {k: v for k, v in _LLAMA_LIKE.items() if k != "head_dim"} | {"pad_token_id": 0},
+        causal=True,
+    ),
+    # "family": the families added by issue 9 (tests/models/test_families.py and
+    # tests/mixing/test_families.py), with valid pad/bos/eos ids. Windows are small
+    # (4 keys) so that short texts exercise key sets.
+    "albert": Tiny(
+        "family", {"embedding_size": 32, **_BERT_LIKE, "num_hidden_layers": 3, **_IDS}
+    ),  # one shared layer, run three times
+    "gpt_neox": Tiny("family", {**_BERT_LIKE, **_IDS}, causal=True),
+    "opt": Tiny(
+        "family",
+        {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "ffn_dim": 128,
+            "word_embed_proj_dim": 64,
+            "max_position_embeddings": 128,
+            **_IDS,
+        },
+        causal=True,
+    ),
+    "gpt_neo": Tiny(
+        "family",
+        {
+            "hidden_size": 64,
+            "num_layers": 2,
+            "num_heads": 4,
+            "intermediate_size": 128,
+            "attention_types": [[["global", "local"], 1]],
+            "window_size": 4,
+            "max_position_embeddings": 128,
+            **_IDS,
+        },
+        causal=True,
+    ),
+    "bloom": Tiny("family", {"hidden_size": 64, "n_layer": 2, "n_head": 4, **_IDS}, causal=True),
+    "falcon": Tiny(
+        "family",
+        {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "multi_query": True,
+            "new_decoder_architecture": False,
+            "max_position_embeddings": 128,
+            **_IDS,
+        },
+        causal=True,
+    ),
+    "phi3": Tiny("family", {**_LLAMA_LIKE, **_IDS}, causal=True),
+    "gemma": Tiny("family", {**_LLAMA_LIKE, **_IDS}, causal=True),
+    "gemma2": Tiny(
+        "family", {**_LLAMA_LIKE, "sliding_window": 4, **_IDS}, causal=True
+    ),  # layers: sliding, full
+    "gemma3_text": Tiny(
+        "family",
+        {
+            **_LLAMA_LIKE,
+            "sliding_window": 4,
+            "layer_types": ["sliding_attention", "full_attention"],
+            **_IDS,
+        },
+        causal=True,
+    ),
+    "qwen3": Tiny("family", {**_LLAMA_LIKE, **_IDS}, causal=True),
+    "olmo2": Tiny("family", {**_LLAMA_LIKE, **_IDS}, causal=True),
+    "mixtral": Tiny(
+        "family", {**_LLAMA_LIKE, "num_local_experts": 4, "sliding_window": 4, **_IDS}, causal=True
+    ),
+    "deberta-v2": Tiny(
+        "family",
+        {
+            **_BERT_LIKE,
+            "relative_attention": True,
+            "pos_att_type": ["p2c", "c2p"],
+            "pad_token_id": 0,
+        },
+    ),
+    "modernbert": Tiny(
+        "family",
+        {
+            **_BERT_LIKE,
+            "num_hidden_layers": 3,
+            "local_attention": 4,  # layers: global, local (|i − j| ≤ 2), local
+            "global_attn_every_n_layers": 3,
+            **_IDS,
+            "cls_token_id": 101,
+            "sep_token_id": 102,
+        },
+    ),
+    # "xlnet" (tests/models/test_xlnet.py): kept out of the family-wide tests because its
+    # values are formed inside the attention module's forward (raw parameters, no value
+    # module), so the value-zeroing re-runs of the mixing family tests have no output to zero.
+    "xlnet": Tiny("xlnet", {"d_model": 64, "n_layer": 2, "n_head": 4, "d_inner": 128, **_IDS}),
+    "t5": Tiny("seq2seq", _T5_LIKE),
+    "mt5": Tiny("seq2seq", {**_T5_LIKE, "feed_forward_proj": "gated-gelu"}),
+    "bart": Tiny("seq2seq", _BART_LIKE),
+    "mbart": Tiny("seq2seq", _BART_LIKE),
+    "marian": Tiny(
+        "seq2seq",
+        {**_BART_LIKE, "decoder_vocab_size": 30522, "share_encoder_decoder_embeddings": True},
+    ),
+    "vit": Tiny("vision", _VISION),
+    "deit": Tiny("vision", _VISION),
+    "clip_vision_model": Tiny("vision", _VISION),
+    # "spec": the other model types of a spec, traced only by tests/models/test_specs.py.
+    "mistral": Tiny("spec", {**_LLAMA_LIKE, **_IDS}, causal=True),
+    "qwen2": Tiny("spec", {**_LLAMA_LIKE, **_IDS}, causal=True),
+    "xlm-roberta": Tiny("spec", _ROBERTA_LIKE),
+    "camembert": Tiny("spec", _ROBERTA_LIKE),
+    "clip": Tiny(
+        "spec",
+        {
+            "vision_config": _VISION,
+            "text_config": {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4},
+        },
+    ),
 }
+"""The one family list of the tests: model_type → `Tiny`. The names below are views of it."""
+
+IMAGE_TYPES = {"vit", "deit", "clip_vision_model", "clip"}
+
+
+def _suite(name: str) -> dict[str, dict]:
+    return {t: entry.config for t, entry in TINY_CONFIGS.items() if entry.suite == name}
+
+
+ARCHITECTURES = list(_suite("core"))
+CAUSAL = {t for t in ARCHITECTURES if TINY_CONFIGS[t].causal}
+FAMILY_CONFIGS = _suite("family")
+FAMILIES = list(FAMILY_CONFIGS)
+XLNET_CONFIG = TINY_CONFIGS["xlnet"].config
+SEQ2SEQ_CONFIGS = _suite("seq2seq")
+SEQ2SEQ_FAMILIES = list(SEQ2SEQ_CONFIGS)
+VISION_CONFIGS = _suite("vision")
 VISION_FAMILIES = list(VISION_CONFIGS)
 
 
@@ -200,75 +267,12 @@ def tiny_config(arch: str):
     from transformers import AutoConfig
 
     _skip_if_missing_in_tf4(arch)
-    common = {"vocab_size": 30522}
-    if arch == "bert":
-        return AutoConfig.for_model(
-            "bert",
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=128,
-            max_position_embeddings=128,
-            **common,
+    if arch not in TINY_CONFIGS:
+        raise ValueError(
+            f"no tiny config for '{arch}': add one to TINY_CONFIGS in tests/conftest.py"
         )
-    if arch == "roberta":
-        return AutoConfig.for_model(
-            "roberta",
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=128,
-            max_position_embeddings=130,
-            pad_token_id=0,
-            type_vocab_size=1,
-            **common,
-        )
-    if arch == "distilbert":
-        return AutoConfig.for_model(
-            "distilbert",
-            dim=64,
-            n_layers=2,
-            n_heads=4,
-            hidden_dim=128,
-            max_position_embeddings=128,
-            **common,
-        )
-    if arch == "electra":
-        return AutoConfig.for_model(
-            "electra",
-            embedding_size=32,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=128,
-            max_position_embeddings=128,
-            **common,
-        )
-    if arch == "gpt2":
-        return AutoConfig.for_model(
-            "gpt2", n_embd=64, n_layer=2, n_head=4, n_positions=128, **common
-        )
-    if arch == "llama":
-        return AutoConfig.for_model(
-            "llama",
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            max_position_embeddings=128,
-            pad_token_id=0,
-            **common,
-        )
-    if arch in FAMILY_CONFIGS:
-        return AutoConfig.for_model(arch, **FAMILY_CONFIGS[arch], **common)
-    if arch == "xlnet":
-        return AutoConfig.for_model(arch, **XLNET_CONFIG, **common)
-    if arch in SEQ2SEQ_CONFIGS:
-        return AutoConfig.for_model(arch, **SEQ2SEQ_CONFIGS[arch], **common)
-    if arch in VISION_CONFIGS:
-        return AutoConfig.for_model(arch, **VISION_CONFIGS[arch])
-    raise ValueError(arch)
+    common = {} if arch in IMAGE_TYPES else {"vocab_size": 30522}
+    return AutoConfig.for_model(arch, **TINY_CONFIGS[arch].config, **common)
 
 
 def build_tiny_hf_model(arch: str, seed: int = 0, attn_implementation: str = "eager"):

@@ -213,7 +213,7 @@ def test_head_factors_are_shared_by_traces_of_one_model_and_renewed_after_a_weig
     assert compute_head_factors(t2) is f1
     # An in-place weight change (as an optimizer step makes) gives a new W_O and new factors.
     with torch.no_grad():
-        next(iter(model._out_modules[0].parameters())).mul_(2.0)
+        next(iter(model.stack.out_modules[0].parameters())).mul_(2.0)
     t3 = model.trace("the cat sat on the mat")
     assert t3.out_proj is not t1.out_proj
     torch.testing.assert_close(t3.out_proj[0], 2 * t1.out_proj[0])

@@ -54,26 +54,37 @@ def _part(module: str) -> str | None:
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import in the file, lazy and TYPE_CHECKING ones included.
+    `from identifiable.x import y` names the submodule `identifiable.x.y` when there is one
+    (`from identifiable import y` always names `identifiable.y`)."""
     tree = ast.parse(path.read_text("utf-8"))
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "identifiable":  # from identifiable import attention
-                found += [(node.lineno, f"identifiable.{a.name}") for a in node.names]
-            else:
-                found.append((node.lineno, node.module))
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                # from identifiable import attention (or __version__, a constant of floor 0)
+                top = node.module == "identifiable"
+                found.append((node.lineno, sub if top or _is_module(sub) else node.module))
     return found
+
+
+def _is_module(name: str) -> bool:
+    parts = name.split(".")
+    if parts[0] != "identifiable":
+        return False
+    rel = SRC.joinpath(*parts[1:])
+    return rel.with_suffix(".py").is_file() or (rel / "__init__.py").is_file()
 
 
 def _modules() -> list[Path]:
     return sorted(SRC.rglob("*.py"))
 
 
-@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SRC)))
-def test_no_import_goes_up(path: Path) -> None:
-    rel = path.relative_to(SRC)
+def upward_imports(path: Path, rel: Path) -> list[str]:
+    """The imports of the file at `path`, placed at `rel` inside the package, that go up."""
     own = rel.parts[0].removesuffix(".py")
     bad = []
     for line, module in _imports(path):
@@ -90,6 +101,12 @@ def test_no_import_goes_up(path: Path) -> None:
             bad.append(
                 f"{rel}:{line} imports {module} (floor {FLOORS.get(target)} > {FLOORS.get(own)})"
             )
+    return bad
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SRC)))
+def test_no_import_goes_up(path: Path) -> None:
+    bad = upward_imports(path, path.relative_to(SRC))
     assert not bad, "\n".join(bad)
 
 
@@ -109,8 +126,84 @@ def test_only_top_floors_render() -> None:
 
 
 def test_the_checker_catches_an_upward_import(tmp_path: Path) -> None:
-    """The rule itself can fail: an analysis importing an experiment is flagged."""
-    fake = tmp_path / "x.py"
-    fake.write_text("from identifiable.experiments.reproduce import reproduce\n")
-    assert [m for _, m in _imports(fake)] == ["identifiable.experiments.reproduce"]
-    assert FLOORS["experiments"] > FLOORS["attention"]
+    """The rule itself can fail: the checker, run on planted files, flags an analysis that
+    imports an experiment (also lazily, inside a function), and the report importing an
+    analysis, and leaves the imports that go down or stay on their floor alone."""
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "from identifiable.models.trace import Trace\n"
+        "from identifiable.attention import effective\n"
+        "def f():\n"
+        "    from identifiable.experiments.pipeline import reproduce\n"
+        "    import identifiable.cli\n"
+    )
+    bad = upward_imports(planted, Path("attention/planted.py"))
+    assert bad == [
+        "attention/planted.py:4 imports identifiable.experiments.pipeline (floor 4 > 3)",
+        "attention/planted.py:5 imports identifiable.cli (floor 6 > 3)",
+    ]
+    assert upward_imports(planted, Path("cli/planted.py")) == []  # the top floor may
+    assert upward_imports(planted, Path("report/planted.py")) == [
+        f"report/planted.py:{line} imports {module}"
+        for line, module in [
+            (1, "identifiable.models.trace"),
+            (2, "identifiable.attention.effective"),
+            (4, "identifiable.experiments.pipeline"),
+            (5, "identifiable.cli"),
+        ]
+    ]
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module → the modules of the package it imports (lazy imports included)."""
+    graph: dict[str, set[str]] = {}
+    for path in _modules():
+        rel = path.relative_to(SRC).with_suffix("")
+        name = ".".join(("identifiable", *rel.parts)).removesuffix(".__init__")
+        graph[name] = {m for _, m in _imports(path) if _is_module(m) and m != name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of `graph`: its strongly connected components of more than one
+    module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycle() -> None:
+    """No module imports, even lazily, a module that imports it back (models/model.py,
+    seq2seq.py and discover.py did, until one capture object served all three)."""
+    assert import_cycles(_import_graph()) == []
+
+
+def test_the_cycle_check_can_fail() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []

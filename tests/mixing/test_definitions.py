@@ -317,7 +317,7 @@ def explicit_value_zeroing(model, text: str, layer: int, token: int) -> torch.Te
     with HookSet() as hooks, torch.no_grad():
         hooks.post(value, zero)
         hooks.post(model.layers[layer], lambda m, a, o: out.append(first_tensor(o)))
-        model.hf_model(**model._batch_inputs([enc]))
+        model.hf_model(**model.batch_inputs([enc]))
     return out[0][0]
 
 

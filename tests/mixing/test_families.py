@@ -83,7 +83,7 @@ def explicit_value_zeroing(model, layer: int, token: int) -> torch.Tensor:
     enc = model.encode(TEXT)
     runs = {"value": 0, "layer": 0}
     out: list[torch.Tensor] = []
-    cols = model._v_cols
+    cols = model.stack.v_cols
 
     def zero(module, args, output):
         runs["value"] += 1
@@ -98,14 +98,14 @@ def explicit_value_zeroing(model, layer: int, token: int) -> torch.Tensor:
         if runs["layer"] - 1 == layer:
             out.append(first_tensor(output))
 
-    values = list({id(m): m for m in model._value_modules}.values())
+    values = list({id(m): m for m in model.stack.value_modules}.values())
     layers = list({id(m): m for m in model.layers}.values())
     with HookSet() as hooks, torch.no_grad():
         for v in values:
             hooks.post(v, zero)
         for lay in layers:
             hooks.post(lay, keep)
-        model.hf_model(**model._batch_inputs([enc]))
+        model.hf_model(**model.batch_inputs([enc]))
     return out[0][0]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import build_tiny_hf_model
 from identifiable.errors import IdentifiableError
 from identifiable.models import Model, find_spec
 
@@ -171,3 +172,67 @@ def test_cli_models_check_undiscoverable(tmp_path, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not in the table" in err and "Traceback" not in err
+
+
+DISCOVERED_NORMS = {
+    # family: (first, second, kind) as its modelling file wires the block
+    "gptj": ("ln_1", "ln_1", "parallel"),  # one norm feeds attention and MLP
+    "starcoder2": ("input_layernorm", "post_attention_layernorm", "pre"),
+    "phi": ("input_layernorm", "input_layernorm", "parallel"),
+    "mpt": ("norm_1", "norm_2", "pre"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(DISCOVERED_NORMS))
+def test_discovered_family_gets_a_proved_norm_layout_and_mixing_runs(family, bert_tokenizer):
+    """A family with no table entry no longer stops at the context-mixing stage: discovery
+    proves its block layout on the probe, and the norm-based methods run on it."""
+    from identifiable.mixing import context_mixing
+    from identifiable.models.blocks import norm_layout
+
+    config = LEFT_OUT[family][0]
+    m = Model.from_hf(_tiny(family, config), bert_tokenizer)
+    layout = norm_layout(m)
+    assert (layout.first, layout.second, layout.kind) == DISCOVERED_NORMS[family]
+    assert m.discovery.norms.endswith("verified")
+    n = len(m.encode(TEXT_MIX))
+    for method in ("globenc", "alti"):
+        res = context_mixing(m, TEXT_MIX, method)
+        assert res.layerwise.shape == (2, n, n) and torch.isfinite(res.layerwise).all()
+        ones = torch.ones(2, n, dtype=res.layerwise.dtype)
+        torch.testing.assert_close(res.layerwise.sum(-1), ones, rtol=1e-5, atol=1e-6)
+
+
+TEXT_MIX = "the cat sat on the mat near the river"
+
+
+def test_discovery_without_a_provable_norm_layout_refuses_mixing_in_one_line(bert_tokenizer):
+    """Gemma-2's sandwich norms fit no layout: discovery keeps the verified attention spec,
+    and GlobEnc says why it cannot run (no "edit the package" advice)."""
+    from identifiable.mixing import context_mixing
+    from identifiable.models.discover import discover_spec
+    from identifiable.models.model import base_model_of
+
+    hf = build_tiny_hf_model("gemma2")
+    d = discover_spec(base_model_of(hf), bert_tokenizer)
+    assert d.spec.norms is None and "could prove" in d.norms
+    m = Model.from_hf(hf, bert_tokenizer, spec=d.spec)
+    m.trace(TEXT_MIX).verify()
+    with pytest.raises(IdentifiableError) as exc:
+        context_mixing(m, TEXT_MIX, "globenc")
+    msg = str(exc.value)
+    assert "\n" not in msg and "undefined for 'gemma2'" in msg and "could prove" in msg
+    assert "NORM_LAYOUTS" not in msg and "blocks.py" not in msg
+    assert context_mixing(m, TEXT_MIX, "rollout").layerwise.shape[0] == 2  # the rest runs
+
+
+def test_discovered_norms_agree_with_the_table(bert_tokenizer):
+    """Discovery, run on families the table describes, finds the table's own layouts."""
+    from identifiable.models.blocks import norm_layout
+    from identifiable.models.discover import discover_spec
+    from identifiable.models.model import base_model_of
+
+    for family in ("bert", "gpt2", "llama", "gpt_neox", "falcon", "gemma", "modernbert"):
+        hf = build_tiny_hf_model(family)
+        table = norm_layout(Model.from_hf(hf, bert_tokenizer))
+        assert discover_spec(base_model_of(hf), bert_tokenizer).spec.norms == table, family

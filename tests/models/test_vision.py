@@ -130,7 +130,7 @@ def test_value_zeroing_on_images_equals_an_explicit_rerun(models, arch):
     assert res.layerwise.shape == (tr.n_layers, tr.n_tokens, tr.n_tokens)
     dist = value_zeroing_distances(_Inputs(m, px, True, False), chunk=5)
     layers = list({id(x): x for x in m.layers}.values())
-    values = list({id(x): x for x in m._value_modules}.values())
+    values = list({id(x): x for x in m.stack.value_modules}.values())
     for layer in range(tr.n_layers):
         for j in (0, tr.n_tokens - 1):
             seen, out = {"v": 0}, []
@@ -140,7 +140,7 @@ def test_value_zeroing_on_images_equals_an_explicit_rerun(models, arch):
                 if seen["v"] - 1 != layer:
                     return None
                 output = output.clone()
-                output[:, j, m._v_cols] = 0
+                output[:, j, m.stack.v_cols] = 0
                 return output
 
             with HookSet() as hooks, torch.no_grad():

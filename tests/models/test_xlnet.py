@@ -222,7 +222,7 @@ def test_context_mixing_runs_or_refuses_in_one_line(xlnet):
                 # inside the attention's forward from the raw parameter v
                 assert "not available for xlnet" in str(err)
                 continue
-            # the norm-based decompositions: XLNet's norm layout is not described (yet)
+            # the norm-based decompositions run on XLNet (its post-LN layout is in its spec)
             assert method in ("globenc", "alti") and "'xlnet'" in str(err)
             continue
         assert res.layerwise.shape == (2, n, n) and torch.isfinite(res.layerwise).all()
@@ -233,7 +233,7 @@ def test_pairs_pass_their_segments(xlnet):
     pair = ("The cat sat on the mat.", "It was happy.")
     enc = xlnet.encode(pair)
     assert enc.token_type_ids is not None and set(enc.token_type_ids.tolist()) == {0, 1}
-    inputs = xlnet._batch_inputs([enc])
+    inputs = xlnet.batch_inputs([enc])
     assert torch.equal(inputs["token_type_ids"][0], enc.token_type_ids)
     tr = xlnet.trace(pair)
     assert tr.verify().max() < 1e-5

@@ -1,140 +1,106 @@
 """Residual-block internals that context-mixing measures need beyond the `Trace`.
 
-Like `specs.py`, this is data plus hooks: where each layer's two normalisation
-modules live and how the block is wired (per spec name, `NORM_LAYOUTS`, adjusted by
-the few config switches that rewire a family), their parameters, their captured inputs
-and outputs, and a re-run of every layer from its own captured input with chosen value
-vectors zeroed. Nothing here knows about any mixing method.
+Like `specs.py`, this is data plus hooks: where each layer's two normalisation modules
+live and how the block is wired is the family's spec (`ArchSpec.norms`, `NormLayout`,
+adjusted by the config switches of `ArchSpec.norm_rules`; a discovered family's layout
+is found and proved on a probe by `identifiable.models.discover`). Here are the
+parameters of those modules, their captured inputs and outputs, and a re-run of every
+layer from its own captured input with chosen value vectors zeroed. Nothing here knows
+about any mixing method.
 
-Block structure (`NormLayout.kind`):
+Block structure (`NormLayout.kind`, see `specs.BlockKind`):
 - "post" (BERT family): x → LN1(x + Attn(x)) = y → LN2(y + FFN(y)).
 - "pre" (GPT-2, Llama): x → x + Attn(N1(x)) = y → y + MLP(N2(y)).
 - "parallel" (GPT-NeoX, GPT-J-style Falcon): x → x + Attn(N1(x)) + MLP(N2(x)); the MLP
   reads x, not x + Attn, so y = x + Attn(N1(x)) is never formed by the model.
 `first`/`second` below are LN1/LN2 respectively N1/N2 in that notation.
 
-Families whose residual wiring the norm-based methods do not describe are listed in
-`NORM_UNDEFINED` with the reason, given to the user as one line.
+Families whose residual wiring the norm-based methods do not describe say why in their
+spec (a `NormRule` without a layout), given to the user as one line.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.encoding import Encoding
 from identifiable.models.hooks import HookSet, first_tensor, replace_hidden_input
+from identifiable.models.protocol import TracedModel
+from identifiable.models.specs import SPECS, BlockKind, NormLayout, NormRule
+from identifiable.models.stack import distinct
 
-BlockKind = Literal["post", "pre", "parallel"]
+__all__ = [
+    "NORM_LAYOUTS",
+    "NORM_PATHS",
+    "NORM_UNDEFINED",
+    "BlockCapture",
+    "BlockKind",
+    "BlockRecorder",
+    "NormLayout",
+    "NormParams",
+    "block_norms",
+    "capture_blocks",
+    "norm_layout",
+    "record_blocks",
+    "rerun_layers_zeroing_values",
+]
 
+NORM_LAYOUTS: dict[str, NormLayout] = {s.name: s.norms for s in SPECS if s.norms is not None}
+"""Spec name → the normalisation layout of its layers (a view of `ArchSpec.norms`)."""
 
-@dataclass(frozen=True)
-class NormLayout:
-    """Where a family's two normalisation modules sit inside one layer, and the wiring.
-
-    Attributes:
-        first: dotted path (inside a layer) of LN1 / N1.
-        second: dotted path of LN2 / N2 (Falcon's parallel block has one norm feeding both
-            branches: then `second` is the same module as `first`).
-        kind: "post", "pre" or "parallel" (module docstring).
-        unit_offset: the RMSNorm scales by (1 + weight) rather than weight (Gemma).
-    """
-
-    first: str
-    second: str
-    kind: BlockKind
-    unit_offset: bool = False
-
-
-_BERT_LN = NormLayout("attention.output.LayerNorm", "output.LayerNorm", "post")
-_PRE_RMS = NormLayout("input_layernorm", "post_attention_layernorm", "pre")
-
-NORM_LAYOUTS: dict[str, NormLayout] = {
-    "bert": _BERT_LN,
-    "roberta": _BERT_LN,
-    "electra": _BERT_LN,
-    "deberta-v2": _BERT_LN,
-    "distilbert": NormLayout("sa_layer_norm", "output_layer_norm", "post"),
-    # ALBERT's layer is shared across depths: one hook per module, calls taken in order.
-    "albert": NormLayout("attention.LayerNorm", "full_layer_layer_norm", "post"),
-    "gpt2": NormLayout("ln_1", "ln_2", "pre"),
-    "gpt-neo": NormLayout("ln_1", "ln_2", "pre"),
-    "llama": _PRE_RMS,
-    "phi3": _PRE_RMS,
-    "qwen3": _PRE_RMS,  # q/k norms sit inside the attention scores, not on the residual path
-    "mixtral": _PRE_RMS,
-    "bloom": _PRE_RMS,
-    "gemma": replace(_PRE_RMS, unit_offset=True),
-    "opt": NormLayout("self_attn_layer_norm", "final_layer_norm", "pre"),
-    "gpt-neox": NormLayout("input_layernorm", "post_attention_layernorm", "parallel"),
-    "falcon": NormLayout("input_layernorm", "input_layernorm", "parallel"),
-    "modernbert": NormLayout("attn_norm", "mlp_norm", "pre"),  # layer 0's attn_norm: Identity
-    "vit": NormLayout("layernorm_before", "layernorm_after", "pre"),
-    "clip-vision": NormLayout("layer_norm1", "layer_norm2", "pre"),
-}
-"""Spec name → the normalisation layout of its layers (see `norm_layout` for config switches)."""
-
-_SANDWICH = (
-    "normalises the attention output before adding it to the residual stream (sandwich "
-    "norm), a wiring the norm-based decompositions here do not describe"
-)
 NORM_UNDEFINED: dict[str, str] = {
-    "gemma2": _SANDWICH,
-    "gemma3_text": _SANDWICH,
-    "olmo2": _SANDWICH,
+    str(rule.value): rule.reason
+    for s in SPECS
+    for rule in s.norm_rules
+    if rule.attr == "model_type" and rule.layout is None
 }
-"""model_type (or spec name) → why the residual-path methods are undefined for it."""
+"""model_type → why the residual-path methods are undefined for it (a view of the specs)."""
 
 NORM_PATHS: dict[str, tuple[str, str]] = {k: (v.first, v.second) for k, v in NORM_LAYOUTS.items()}
 """Spec name → (first, second) normalisation module paths (a view of `NORM_LAYOUTS`)."""
 
+_MISSING = object()
 
-def norm_layout(model: Any) -> NormLayout:
+
+def norm_layout(model: TracedModel) -> NormLayout:
     """The layout of `model`'s layers, or a one-line error naming the family and why not.
 
-    Config switches that rewire a family: OPT with `do_layer_norm_before=False` (opt-350m)
-    is post-LN; GPT-NeoX with `use_parallel_residual=False` is sequential pre-LN; Falcon
-    without `parallel_attn` is sequential, and with `new_decoder_architecture` has one norm
-    per branch (ln_attn, ln_mlp); BLOOM with `apply_residual_connection_post_layernorm`
-    takes its residual after the norm, which no layout here describes.
+    The spec's `norm_rules` apply first (the first whose config attribute matches wins):
+    OPT with `do_layer_norm_before=False` (opt-350m) is post-LN; GPT-NeoX with
+    `use_parallel_residual=False` is sequential pre-LN; Falcon without `parallel_attn` is
+    sequential, and with `new_decoder_architecture` has one norm per branch (ln_attn,
+    ln_mlp); BLOOM with `apply_residual_connection_post_layernorm` takes its residual
+    after the norm, which no layout here describes.
     """
     spec, config = model.spec, model.hf_model.config
-    model_type = str(getattr(config, "model_type", ""))
-    for key in (model_type, spec.name):
-        if key in NORM_UNDEFINED:
-            raise IdentifiableError(
-                f"the norm-based residual methods (globenc, alti) are undefined for "
-                f"'{model_type or spec.name}': it {NORM_UNDEFINED[key]}; use norm, rollout or "
-                "value-zeroing"
-            )
-    layout = NORM_LAYOUTS.get(spec.name)
+    family = str(getattr(config, "model_type", "")) or spec.name
+    layout = spec.norms
+    rule: NormRule
+    for rule in spec.norm_rules:
+        if getattr(config, rule.attr, _MISSING) == rule.value:
+            if rule.layout is None:
+                raise _undefined(family, f"it {rule.reason}")
+            layout = rule.layout
+            break
     if layout is None:
-        raise IdentifiableError(
-            f"the normalisation layout of architecture '{spec.name}' is not described; add it "
-            "to NORM_LAYOUTS in identifiable/models/blocks.py, or use norm, rollout or "
-            "value-zeroing"
-        )
-    if spec.name == "opt" and not getattr(config, "do_layer_norm_before", True):
-        layout = replace(layout, kind="post")
-    if spec.name == "gpt-neox" and not getattr(config, "use_parallel_residual", True):
-        layout = replace(layout, kind="pre")
-    if spec.name == "falcon":
-        if getattr(config, "new_decoder_architecture", False):
-            layout = NormLayout("ln_attn", "ln_mlp", "parallel")
-        elif not getattr(config, "parallel_attn", True):
-            layout = NormLayout("input_layernorm", "post_attention_layernorm", "pre")
-    if spec.name == "bloom" and getattr(config, "apply_residual_connection_post_layernorm", False):
-        raise IdentifiableError(
-            "the norm-based residual methods (globenc, alti) are undefined for this BLOOM "
-            "model: apply_residual_connection_post_layernorm takes the residual after the "
-            "norm, which no layout here describes; use norm, rollout or value-zeroing"
+        raise _undefined(
+            family, f"its normalisation layout is not described (ArchSpec.norms of '{spec.name}')"
         )
     return layout
+
+
+def _undefined(family: str, why: str) -> IdentifiableError:
+    return IdentifiableError(
+        f"the norm-based residual methods (globenc, alti) are undefined for '{family}': "
+        f"{why}; use norm, rollout or value-zeroing"
+    )
 
 
 @dataclass(frozen=True)
@@ -182,16 +148,15 @@ class BlockCapture:
     layer_out: torch.Tensor
 
 
-def _norm_modules(model: Any) -> list[tuple[nn.Module, nn.Module]]:
+def norm_modules(layers: list[nn.Module], layout: NormLayout) -> list[tuple[nn.Module, nn.Module]]:
     """(first, second) norm module of every logical layer (a shared layer repeats)."""
-    layout = norm_layout(model)
     return [
-        (layer.get_submodule(layout.first), layer.get_submodule(layout.second))
-        for layer in model.layers
+        (layer.get_submodule(layout.first), layer.get_submodule(layout.second)) for layer in layers
     ]
 
 
-def _params(module: nn.Module, unit_offset: bool = False) -> NormParams | None:
+def norm_params(module: nn.Module, unit_offset: bool = False) -> NormParams | None:
+    """The parameters of one LayerNorm or RMSNorm module; None for an `nn.Identity`."""
     if isinstance(module, nn.Identity):  # ModernBERT's first layer has no attention norm
         return None
     if getattr(module, "weight", None) is None:
@@ -199,7 +164,7 @@ def _params(module: nn.Module, unit_offset: bool = False) -> NormParams | None:
             f"normalisation module {type(module).__name__} has no weight; a residual "
             "decomposition through it is not described"
         )
-    weight = module.weight.detach().double().cpu()
+    weight = torch.as_tensor(module.weight).detach().double().cpu()
     if unit_offset:  # Gemma's RMSNorm multiplies by (1 + weight)
         weight = weight + 1.0
     bias = getattr(module, "bias", None)
@@ -217,11 +182,14 @@ def _params(module: nn.Module, unit_offset: bool = False) -> NormParams | None:
     )
 
 
-def block_norms(model: Any) -> list[tuple[NormParams | None, NormParams | None]]:
+def block_norms(model: TracedModel) -> list[tuple[NormParams | None, NormParams | None]]:
     """(first, second) normalisation parameters of every layer, float64 on the CPU; None for
     a position that holds no norm (an `nn.Identity`)."""
-    offset = norm_layout(model).unit_offset
-    return [(_params(a, offset), _params(b, offset)) for a, b in _norm_modules(model)]
+    layout = norm_layout(model)
+    return [
+        (norm_params(a, layout.unit_offset), norm_params(b, layout.unit_offset))
+        for a, b in norm_modules(model.layers, layout)
+    ]
 
 
 class BlockRecorder:
@@ -232,15 +200,17 @@ class BlockRecorder:
 
     FIELDS = ("first_in", "first_out", "second_in", "second_out", "layer_out")
 
-    def __init__(self, n_layers: int) -> None:
-        self.n_layers = n_layers
+    def __init__(self, n_layers: int, *, sequence_first: bool = False) -> None:
+        self.n_layers, self.sequence_first = n_layers, sequence_first
         self.store: dict[str, list[torch.Tensor]] = {f: [] for f in self.FIELDS}
 
     def hook(self, name: str, what: str) -> Any:
         def keep(module: nn.Module, args: Any, output: Any = None) -> None:
             value = args[0] if what == "in" else first_tensor(output)
+            if value.dim() == 3:  # [B, n, d] ([n, B, d] sequence-first, XLNet): element 0
+                value = value[:, 0] if self.sequence_first else value[0]
             # OPT flattens (batch, token) before its second norm: one sequence is [n, d] there.
-            self.store[name].append((value[0] if value.dim() == 3 else value).detach())
+            self.store[name].append(value.detach())
 
         return keep
 
@@ -249,44 +219,45 @@ class BlockRecorder:
         if wrong:
             name, count = next(iter(wrong.items()))
             raise IdentifiableError(
-                f"{self.n_layers} layers, but {name} was captured {count} times; the entry in "
-                "NORM_LAYOUTS (identifiable/models/blocks.py) does not match this model"
+                f"{self.n_layers} layers, but {name} was captured {count} times; the spec's "
+                "norm layout (ArchSpec.norms) does not match this model"
             )
         return BlockCapture(*(torch.stack(self.store[f]).double().cpu() for f in self.FIELDS))
 
-
-def _distinct(modules: list[nn.Module]) -> list[nn.Module]:
-    return list({id(m): m for m in modules}.values())
+    def record(self, hooks: HookSet, layers: list[nn.Module], layout: NormLayout) -> None:
+        """Hook `layout`'s two norms and the output of every layer in `layers`."""
+        mods = norm_modules(layers, layout)
+        for field, group in (("first", [a for a, _ in mods]), ("second", [b for _, b in mods])):
+            for mod in distinct(group):
+                hooks.pre(mod, self.hook(f"{field}_in", "in"))
+                hooks.post(mod, self.hook(f"{field}_out", "out"))
+        for mod in distinct(layers):
+            hooks.post(mod, self.hook("layer_out", "out"))
 
 
 @contextmanager
-def record_blocks(model: Any) -> Iterator[BlockRecorder]:
+def record_blocks(model: TracedModel) -> Iterator[BlockRecorder]:
     """Within the block, any forward pass of one sequence (e.g. `model.trace(text)`) also
     records both norms' inputs and outputs; read them with `.result()` afterwards.
     Batch element 0 is kept, so pass one sequence without padding."""
-    mods = _norm_modules(model)
-    rec = BlockRecorder(len(mods))
+    layout = norm_layout(model)
+    rec = BlockRecorder(len(model.layers), sequence_first=model.spec.sequence_first)
     with HookSet() as hooks:
-        for mod in _distinct([first for first, _ in mods]):
-            hooks.pre(mod, rec.hook("first_in", "in"))
-            hooks.post(mod, rec.hook("first_out", "out"))
-        for mod in _distinct([second for _, second in mods]):
-            hooks.pre(mod, rec.hook("second_in", "in"))
-            hooks.post(mod, rec.hook("second_out", "out"))
-        for mod in _distinct(list(model.layers)):
-            hooks.post(mod, rec.hook("layer_out", "out"))
+        rec.record(hooks, model.layers, layout)
         yield rec
 
 
-def capture_blocks(model: Any, input_ids: torch.Tensor, token_type_ids: Any = None) -> BlockCapture:
+def capture_blocks(
+    model: TracedModel, input_ids: torch.Tensor, token_type_ids: Any = None
+) -> BlockCapture:
     """Run one sequence `[n]` and capture both norms' inputs and outputs per layer."""
     with record_blocks(model) as rec, torch.no_grad():
-        model.hf_model(**model._batch_inputs([_encoding(input_ids, token_type_ids)]))
+        model.hf_model(**model.batch_inputs([_encoding(input_ids, token_type_ids)]))
     return rec.result()
 
 
 def rerun_layers_zeroing_values(
-    model: Any,
+    model: TracedModel,
     layer_inputs: torch.Tensor,
     input_ids: torch.Tensor,
     zero: torch.Tensor,
@@ -316,7 +287,8 @@ def rerun_layers_zeroing_values(
     device = model.device
     rows = torch.arange(b, device=device)[:, None]
     cols = zero.to(device)[:, None]
-    v_cols = model._v_cols  # the value module's output columns that hold v (fused QKV too)
+    # the value module's output columns that hold v (fused QKV too)
+    v_cols: slice | torch.Tensor = model.stack.v_cols  # type: ignore[assignment]
     if not isinstance(v_cols, slice):
         v_cols = torch.as_tensor(v_cols, device=device)[None, :]
     outs: list[torch.Tensor] = []
@@ -334,27 +306,25 @@ def rerun_layers_zeroing_values(
         return replace_hidden_input(x)(module, args, kwargs)
 
     with HookSet() as hooks, torch.no_grad():
-        for layer in _distinct(list(model.layers)):
+        for layer in distinct(model.layers):
             hooks.pre(layer, feed, with_kwargs=True)
             hooks.post(layer, lambda m, a, o: outs.append(first_tensor(o)))
-        for value in _distinct(list(model._value_modules)):
+        for value in distinct(model.stack.value_modules):
             hooks.post(value, zero_values)
         # B copies of the sequence, so that every mask and position table (BLOOM's ALiBi is
         # built per batch element) has batch B; the embeddings are replaced at every layer.
-        if getattr(model, "modality", "text") == "image":  # every layer's input is replaced
+        if model.modality == "image":  # every layer's input is replaced
             model.hf_model(pixel_values=model.placeholder_pixels(b, _dtype(model)))
         else:
-            model.hf_model(**model._batch_inputs([_encoding(input_ids, token_type_ids)] * b))
+            model.hf_model(**model.batch_inputs([_encoding(input_ids, token_type_ids)] * b))
     if len(outs) != n_layers:
         raise IdentifiableError(f"expected {n_layers} layer outputs, captured {len(outs)}")
     return torch.stack(outs, 1)
 
 
-def _encoding(input_ids: torch.Tensor, token_type_ids: Any) -> Any:
-    from identifiable.models.model import Encoding
-
+def _encoding(input_ids: torch.Tensor, token_type_ids: Any) -> Encoding:
     return Encoding(input_ids.cpu(), [], 0, token_type_ids)
 
 
-def _dtype(model: Any) -> torch.dtype:
+def _dtype(model: TracedModel) -> torch.dtype:
     return next(model.hf_model.parameters()).dtype

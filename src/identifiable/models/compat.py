@@ -2,20 +2,24 @@
 
 The specs in `identifiable.models.specs` name the modules of transformers 5.x. The
 newest 4.x release (tested in CI beside 5.x, see scripts/setup_tf4.sh) lays out a few
-modelling files differently; each difference is written here once, as data where it
-can be, so that the rest of models/ reads one vocabulary:
+modelling files differently. What differs per family is data in the family's spec; the
+mechanics that read it, and the differences that are no family's own, are here, so that
+the rest of models/ reads one vocabulary:
 
 - module paths: 4.x ViT and DeiT keep `encoder.layer[i].attention.attention.value`
-  (`LEGACY_PATHS`, tried only when the 5.x path is missing);
+  (`ArchSpec.tf4_paths`, tried only when the 5.x path is missing: `adapt_spec`);
 - attention weights: a 4.x attention module returns its probabilities only when it is
-  called with `output_attentions=True` (`ask_for_attention_weights`);
+  called with `output_attentions=True` (`ask_for_attention_weights`); and a 4.x T5 stack
+  reads the position biases out of its layers' outputs by a position that depends on the
+  flag it passed down, so an encoder–decoder forward asks the model itself
+  (`seq2seq_forward_options`);
 - layer outputs: a 4.x DistilBERT block puts its attention weights before its hidden
   states (`hooks.first_tensor` skips a leading attention map);
 - configs: 4.x ModernBERT names its local layers by `local_attention` and
   `global_attn_every_n_layers`, 5.x by `sliding_window` and `layer_types`
-  (`window_config`);
+  (`ArchSpec.tf4_windows`, read by `window_config`);
 - base models: 4.x `CLIPVisionModel` is its own base model (5.x: its `vision_model`
-  tower), so the tower is taken for `clip_vision_model` too (`VISION_TOWERS`);
+  tower), so the tower (`ArchSpec.tower`) is taken wherever the base model has one;
 - dtypes: 4.x CLIP's vision tower is a plain `nn.Module` without `.dtype` (`dtype_of`).
 
 `dtype=` in `from_pretrained` needs no shim: 4.57 accepts it (and `torch_dtype=`).
@@ -33,19 +37,10 @@ from torch import nn
 
 from identifiable.models.specs import ArchSpec
 
-LEGACY_PATHS: dict[str, tuple[str, str, str]] = {
-    # spec name → (layers, value, out_proj) in transformers 4.x's modelling file
-    "vit": ("encoder.layer", "attention.attention.value", "attention.output.dense"),
-}
-
-# model types whose base model holds the traced tower as `vision_model`: a full CLIP model,
-# and (transformers 4.x only; 5.x's base model is the tower) a CLIP vision model
-VISION_TOWERS = ("clip", "clip_vision_model")
-
 
 def adapt_spec(base: nn.Module, spec: ArchSpec) -> ArchSpec:
     """`spec` with the 4.x module paths when the model lacks the 5.x ones and has the 4.x ones."""
-    legacy = LEGACY_PATHS.get(spec.name)
+    legacy = spec.tf4_paths
     if legacy is None or _has_module(base, spec.layers) or not _has_module(base, legacy[0]):
         return spec
     layers, value, out_proj = legacy
@@ -81,17 +76,28 @@ def ask_for_attention_weights(module: nn.Module) -> Callable[..., Any] | None:
     return hook
 
 
+def seq2seq_forward_options() -> dict[str, Any]:
+    """Extra arguments of an encoder–decoder forward pass: under transformers 4.x the model
+    is asked for `output_attentions` (a T5 attention module asked alone returns one more
+    output than its block expects, and the stack then reads the cross-attention's position
+    bias from the wrong place); 5.x needs nothing. The maps are still taken per layer from
+    the attention modules; 4.x then also keeps its own tuple until the pass returns."""
+    import transformers
+
+    return {"output_attentions": True} if transformers.__version__.startswith("4.") else {}
+
+
 def window_config(config: Any, spec: ArchSpec) -> tuple[Any, Any]:
     """(window size, per-layer attention types) as named by `spec`, else as a 4.x
-    ModernBERT config states them: layer i is global when i is a multiple of
-    `global_attn_every_n_layers`, otherwise local, seeing |i − j| ≤ local_attention / 2.
+    config states them (`spec.tf4_windows`, ModernBERT): layer i is global when i is a
+    multiple of the period, otherwise local, seeing |i − j| ≤ width / 2.
     """
     window = getattr(config, spec.window_attr, None)
     types = getattr(config, spec.layer_types_attr, None)
-    local, every = (
-        getattr(config, a, None) for a in ("local_attention", "global_attn_every_n_layers")
-    )
-    if window is None and types is None and isinstance(local, int) and isinstance(every, int):
+    if spec.tf4_windows is None or window is not None or types is not None:
+        return window, types
+    local, every = (getattr(config, a, None) for a in spec.tf4_windows)
+    if isinstance(local, int) and isinstance(every, int):
         n_layers = int(config.num_hidden_layers)
         types = [
             "full_attention" if i % every == 0 else "sliding_attention" for i in range(n_layers)

@@ -11,6 +11,13 @@ of the value projection. Causal masking is read off the probe's attention.
 A candidate is accepted only when `Trace.verify()` proves it on a probe input
 (token ids, so no tokenizer is needed); candidates are tried in order of how
 well their names match, and the first one proved wins.
+
+The residual block's normalisation layout (`NormLayout`, which the norm-based
+context-mixing methods need) is then found the same way: every pair of the layer's
+normalisation modules, in each wiring, is checked on the same probe
+(`prove_norm_layout`), and the first that the captures prove wins. A family whose
+wiring no layout describes (sandwich norms) keeps its verified attention spec, and the
+norm-based methods refuse it in one line that says why.
 """
 
 from __future__ import annotations
@@ -22,11 +29,17 @@ import torch
 from torch import nn
 
 from identifiable.errors import IdentifiableError
-from identifiable.models.specs import ArchSpec
+from identifiable.models.blocks import norm_params
+from identifiable.models.capture import TraceMeta, trace_batch
+from identifiable.models.encoding import InputEncoder, input_encoder, pair
+from identifiable.models.hooks import HookSet, first_tensor
+from identifiable.models.specs import ArchSpec, NormLayout, NormRule
+from identifiable.models.stack import AttentionStack, Tap, distinct, stack_of
 
 _VALUE_NAMES = ("v_proj", "value", "v", "v_lin", "value_proj", "wv", "v_linear")
 _FUSED_NAMES = ("qkv_proj", "query_key_value", "wqkv", "c_attn", "qkv", "in_proj", "qkv_linear")
 _OUT_NAMES = ("o_proj", "out_proj", "dense", "o", "out_lin", "wo", "c_proj", "out", "proj")
+_MLP_WIDTHS = ("intermediate_size", "n_inner", "ffn_dim", "hidden_dim", "d_inner")
 PROBE_LENGTH = 24
 
 
@@ -35,19 +48,22 @@ class Discovery:
     """What discovery found.
 
     Attributes:
-        spec: the accepted spec (`source="discovered"`).
+        spec: the accepted spec (`source="discovered"`), with its proved norm layout
+            (`spec.norms`) or, if none was proved, a `NormRule` that says why.
         errors: `[L]` the probe trace's per-layer relative reconstruction errors.
         tolerance: the tolerance they were verified against.
         tried: one line per candidate, "value → out (layout): outcome".
+        norms: one line: the proved norm layout, or why none was.
     """
 
     spec: ArchSpec
     errors: torch.Tensor
     tolerance: float
     tried: list[str] = field(default_factory=list)
+    norms: str = ""
 
 
-def _linears(layer: nn.Module) -> dict[str, tuple[nn.Module, str]]:
+def linears(layer: nn.Module) -> dict[str, tuple[nn.Module, str]]:
     """Linear-like modules of a layer: name → (module, weight layout)."""
     found: dict[str, tuple[nn.Module, str]] = {}
     for name, mod in layer.named_modules():
@@ -62,7 +78,7 @@ def _linears(layer: nn.Module) -> dict[str, tuple[nn.Module, str]]:
 
 
 def _in_out(mod: nn.Module, layout: str) -> tuple[int, int]:
-    out_f, in_f = mod.weight.shape
+    out_f, in_f = torch.as_tensor(mod.weight).shape
     return (out_f, in_f) if layout == "conv1d" else (in_f, out_f)
 
 
@@ -79,11 +95,11 @@ def _layer_list(base: nn.Module) -> tuple[str, nn.ModuleList] | None:
 
 
 def _candidates(base: nn.Module, layers_path: str, layer: nn.Module) -> list[ArchSpec]:
-    config = base.config
+    config: Any = base.config
     d = int(config.hidden_size)
     n_heads = int(config.num_attention_heads)
     d_v = int(getattr(config, "head_dim", None) or d // n_heads)
-    mods = _linears(layer)
+    mods = linears(layer)
 
     def last(name: str) -> str:
         return name.rsplit(".", 1)[-1].lower()
@@ -107,6 +123,7 @@ def _candidates(base: nn.Module, layers_path: str, layer: nn.Module) -> list[Arc
                 values.append((4, name, layout, None))  # unnamed V-shaped projection
         if d_in == n_heads * d_v and d_out == d:
             outs.append((name, layout))
+    mlp_width = next((a for a in _MLP_WIDTHS if getattr(config, a, None)), _MLP_WIDTHS[0])
     specs = []
     for _, v_name, v_layout, fused in sorted(values, key=lambda t: t[0]):
         ranked = sorted(
@@ -126,12 +143,14 @@ def _candidates(base: nn.Module, layers_path: str, layer: nn.Module) -> list[Arc
                     weight_layout=v_layout,  # type: ignore[arg-type]
                     fused=fused,  # type: ignore[arg-type]
                     source="discovered",
+                    mlp_width=mlp_width,
                 )
             )
     return specs
 
 
-def _probe_ids(base: nn.Module) -> torch.Tensor:
+def probe_ids(base: nn.Module) -> torch.Tensor:
+    """`[PROBE_LENGTH]` random token ids without padding or BOS tokens, fixed seed."""
     vocab = int(getattr(base.config, "vocab_size", 0) or 1000)
     specials = {
         int(t)
@@ -145,11 +164,12 @@ def _probe_ids(base: nn.Module) -> torch.Tensor:
     return ids
 
 
+_probe_ids = probe_ids  # the name `identifiable.cli` imports
+
+
 def discover_spec(base: nn.Module, tokenizer: Any = None) -> Discovery:
     """Find and prove a spec for `base` (a Hugging Face base model), or raise one line."""
-    from identifiable.models.model import Model
-
-    model_type = str(getattr(base.config, "model_type", type(base).__name__))
+    model_type = str(getattr(base.config, "model_type", None) or type(base).__name__)
     how = (
         "write an ArchSpec (README 'Adding an architecture') and pass it as "
         "Model.from_hf(model, spec=...)"
@@ -167,7 +187,7 @@ def discover_spec(base: nn.Module, tokenizer: Any = None) -> Discovery:
             f"architecture '{model_type}' is not in the table and discovery found no value and "
             f"output projections (linear d→H_kv·d_v and H·d_v→d) in '{layers_path}.0'; {how}"
         )
-    ids = _probe_ids(base)
+    ids = probe_ids(base)
     tried: list[str] = []
     for spec in candidates:
         label = f"{spec.value} → {spec.out_proj}" + (f" ({spec.fused})" if spec.fused else "")
@@ -176,8 +196,10 @@ def discover_spec(base: nn.Module, tokenizer: Any = None) -> Discovery:
         for causal in (True, False):
             cand = replace(spec, causal=causal, norm="pre" if causal else "post")
             try:
-                model = Model(base, tokenizer, spec=cand)
-                trace = model.trace(ids)
+                stack = stack_of(base, cand)
+                inputs = input_encoder(base, stack.spec, tokenizer)
+                enc = inputs.encode_ids(ids)
+                trace = trace_batch(base, stack, inputs, [enc], TraceMeta("", cand.name))[0]
                 errors = trace.verify()
             except IdentifiableError as exc:
                 if causal and "outside the mask" in str(exc):
@@ -188,9 +210,253 @@ def discover_spec(base: nn.Module, tokenizer: Any = None) -> Discovery:
                 reason = (str(exc).strip().splitlines() or [""])[0][:80]
                 tried.append(f"{label}: {type(exc).__name__} {reason}".rstrip())
                 break
-            return Discovery(cand, errors, trace.tolerance, [*tried, f"{label}: verified"])
+            cand, note = _with_norms(cand, base, stack, inputs, trace.tolerance)
+            return Discovery(cand, errors, trace.tolerance, [*tried, f"{label}: verified"], note)
     shown = "; ".join(tried[:4]) + (f"; … {len(tried) - 4} more" if len(tried) > 4 else "")
     raise IdentifiableError(
         f"architecture '{model_type}' is not in the table and no discovered spec reproduced "
         f"the model on a probe (tried {len(tried)} in '{layers_path}': {shown}); {how}"
     )
+
+
+def _with_norms(
+    spec: ArchSpec, base: nn.Module, stack: AttentionStack, inputs: InputEncoder, tol: float
+) -> tuple[ArchSpec, str]:
+    """`spec` with the norm layout discovery proves, or a rule saying why there is none."""
+    probe = probe_norms(base, stack, inputs, probe_ids(base), candidates=None)
+    layout, tried = discover_norms(probe, tol)
+    if layout is not None:
+        note = f"{layout.first} → {layout.second} ({layout.kind}): verified"
+        return replace(spec, norms=layout, norm="post" if layout.kind == "post" else "pre"), note
+    why = (
+        "has no normalisation layout that discovery could prove on a probe "
+        f"({'; '.join(tried[:2]) or 'no normalisation modules found'})"
+    )
+    rule = NormRule("model_type", spec.model_types[0], reason=why)
+    return replace(spec, norm_rules=(rule,)), why
+
+
+def discover_norms(probe: NormProbe, tol: float) -> tuple[NormLayout | None, list[str]]:
+    """The first layout the probe proves, trying post, pre, then parallel wirings (two
+    distinct norms before one norm feeding both branches); and why the others failed."""
+    names = list(probe.norms)
+    tried: list[str] = []
+    for kind in ("post", "pre", "parallel"):
+        pairs = [(a, b) for a in names for b in names if a != b]
+        if kind == "parallel":
+            pairs += [(a, a) for a in names]
+        for first, second in pairs:
+            layout = NormLayout(first, second, kind)  # type: ignore[arg-type]
+            reason = probe.disproves(layout, tol)
+            if reason is None:
+                return replace(layout, unit_offset=probe.unit_offset(first)), tried
+            tried.append(f"{first} → {second} ({kind}): {reason}")
+    return None, tried
+
+
+def prove_norm_layout(
+    base: nn.Module, stack: AttentionStack, inputs: InputEncoder, layout: NormLayout, tol: float
+) -> str | None:
+    """Why `layout` does not describe the model's blocks on a probe, or None when it does."""
+    names = {layout.first, layout.second}
+    probe = probe_norms(base, stack, inputs, probe_ids(base), candidates=names)
+    reason = probe.disproves(layout, tol)
+    if reason is None and probe.unit_offset(layout.first) != layout.unit_offset:
+        return f"unit_offset={layout.unit_offset} does not reproduce the norms' outputs"
+    return reason
+
+
+# ---- the norm probe ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _NormCapture:
+    ins: torch.Tensor  # [L, n, d] float64, the module's input in every layer
+    outs: torch.Tensor  # [L, n, d] its output
+    offset: bool | None  # the scaling (weight or 1 + weight) that reproduces it; None: neither
+
+
+@dataclass(frozen=True)
+class NormProbe:
+    """One probe sequence through the model, every layer `[L, n, d]` float64: the layer
+    input x, the attention block output a, E, the layer output, each candidate norm's
+    input and output, and the inputs of the layer's other modules outside the attention."""
+
+    x: torch.Tensor
+    a: torch.Tensor
+    e: torch.Tensor
+    out: torch.Tensor
+    norms: dict[str, _NormCapture]
+    reads: list[torch.Tensor]  # inputs of the layer's modules outside the attention and norms
+
+    def unit_offset(self, name: str) -> bool:
+        return bool(self.norms[name].offset)
+
+    def disproves(self, layout: NormLayout, tol: float) -> str | None:
+        """Why the captures contradict `layout`, or None when every check holds:
+        the norms are their parameters applied to their inputs; post: N1 reads x + a,
+        N2's output is the layer's; pre: N1 reads x, its output is E, N2 reads x + a;
+        parallel: N1 reads x, its output is E, N2 reads x; and a module outside
+        the attention reads the norm that feeds the MLP (post: N1, else N2)."""
+        f, s = self.norms.get(layout.first), self.norms.get(layout.second)
+        if f is None or s is None:
+            return "not a normalisation module in every layer"
+        if f.offset is None or s.offset is None:
+            return "a norm's output is not its parameters applied to its input"
+        if f.offset != s.offset:
+            return "the two norms scale differently"
+        if layout.kind == "post":
+            checks = [
+                ("N1 reads x + Attn", f.ins, self.x + self.a),
+                ("N2 ends the layer", s.outs, self.out),
+            ]
+        else:
+            second_in = self.x + self.a if layout.kind == "pre" else self.x
+            checks = [
+                ("N1 reads x", f.ins, self.x),
+                ("N1's output is E", f.outs, self.e),
+                (f"N2 reads {'x + Attn' if layout.kind == 'pre' else 'x'}", s.ins, second_in),
+            ]
+        for what, got, want in checks:
+            if (err := _rel(got, want)) > tol:
+                return f"not {what} (relative error {err:.1e})"
+        feeds = f.outs if layout.kind == "post" else s.outs
+        if not any(_rel(r, feeds) <= tol for r in self.reads):
+            return (
+                f"no module outside the attention reads {'N1' if layout.kind == 'post' else 'N2'}"
+            )
+        return None
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    if got.shape != want.shape:
+        return float("inf")
+    return float(((got - want).norm(dim=(-2, -1)) / want.norm(dim=(-2, -1)).clamp_min(1e-30)).max())
+
+
+def _norm_like(module: nn.Module, d: int) -> bool:
+    if isinstance(module, nn.LayerNorm):
+        return True
+    w = getattr(module, "weight", None)
+    has_eps = hasattr(module, "eps") or hasattr(module, "variance_epsilon")
+    return (
+        "norm" in type(module).__name__.lower()
+        and isinstance(w, torch.Tensor)
+        and w.shape == (d,)
+        and has_eps
+    )
+
+
+def _norm_names(stack: AttentionStack) -> list[str]:
+    """Names (inside a layer) of the modules that are a norm in some layer and a norm or an
+    `nn.Identity` in every layer (ModernBERT's first layer has no attention norm)."""
+    layers = distinct(stack.layers)
+    found: list[str] = []
+    for layer in layers:
+        for name, mod in layer.named_modules():
+            if name and name not in found and _norm_like(mod, stack.hidden_size):
+                found.append(name)
+
+    def everywhere(name: str) -> bool:
+        mods = [dict(layer.named_modules()).get(name) for layer in layers]
+        return all(
+            m is not None and (_norm_like(m, stack.hidden_size) or isinstance(m, nn.Identity))
+            for m in mods
+        )
+
+    return [n for n in found if everywhere(n)]
+
+
+def probe_norms(
+    base: nn.Module,
+    stack: AttentionStack,
+    inputs: InputEncoder,
+    ids: torch.Tensor,
+    candidates: set[str] | None,
+) -> NormProbe:
+    """Run the probe once and capture what `NormProbe.disproves` checks, for the
+    `candidates` norms (None: every normalisation module of the layers). `ids` are the
+    probe's token ids (image models: a fixed random image of the model's size instead)."""
+    names = _norm_names(stack) if candidates is None else sorted(candidates)
+    attention = stack.spec.value.rsplit(".", 1)[0] if "." in stack.spec.value else ""
+    everywhere = set.intersection(*({n for n, _ in x.named_modules()} for x in stack.layers))
+    readers = [
+        n
+        for n, _ in stack.layers[0].named_modules()
+        if n in everywhere
+        and n not in names
+        and n != attention
+        and not n.startswith(f"{attention}.")
+    ]
+    taps: dict[str, list[torch.Tensor]] = {}
+
+    def keep(key: str, x: Any) -> None:
+        x = x[0] if isinstance(x, tuple) and x else x
+        if not isinstance(x, torch.Tensor):
+            return
+        if x.dim() == 3:  # one sequence: element 0
+            x = x[:, 0] if stack.spec.sequence_first else x[0]
+        taps.setdefault(key, []).append(x.detach().double().cpu())
+
+    def sink(tap: Tap, layer: int, x: torch.Tensor) -> None:
+        keep(tap, x[0])
+
+    with HookSet() as hooks, torch.no_grad():
+        stack.tap(hooks, sink, ("input", "e", "block", "output"))
+        for name in names:
+            for mod in distinct([layer.get_submodule(name) for layer in stack.layers]):
+                hooks.pre(mod, lambda m, a, name=name: keep(f"in:{name}", a))
+                hooks.post(mod, lambda m, a, o, name=name: keep(f"out:{name}", first_tensor(o)))
+        for name in readers:
+            for mod in distinct([layer.get_submodule(name) for layer in stack.layers]):
+                hooks.pre(mod, lambda m, a, name=name: keep(f"read:{name}", a))
+        base(**inputs.batch([_probe_input(inputs, ids)], base))
+    return _assemble_probe(stack, names, readers, taps)
+
+
+def _probe_input(inputs: InputEncoder, ids: torch.Tensor) -> Any:
+    if inputs.spec.modality != "image":
+        return inputs.encode_ids(ids)
+    config: Any = inputs.config
+    size = (int(getattr(config, "num_channels", 3)), *pair(config.image_size))
+    return inputs.encode_image(torch.randn(size, generator=torch.Generator().manual_seed(0)))
+
+
+def _assemble_probe(
+    stack: AttentionStack,
+    names: list[str],
+    readers: list[str],
+    taps: dict[str, list[torch.Tensor]],
+) -> NormProbe:
+    n_layers = stack.n_layers
+
+    def stacked(key: str) -> torch.Tensor | None:
+        got = taps.get(key, [])
+        if len(got) != n_layers or len({t.shape for t in got}) != 1:
+            return None  # not run once per layer (an expert of a mixture, say)
+        return torch.stack(got)
+
+    x, a, e, out = (stacked(k) for k in ("input", "block", "e", "output"))
+    if x is None or a is None or e is None or out is None:
+        raise IdentifiableError("the probe did not run every layer once; no norm layout is proved")
+    norms = {}
+    for name in names:
+        ins, outs = stacked(f"in:{name}"), stacked(f"out:{name}")
+        if ins is not None and outs is not None:
+            mods = [layer.get_submodule(name) for layer in stack.layers]
+            norms[name] = _NormCapture(ins, outs, _offset(mods, ins, outs))
+    reads = [r for n in readers if (r := stacked(f"read:{n}")) is not None]
+    return NormProbe(x, a, e, out, norms, reads)
+
+
+def _offset(mods: list[nn.Module], ins: torch.Tensor, outs: torch.Tensor) -> bool | None:
+    """False when each module is its weights applied to its input, True when it scales by
+    1 + weight (Gemma), None when neither reproduces it (or it is not a norm)."""
+    for offset in (False, True):
+        try:
+            params = [norm_params(m, offset) for m in mods]
+        except IdentifiableError:
+            return None
+        if all(p is None or _rel(p(ins[i]), outs[i]) <= 1e-4 for i, p in enumerate(params)):
+            return offset
+    return None

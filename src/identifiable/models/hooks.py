@@ -62,7 +62,7 @@ class HookSet:
         forward that was there before (accelerate's device hooks) is restored.
         """
         had = "forward" in module.__dict__
-        before = module.__dict__.get("forward")
+        before: Any = module.__dict__.get("forward")
         module.forward = fn  # type: ignore[method-assign]
 
         def undo() -> None:

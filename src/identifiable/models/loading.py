@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from identifiable.errors import IdentifiableError
-from identifiable.models.model import Model
+from identifiable.models.model import Model, Seq2SeqModel
 
 DEFAULT_MODEL = "minilm"
 
@@ -42,8 +42,8 @@ def load_model(
     dtype: torch.dtype | None = None,
     trust_remote_code: bool = False,
     device_map: str | dict[str, Any] | None = None,
-) -> Model:
-    """Load a model for tracing.
+) -> Model | Seq2SeqModel:
+    """Load a model for tracing (an encoder–decoder model gives a `Seq2SeqModel`).
 
     Args:
         name_or_path: "minilm" (the embedded all-MiniLM-L6-v2), a local model
@@ -76,35 +76,13 @@ def load_model(
             f"{type(name_or_path).__name__} {name_or_path!r}; e.g. load_model('minilm')"
         )
     target = resolve_device(device)
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers import AutoModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    if name_or_path == DEFAULT_MODEL:
-        source: str = str(embedded_model_path())
-        local = True
-    else:
-        expanded = Path(name_or_path).expanduser()
-        local = expanded.exists()
-        if not local and _looks_like_path(name_or_path):
-            raise IdentifiableError(f"model path '{name_or_path}' does not exist; check the path")
-        source = str(expanded) if local else name_or_path
-    if local and Path(source).is_file():
-        raise IdentifiableError(
-            f"'{source}' is a file; pass the model directory that holds config.json"
-        )
+    source, local = _source(name_or_path)
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": True}
-    try:
-        # The local cache first: no network round trip for what is already here.
-        config = AutoConfig.from_pretrained(source, **kwargs)
-    except Exception as exc:
-        if local or not _hub_reachable():
-            raise _load_error(name_or_path, local, exc) from None
-        kwargs["local_files_only"] = False
-        try:
-            config = AutoConfig.from_pretrained(source, **kwargs)
-        except Exception as exc2:
-            raise _load_error(name_or_path, local, exc2) from None
+    config = _load_config(name_or_path, source, local, kwargs)
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     native = getattr(config, "model_type", None) in CONFIG_MAPPING_NAMES
@@ -121,16 +99,7 @@ def load_model(
             stacklevel=2,
         )
     check_size(config, name_or_path, dtype=dtype, weights_in_ram=device_map is None)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    except Exception:
-        tokenizer = None  # token ids still trace; text asks for a tokenizer
-    if tokenizer is not None and (
-        len(tokenizer) < 2 or (local and not _has_tokenizer_files(source))
-    ):
-        # Without vocabulary files transformers builds a tokenizer of its special tokens
-        # only (every word becomes [UNK]): no tokenizer at all is the honest answer.
-        tokenizer = None
+    tokenizer = _load_tokenizer(source, local, kwargs)
     try:
         hf_model = AutoModel.from_pretrained(
             source,
@@ -149,6 +118,54 @@ def load_model(
     if tokenizer is None and local and not _has_tokenizer_files(source):
         model.tokenizer = None  # Model looks beside the weights again and would find the stub
     return model
+
+
+def _source(name_or_path: str) -> tuple[str, bool]:
+    """(where the model is, whether that is a local folder), or one line if it cannot be."""
+    if name_or_path == DEFAULT_MODEL:
+        return str(embedded_model_path()), True
+    expanded = Path(name_or_path).expanduser()
+    local = expanded.exists()
+    if not local and _looks_like_path(name_or_path):
+        raise IdentifiableError(f"model path '{name_or_path}' does not exist; check the path")
+    source = str(expanded) if local else name_or_path
+    if local and Path(source).is_file():
+        raise IdentifiableError(
+            f"'{source}' is a file; pass the model directory that holds config.json"
+        )
+    return source, local
+
+
+def _load_config(name: str, source: str, local: bool, kwargs: dict[str, Any]) -> Any:
+    """The model's config: from the local cache first (no network round trip for what is
+    already here), then from the hub when it is reachable (`kwargs` then allow downloads)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source, **kwargs)
+    except Exception as exc:
+        if local or not _hub_reachable():
+            raise _load_error(name, local, exc) from None
+    kwargs["local_files_only"] = False
+    try:
+        return AutoConfig.from_pretrained(source, **kwargs)
+    except Exception as exc2:
+        raise _load_error(name, local, exc2) from None
+
+
+def _load_tokenizer(source: str, local: bool, kwargs: dict[str, Any]) -> Any:
+    """The tokenizer saved with the model, or None (token ids still trace)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    except Exception:
+        return None  # token ids still trace; text asks for a tokenizer
+    if len(tokenizer) < 2 or (local and not _has_tokenizer_files(source)):
+        # Without vocabulary files transformers builds a tokenizer of its special tokens
+        # only (every word becomes [UNK]): no tokenizer at all is the honest answer.
+        return None
+    return tokenizer
 
 
 _TOKENIZER_FILES = (

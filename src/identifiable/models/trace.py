@@ -351,3 +351,29 @@ def _eps(dtype_name: str) -> float:
     if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
         return float(torch.finfo(dtype).eps)
     return float(torch.finfo(torch.float32).eps)
+
+
+@dataclass
+class Seq2SeqTrace:
+    """The three captures of one (source, target) pair of an encoder–decoder model.
+
+    Attributes:
+        encoder: self-attention over the n_s source tokens (`[L_enc, H, n_s, n_s]`).
+        decoder: causal self-attention over the n_t decoder tokens (`[L_dec, H, n_t, n_t]`).
+        cross: cross-attention, `attentions` `[L_dec, H, n_t, n_s]`, `values`
+            `[L_dec, H, n_s, d_v]` = E_enc·W_V, `key_tokens` the source tokens.
+    """
+
+    encoder: Trace
+    decoder: Trace
+    cross: Trace
+
+    def verify(self, rtol: float | None = None) -> dict[str, torch.Tensor]:
+        """Prove all three captures (see `Trace.verify`); the per-layer errors of each."""
+        out = {}
+        for part in ("encoder", "decoder", "cross"):
+            try:
+                out[part] = getattr(self, part).verify(rtol)
+            except IdentifiableError as exc:
+                raise IdentifiableError(f"{part} attention: {exc}") from None
+        return out

@@ -1,0 +1,175 @@
+"""The one `Trace` builder: a sink for `AttentionStack.tap` that turns one forward pass into
+`Trace`s, for decoder-only, encoder-only and encoder–decoder models alike.
+
+Memory: each layer's tensors are converted to float32 and moved to the CPU as the model
+makes them, straight into the traces' own tensors, which are allocated before the
+forward pass (their size is known from the stack and the inputs). The model is not
+asked for `output_attentions`, so no tuple of every layer's maps, no stacked copy and no
+float32 copy of all of them is ever held: at any time the model holds one layer's maps
+(in its own dtype, on its own device) besides the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from identifiable.errors import IdentifiableError
+from identifiable.models.encoding import Encoding, InputEncoder
+from identifiable.models.hooks import HookSet
+from identifiable.models.stack import TAPS, AttentionStack, Tap
+from identifiable.models.trace import Trace
+
+
+@dataclass(frozen=True)
+class TraceMeta:
+    """What each trace says about the model it came from."""
+
+    model_name: str
+    architecture: str
+    special_tokens: dict[str, str] = field(default_factory=dict)
+
+
+class TraceBuilder:
+    """The traces of one forward pass of a batch through one stack, for chosen layers.
+
+    Args:
+        stack: the attention kind captured.
+        rows: the sequences, one `Encoding` each (their query tokens).
+        keys: cross-attention: the encoder's sequences (the keys); None: `rows`.
+        layers: the contiguous range of layers kept (default all): a trace of layers
+            a..b−1 holds hidden states [input of a, output of a, …, output of b−1].
+        hidden: capture hidden states (False for cross-attention, which shares the
+            decoder's: pass them to `traces`).
+    Use as the sink of `stack.tap(hooks, builder, builder.taps, map_shape=builder.map_shape)`,
+    run the model, then call `traces`.
+    """
+
+    def __init__(
+        self,
+        stack: AttentionStack,
+        rows: Sequence[Encoding],
+        keys: Sequence[Encoding] | None = None,
+        *,
+        layers: range | None = None,
+        hidden: bool = True,
+    ) -> None:
+        self.stack, self.rows, self.keys = stack, list(rows), list(keys or rows)
+        self.cross = keys is not None
+        self.layers = range(stack.n_layers) if layers is None else layers
+        self.taps: tuple[Tap, ...] = TAPS if hidden else ("e", "maps", "block")
+        self.map_shape = (max(len(r) for r in self.rows), max(len(k) for k in self.keys))
+        n_l, n_h, d_v, d = len(self.layers), stack.n_heads, stack.head_dim, stack.hidden_size
+        sizes = [(len(r), len(k)) for r, k in zip(self.rows, self.keys, strict=True)]
+        self.attentions = [torch.empty(n_l, n_h, n, k) for n, k in sizes]
+        self.values = [torch.empty(n_l, n_h, k, d_v) for _, k in sizes]
+        self.attn_outputs = [torch.empty(n_l, n, d) for n, _ in sizes]
+        self.hidden_states = [torch.empty(n_l + 1, n, d) for n, _ in sizes] if hidden else None
+        self._kept = slice(self.layers.start, self.layers.stop)
+        self.masks = [stack.key_mask(n, k if self.cross else None)[self._kept] for n, k in sizes]
+        self.calls: dict[Tap, int] = dict.fromkeys(self.taps, 0)
+        self.capture_dtype: torch.dtype | None = None
+
+    def __call__(self, tap: Tap, layer: int, x: torch.Tensor) -> None:
+        """Receive one layer's tensor (batch-first) from a tap; keep it if it is ours."""
+        if layer >= self.stack.n_layers:
+            self.calls[tap] += 1  # more runs than the spec has layers: refused by `check`
+            return
+        if layer not in self.layers or (tap == "input" and layer != self.layers.start):
+            return
+        self.calls[tap] += 1
+        i = layer - self.layers.start
+        if tap == "input":
+            self._rows_into(self.hidden_states, 0, x)
+        elif tap == "output":
+            self._rows_into(self.hidden_states, i + 1, x)
+        elif tap == "block":
+            self._rows_into(self.attn_outputs, i, x)
+        elif tap == "e":
+            self._values(layer, i, x)
+        else:
+            for b, (n, k) in enumerate(self._sizes()):
+                self.attentions[b][i].copy_(x[b, :, :n, :k])
+                self.stack.check_key_mask(
+                    self.attentions[b][i : i + 1], self.masks[b][i : i + 1], layer
+                )
+
+    def _sizes(self) -> list[tuple[int, int]]:
+        return [(len(r), len(k)) for r, k in zip(self.rows, self.keys, strict=True)]
+
+    def _rows_into(self, into: list[torch.Tensor] | None, i: int, x: torch.Tensor) -> None:
+        assert into is not None
+        for b, (n, _) in enumerate(self._sizes()):
+            into[b][i].copy_(x[b, :n])
+
+    def _values(self, layer: int, i: int, e: torch.Tensor) -> None:
+        if e.shape[1] != self.map_shape[1]:
+            raise IdentifiableError(
+                f"{self.stack.prefix}the value projection read {e.shape[1]} vectors but the "
+                f"attention has {self.map_shape[1]} keys; the spec '{self.stack.spec.name}' "
+                "reads E from the wrong module."
+            )
+        if self.capture_dtype is None:
+            self.capture_dtype = e.dtype
+        v = self.stack.values(layer, e)  # [B, H, n_k, d_v]
+        for b, (_, k) in enumerate(self._sizes()):
+            self.values[b][i].copy_(v[b, :, :k])
+
+    def check(self) -> None:
+        """Every kept layer captured once by every tap, or one line naming the spec."""
+        self.stack.check_calls(self.calls, len(self.layers))
+
+    def traces(
+        self, meta: TraceMeta, *, hidden_states: Sequence[torch.Tensor] | None = None
+    ) -> list[Trace]:
+        """The batch's traces, in input order (`hidden_states`: cross-attention only)."""
+        self.check()
+        hidden = self.hidden_states if hidden_states is None else list(hidden_states)
+        assert hidden is not None
+        full = len(self.layers) == self.stack.n_layers
+        # the full W_O is the stack's shared tensor (its identity keys attention's caches)
+        kept = slice(None) if full else self._kept
+        out_proj = self.stack.out_proj() if full else self.stack.out_proj()[kept]
+        value_bias, out_bias = self.stack.value_bias()[kept], self.stack.out_bias()[kept]
+        return [
+            Trace(
+                tokens=list(rows.tokens),
+                input_ids=rows.input_ids.clone(),
+                attentions=self.attentions[b],
+                values=self.values[b],
+                value_bias=value_bias,
+                out_proj=out_proj,
+                out_bias=out_bias,
+                hidden_states=hidden[b],
+                attn_outputs=self.attn_outputs[b],
+                is_causal=self.stack.spec.causal,
+                kv_head_of=self.stack.kv_head_of.clone(),
+                special_tokens=dict(meta.special_tokens),
+                model_name=meta.model_name,
+                architecture=meta.architecture,
+                truncated=rows.n_dropped,
+                key_mask=self.masks[b],
+                capture_dtype=str(self.capture_dtype or torch.float32).removeprefix("torch."),
+                key_tokens=list(self.keys[b].tokens) if self.cross else None,
+                key_input_ids=self.keys[b].input_ids.clone() if self.cross else None,
+            )
+            for b, rows in enumerate(self.rows)
+        ]
+
+
+def trace_batch(
+    hf_model: nn.Module,
+    stack: AttentionStack,
+    inputs: InputEncoder,
+    encs: Sequence[Encoding],
+    meta: TraceMeta,
+) -> list[Trace]:
+    """One forward pass of a batch (padded to the longest), captured as one `Trace` each."""
+    builder = TraceBuilder(stack, encs)
+    with HookSet() as hooks, torch.no_grad():
+        stack.tap(hooks, builder, builder.taps, map_shape=builder.map_shape)
+        hf_model(**inputs.batch(encs, hf_model))
+    return builder.traces(meta)

@@ -1,0 +1,96 @@
+"""What analyses need of a model: `ModelInfo` and the `TracedModel` protocol.
+
+`identifiable.models.Model` satisfies `TracedModel` (so does `Seq2SeqModel.encoder`, a
+plain `Model`). Code outside models/ that takes "a model" should annotate it with
+`TracedModel` rather than `Any`: the type checker then sees every attribute it uses, and
+a test double only has to provide these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from identifiable.models.encoding import Encoding, ModelInput
+from identifiable.models.specs import ArchSpec
+from identifiable.models.stack import AttentionStack
+from identifiable.models.trace import Trace
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Sizes and names of a traced model (an encoder–decoder model: of its encoder)."""
+
+    name: str
+    architecture: str
+    model_type: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    max_positions: int
+    is_causal: bool
+    intermediate_size: int = 0  # MLP width, for memory estimates
+
+
+@runtime_checkable
+class TracedModel(Protocol):
+    """A model that traces one stack of attention: everything the analyses call."""
+
+    info: ModelInfo
+    hf_model: nn.Module
+    stack: AttentionStack
+    special_tokens: dict[str, str]
+
+    @property
+    def spec(self) -> ArchSpec: ...
+
+    @property
+    def layers(self) -> list[nn.Module]: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def modality(self) -> str: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def encode(self, text: ModelInput, *, truncate: bool = True) -> Encoding: ...
+
+    def batch_inputs(self, encs: Sequence[Encoding]) -> dict[str, torch.Tensor]: ...
+
+    def trace(self, text: ModelInput, *, truncate: bool = True) -> Trace: ...
+
+    def trace_many(
+        self, texts: Iterable[ModelInput] | Any, *, batch_size: int = 8, truncate: bool = True
+    ) -> Iterator[Trace]: ...
+
+    def iter_layers(
+        self, text: ModelInput, *, truncate: bool = True
+    ) -> Iterator[tuple[int, Trace]]: ...
+
+    def key_mask(self, n: int) -> torch.Tensor: ...
+
+    def embed(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        *,
+        pixel_values: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
+
+    def layer_outputs(self, e0: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor: ...
+
+    def placeholder_pixels(self, batch: int, dtype: torch.dtype) -> torch.Tensor: ...
+
+    def vocabulary_embeddings(self) -> torch.Tensor: ...

@@ -1,0 +1,466 @@
+"""`AttentionStack`: one attention kind across the layers of one stack, the capture object.
+
+An encoder-only or decoder-only model has one stack; an encoder–decoder model has three
+(the encoder's self-attention, the decoder's causal self-attention, and its
+cross-attention over the encoder's outputs). A stack knows, from its `ArchSpec`, where
+each layer reads E (the value projection's input), where the attention block's output
+is (after W_O and b_O, before dropout and residual), which module returns the attention
+probabilities A, and the per-head weights W_V, b_V, W_O, b_O in the orientation of
+docs/definitions.md (x @ W). It also knows each layer's key set (causal, windows).
+
+Capture is by taps: `AttentionStack.tap` hooks a forward pass and hands each layer's
+tensors to a sink as they are made, one call per (tap, layer). Taps compose: several
+sinks can tap one pass, and a sink may keep only the layers it wants
+(`identifiable.models.capture` builds `Trace`s this way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from identifiable.errors import IdentifiableError
+from identifiable.models.compat import adapt_spec, ask_for_attention_weights, window_config
+from identifiable.models.hooks import HookSet, first_tensor, get_submodule, hidden_input
+from identifiable.models.specs import ArchSpec
+
+Tap = Literal["input", "e", "maps", "block", "output"]
+"""What a tap captures, per layer, batch-first:
+
+- "input": the layer's hidden-state input `[B, n, d]` (layer 0's is e^0);
+- "e": E, the value projection's input `[B, n_k, d]`;
+- "maps": the attention probabilities A `[B, H, n, n_k]` (from the attention module);
+- "block": the attention block's output `[B, n, d]` (after W_O and b_O);
+- "output": the layer's output `[B, n, d]`.
+"""
+TAPS: tuple[Tap, ...] = ("input", "e", "maps", "block", "output")
+Sink = Callable[[Tap, int, torch.Tensor], None]
+"""Receives (tap, layer, tensor) during the forward pass, in the order the model runs."""
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class HeadWeights:
+    """One layer's W_V, b_V, W_O, b_O in the orientation of docs/definitions.md (x @ W)."""
+
+    w_v: torch.Tensor  # [d, H_kv·d_v]
+    b_v: torch.Tensor  # [H_kv·d_v]
+    w_o: torch.Tensor  # [H·d_v, d]
+    b_o: torch.Tensor  # [d]
+
+
+class AttentionStack:
+    """One attention kind over the (logical) layers of one stack.
+
+    Attributes:
+        layers: the layers in the order the forward pass runs them (a layer shared
+            across depths, ALBERT's, appears once per run).
+        spec: where the pieces live (`ArchSpec`).
+        value_modules, out_modules, attention_modules: per layer, the module whose input
+            is E, the module whose output (or, `spec.block_output_at`, input) is the block
+            output, and the module whose output holds A.
+        v_cols: the value module's output columns that hold W_V, in key/value-head order.
+        n_heads, n_kv_heads, head_dim, hidden_size: H, H_kv, d_v, d.
+        kv_head_of: `[H]` the key/value head each query head reads.
+        weights: per layer, `HeadWeights` (detached views of the parameters).
+        windows: per layer, the attention window (None: every key the row may see).
+        label: "" for a model's only stack, else "encoder", "decoder" or "cross" (messages).
+    """
+
+    def __init__(
+        self,
+        layers: Sequence[nn.Module],
+        spec: ArchSpec,
+        *,
+        n_heads: int,
+        head_dim: int,
+        hidden_size: int,
+        windows: Sequence[int | None] | None = None,
+        label: str = "",
+    ) -> None:
+        self.layers, self.spec, self.label = list(layers), spec, label
+        self.n_heads, self.head_dim, self.hidden_size = n_heads, head_dim, hidden_size
+        self.value_modules = [_e_module(layer, spec) for layer in self.layers]
+        self.out_modules = [
+            get_submodule(layer, spec.block_output_at or spec.out_proj) for layer in self.layers
+        ]
+        self.attention_modules = [_attention_module(layer, spec.value) for layer in self.layers]
+        width = self.projections(0)[0].shape[1]
+        self.n_kv_heads, self.v_cols = value_columns(spec, width, n_heads, head_dim)
+        if self.n_kv_heads < 1 or n_heads % self.n_kv_heads:
+            raise IdentifiableError(
+                f"{self.prefix}the value projection has width {width}, which gives "
+                f"{self.n_kv_heads} key/value heads of width {head_dim} for {n_heads} query "
+                "heads; the spec does not fit this model."
+            )
+        self.kv_head_of = torch.arange(n_heads) // (n_heads // self.n_kv_heads)
+        self.weights = [self._head_weights(i) for i in range(len(self.layers))]
+        self.windows: list[int | None] = list(windows or [None] * len(self.layers))
+        # (versions of the W_O parameters, the stacked W_O shared by traces): `out_proj`
+        self._out_proj_cache: tuple[tuple[int, ...], torch.Tensor] | None = None
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def prefix(self) -> str:
+        """The start of this stack's error messages ("cross attention: ", or nothing)."""
+        return f"{self.label} attention: " if self.label else ""
+
+    # ---- weights ---------------------------------------------------------------
+    def projections(self, layer: int) -> tuple[torch.Tensor, ...]:
+        """(W_V over every output column of the value module, b_V, W_O, b_O) of a layer,
+        in the orientation x @ W; views of the parameters (in-place updates show)."""
+        spec, mod = self.spec, self.layers[layer]
+        if spec.weight_layout == "heads":
+            v, o = _raw_heads(mod, spec.value), _raw_heads(mod, spec.out_proj)
+            w_v = v.reshape(v.shape[0], -1)  # column h·d_v + c is v[:, h, c]
+            w_o = o.reshape(o.shape[0], -1).T  # row h·d_v + c is o[:, h, c]
+            return w_v, torch.zeros_like(w_v[0]), w_o, torch.zeros_like(w_o[0])
+        v_mod, o_mod = self.value_modules[layer], get_submodule(mod, spec.out_proj)
+        w_v = _weight_in_out(v_mod, spec.weight_layout)
+        w_o = _weight_in_out(o_mod, spec.weight_layout)
+        return w_v, _bias(v_mod, w_v.shape[1], w_v), w_o, _bias(o_mod, w_o.shape[1], w_o)
+
+    def _head_weights(self, layer: int) -> HeadWeights:
+        w_v, b_v, w_o, b_o = self.projections(layer)
+        w_v, b_v = w_v[:, self.v_cols], b_v[self.v_cols]
+        expected_v = (self.hidden_size, self.n_kv_heads * self.head_dim)
+        expected_o = (self.n_heads * self.head_dim, self.hidden_size)
+        if tuple(w_v.shape) != expected_v or tuple(w_o.shape) != expected_o:
+            raise IdentifiableError(
+                f"{self.prefix}layer {layer}: W_V has shape {tuple(w_v.shape)} (expected "
+                f"{expected_v}) and W_O {tuple(w_o.shape)} (expected {expected_o}); the output "
+                "projection of this model is not separable per head as the spec assumes."
+            )
+        return HeadWeights(*(t.detach() for t in (w_v, b_v, w_o, b_o)))
+
+    def per_query_head(self, kv_rows: torch.Tensor) -> torch.Tensor:
+        """[..., H_kv·d_v] → [..., H, d_v], repeating each key/value head for its query heads."""
+        split = kv_rows.reshape(*kv_rows.shape[:-1], self.n_kv_heads, self.head_dim)
+        return split[..., self.kv_head_of.to(split.device), :]
+
+    def values(self, layer: int, e: torch.Tensor) -> torch.Tensor:
+        """`[B, H, n_k, d_v]` E·W_V (bias-free, by the definition of T) from E `[B, n_k, d]`."""
+        w_v = self.weights[layer].w_v
+        # Half-precision models: E and W_V as the model holds them, multiplied in
+        # float32, so T is exact for the captured operands (analyses use float64).
+        work = torch.float32 if e.dtype in HALF else e.dtype
+        v = e.to(work) @ w_v.to(work)  # [B, n_k, H_kv·d_v]
+        return self.per_query_head(v).permute(0, 2, 1, 3)
+
+    def value_bias(self) -> torch.Tensor:
+        """`[L, H, d_v]` float32 CPU b_V per query head."""
+        return torch.stack([self.per_query_head(w.b_v) for w in self.weights]).float().cpu()
+
+    def out_bias(self) -> torch.Tensor:
+        """`[L, d]` float32 CPU b_O."""
+        return torch.stack([w.b_o for w in self.weights]).float().cpu()
+
+    def out_proj(self) -> torch.Tensor:
+        """`[L, H, d_v, d]` float32 CPU W_O, one tensor shared by every trace of this stack.
+
+        Sharing saves a copy per trace (2 GB for a 7B model) and lets
+        `attention.effective` reuse its factorisation of W_O across traces (it
+        caches by tensor identity). The copy is rebuilt whenever a weight was
+        changed in place (an optimizer step, `load_state_dict`): the detached
+        views in `weights` share their parameters' version counters.
+        """
+        versions = tuple(w.w_o._version for w in self.weights)
+        if self._out_proj_cache is not None and self._out_proj_cache[0] == versions:
+            return self._out_proj_cache[1]
+        w_o = torch.stack([w.w_o.reshape(self.n_heads, self.head_dim, -1) for w in self.weights])
+        w_o = w_o.float().cpu()
+        self._out_proj_cache = (versions, w_o)
+        return w_o
+
+    # ---- key sets ----------------------------------------------------------------
+    def key_mask(self, n: int, n_keys: int | None = None) -> torch.Tensor:
+        """`[L, n, n_k]` bool: which keys each query row of each layer may attend to.
+
+        Derived from the spec and the config, not from the attention weights: all keys
+        (encoders; cross-attention, whose `n_keys` encoder outputs are given), keys ≤ i
+        (decoders), narrowed to a window on sliding-window/local layers (i − j < w for
+        decoders, |i − j| ≤ w for encoders, as Hugging Face builds these masks).
+        """
+        if n_keys is not None:  # cross-attention: every encoder output
+            return torch.ones(self.n_layers, n, n_keys, dtype=torch.bool)
+        return key_masks(n, self.spec.causal, self.windows)
+
+    def check_key_mask(self, att: torch.Tensor, mask: torch.Tensor, layer: int = 0) -> None:
+        """The model's attention `[L, H, n, n_k]` must be exactly 0 outside `mask` `[L, n, n_k]`
+        (`layer`: the index of the first layer given, for the message)."""
+        if bool(mask.all()):
+            return  # nothing lies outside (encoders): skip a full pass over the weights
+        outside = att.masked_fill(mask[:, None], 0)
+        if bool(outside.any()):
+            first = layer + int(outside.flatten(1).any(-1).nonzero()[0])
+            raise IdentifiableError(
+                f"{self.prefix}layer {first} attends to keys outside the mask derived from "
+                f"the config (spec '{self.spec.name}': causal, windows); the spec does not "
+                "describe this model's masking."
+            )
+
+    # ---- capture -----------------------------------------------------------------
+    def batch_first(self, x: torch.Tensor) -> torch.Tensor:
+        """A layer-level tensor as [B, n, …]: sequence-first models (XLNet) pass [n, B, …]."""
+        return x.transpose(0, 1) if self.spec.sequence_first else x
+
+    def tap(
+        self,
+        hooks: HookSet,
+        sink: Sink,
+        taps: Collection[Tap] = TAPS,
+        *,
+        map_shape: tuple[int, int] | None = None,
+    ) -> None:
+        """Hook every run of every layer: each tap in `taps` hands `sink` its tensor.
+
+        One hook per distinct module, its calls counted in order, so a layer that runs
+        several times (ALBERT shares one) is captured at each run, as layer 0, 1, ….
+        A model that runs a module more often than the spec has layers hands on layer
+        numbers ≥ `n_layers`, for the sink to refuse (`check_calls`). `map_shape` is
+        (rows, keys) of the padded batch: "maps" takes the 4-D tensor of that trailing
+        shape from the attention module's output (the last one, after T5's position bias).
+        """
+        calls: dict[Tap, int] = dict.fromkeys(taps, 0)
+
+        def emit(what: Tap, x: torch.Tensor) -> None:
+            calls[what] += 1
+            sink(what, calls[what] - 1, x)
+
+        def block_input(m: nn.Module, a: Any) -> None:
+            if a[0].dim() == 3:  # XLNet's dropout also runs on the attention maps (4-D)
+                emit("block", self.batch_first(a[0]))
+
+        def maps(m: nn.Module, a: Any, out: Any) -> None:
+            emit("maps", self._maps_in(out, map_shape, calls["maps"]))
+
+        if "input" in taps:
+            for mod in distinct(self.layers):
+                hooks.pre(
+                    mod,
+                    lambda m, a, k: emit("input", self.batch_first(hidden_input(a, k))),
+                    with_kwargs=True,
+                )
+        if "e" in taps:
+            for mod in distinct(self.value_modules):
+                hooks.pre(mod, lambda m, a: emit("e", self.batch_first(a[0])))
+        if "maps" in taps:
+            for mod in distinct(self.attention_modules):
+                hooks.post(mod, maps)
+                if (ask := ask_for_attention_weights(mod)) is not None:  # transformers 4.x
+                    hooks.pre(mod, ask, with_kwargs=True)
+        if "block" in taps:
+            for mod in distinct(self.out_modules):
+                if self.spec.block_output_at is None:
+                    hooks.post(
+                        mod, lambda m, a, o: emit("block", self.batch_first(first_tensor(o)))
+                    )
+                else:
+                    hooks.pre(mod, block_input)
+        if "output" in taps:
+            for mod in distinct(self.layers):
+                hooks.post(mod, lambda m, a, o: emit("output", self.batch_first(first_tensor(o))))
+
+    def _maps_in(self, out: Any, shape: tuple[int, int] | None, layer: int) -> torch.Tensor:
+        """The attention probabilities `[B, H, n, n_k]` in an attention module's output."""
+        found = [
+            t.permute(2, 3, 0, 1) if self.spec.sequence_first else t  # [n, n, B, H]
+            for t in (out if isinstance(out, tuple | list) else (out,))
+            if isinstance(t, torch.Tensor) and t.dim() == 4
+        ]
+        fitting = [t for t in found if shape is None or tuple(t.shape[-2:]) == shape]
+        if fitting:
+            return fitting[-1]
+        if found and shape is not None:
+            got = tuple(found[-1].shape[-2:])
+            if self.spec.modality == "image":
+                raise IdentifiableError(
+                    f"the model made {got[-1]} tokens of the image but the patch grid names "
+                    f"{shape[-1]}; the spec '{self.spec.name}' does not fit this model"
+                )
+            raise IdentifiableError(
+                f"{self.prefix}layer {layer}'s attention maps are {got[0]}×{got[1]}, but the "
+                f"input gives {shape[0]} queries and {shape[1]} keys; the spec "
+                f"'{self.spec.name}' does not fit this model"
+            )
+        raise IdentifiableError(
+            f"{self.prefix}the attention module of the '{self.spec.name}' spec returns no "
+            f"attention weights per layer (layer {layer}); load the model with "
+            "attn_implementation='eager' (identifiable.load_model does this for you)"
+        )
+
+    def check_calls(self, calls: dict[Tap, int], expected: int) -> None:
+        """`expected` calls of each tap but "input" (which runs at least once), or one line
+        saying that the spec does not describe this model."""
+        counts = {k: v for k, v in calls.items() if k != "input"}
+        if set(counts.values()) <= {expected} and calls.get("input", 1) >= 1:
+            return
+        raise IdentifiableError(
+            f"{self.prefix}{expected} layers, but the value projection ran "
+            f"{calls.get('e', '?')} times, the output projection {calls.get('block', '?')}, the "
+            f"layers {calls.get('output', '?')} and the attention modules returned "
+            f"{calls.get('maps', '?')} attention maps; the spec '{self.spec.name}' does not "
+            "match this model (see README 'Adding an architecture')."
+        )
+
+
+# ---- layers, windows and key masks -------------------------------------------
+
+
+def stack_of(base: nn.Module, spec: ArchSpec, *, label: str = "") -> AttentionStack:
+    """The stack of an encoder-only or decoder-only base model (or of one stack of an
+    encoder–decoder model), sized from its config; transformers 4.x paths where they differ."""
+    config: Any = base.config
+    spec = adapt_spec(base, spec)
+    layers = logical_layers(base, spec)
+    n_heads = int(config.num_attention_heads)
+    hidden = int(config.hidden_size)
+    return AttentionStack(
+        layers,
+        spec,
+        n_heads=n_heads,
+        head_dim=int(getattr(config, "head_dim", None) or hidden // n_heads),
+        hidden_size=hidden,
+        windows=layer_windows(config, spec, len(layers)),
+        label=label,
+    )
+
+
+def logical_layers(base: nn.Module, spec: ArchSpec) -> list[nn.Module]:
+    """The layers in the order the forward pass runs them (a shared layer appears once per run)."""
+    listed = module_list(base, spec.layers)
+    if spec.layer_groups is None:
+        return listed
+    config: Any = base.config
+    n_runs = int(config.num_hidden_layers)
+    groups = [module_list(g, spec.layer_groups) for g in listed]
+    # ALBERT: run i uses group ⌊i / (L / G)⌋, then every layer inside that group.
+    return [layer for i in range(n_runs) for layer in groups[int(i / (n_runs / len(groups)))]]
+
+
+def module_list(root: nn.Module, path: str) -> list[nn.Module]:
+    """The entries of the `ModuleList` at `path`, or one line saying the spec does not fit."""
+    found = get_submodule(root, path)
+    if not isinstance(found, nn.ModuleList | nn.Sequential):
+        raise IdentifiableError(
+            f"'{path}' is a {type(found).__name__}, not a list of layers; the architecture "
+            "spec does not match this model class (see README 'Adding an architecture')."
+        )
+    return list(found)
+
+
+def layer_windows(config: Any, spec: ArchSpec, n_layers: int) -> list[int | None]:
+    """The attention window of each layer (None: the layer sees every key its row may see)."""
+    window, types = window_config(config, spec)
+    if not isinstance(window, int) or window <= 0:
+        return [None] * n_layers
+    if isinstance(types, list | tuple) and len(types) == n_layers:
+        local = {"sliding_attention", "local"}
+        return [window if t in local else None for t in types]
+    return [window] * n_layers  # Mistral, Mixtral: one window for every layer
+
+
+def key_masks(n: int, causal: bool, windows: Sequence[int | None]) -> torch.Tensor:
+    """`[L, n, n]` bool, see `AttentionStack.key_mask`."""
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    base = j <= i if causal else torch.ones(n, n, dtype=torch.bool)
+    masks = []
+    for w in windows:
+        if w is None:
+            masks.append(base)
+        elif causal:
+            masks.append(base & (i - j < w))
+        else:
+            masks.append((i - j).abs() <= w)
+    return torch.stack(masks) if masks else torch.zeros(0, n, n, dtype=torch.bool)
+
+
+def value_columns(
+    spec: ArchSpec, width: int, n_heads: int, head_dim: int
+) -> tuple[int, slice | list[int]]:
+    """(H_kv, the output columns of the value module that hold W_V, in key/value-head order).
+
+    Args:
+        width: output width of the value module (the fused width for fused QKV).
+    """
+    if spec.fused_qkv is not None:
+        chunks, index = spec.fused_qkv
+        part = width // chunks
+        return part // head_dim, slice(index * part, (index + 1) * part)
+    if spec.fused is None:
+        return width // head_dim, slice(0, width)
+    n_kv = (width // head_dim - n_heads) // 2  # fused width is (H + 2·H_kv)·d_v
+    if n_kv < 1 or (n_heads + 2 * n_kv) * head_dim != width or n_heads % n_kv:
+        raise IdentifiableError(
+            f"the fused QKV projection has width {width}, which is not (H + 2·H_kv)·d_v for "
+            f"H = {n_heads}, d_v = {head_dim}; the spec's fused layout does not fit this model."
+        )
+    if spec.fused == "qkv_blocks":
+        start = (n_heads + n_kv) * head_dim
+        return n_kv, slice(start, start + n_kv * head_dim)
+    group = n_heads // n_kv + 2  # per key/value head: its query heads, its key, its value
+    cols = [(g * group + group - 1) * head_dim + c for g in range(n_kv) for c in range(head_dim)]
+    return n_kv, cols
+
+
+def base_model_of(hf_model: nn.Module) -> nn.Module:
+    """The body of a task-head model (`*ForMaskedLM`, `*ForCausalLM`, `*ForSequenceClassification`,
+    `*ForTokenClassification`, `*ForQuestionAnswering`, …), or the model itself."""
+    base = getattr(hf_model, "base_model", None)
+    return base if isinstance(base, nn.Module) else hf_model
+
+
+def distinct(modules: Sequence[nn.Module]) -> list[nn.Module]:
+    """Each module once, in first-seen order (a layer shared across depths repeats)."""
+    return list({id(m): m for m in modules}.values())
+
+
+def _attention_module(layer: nn.Module, value_path: str) -> nn.Module:
+    """The module around the value projection, whose output carries the attention weights."""
+    parent = value_path.rsplit(".", 1)[0] if "." in value_path else ""
+    return get_submodule(layer, parent) if parent else layer
+
+
+def _e_module(layer: nn.Module, spec: ArchSpec) -> nn.Module:
+    """The module whose first input is E: the value projection, or (raw "heads"
+    parameters, which have no module of their own) the attention module holding W_V."""
+    if spec.weight_layout == "heads":
+        return _attention_module(layer, spec.value)
+    return get_submodule(layer, spec.value)
+
+
+def _weight_in_out(module: nn.Module, layout: str) -> torch.Tensor:
+    w = module.weight
+    assert isinstance(w, torch.Tensor)
+    return w if layout == "conv1d" else w.T
+
+
+def _bias(module: nn.Module, size: int, like: torch.Tensor) -> torch.Tensor:
+    b = getattr(module, "bias", None)
+    return b if b is not None else torch.zeros(size, dtype=like.dtype, device=like.device)
+
+
+def _raw_heads(layer: nn.Module, path: str) -> torch.Tensor:
+    """A raw `[d, H, d_v]` projection parameter (`ArchSpec.weight_layout` "heads")."""
+    try:
+        p = layer.get_parameter(path)
+    except AttributeError as exc:
+        raise IdentifiableError(
+            f"the model has no parameter '{path}' ({exc}); its architecture spec does not match "
+            "this model class (see README 'Adding an architecture')."
+        ) from None
+    if p.dim() != 3:
+        raise IdentifiableError(
+            f"parameter '{path}' has shape {tuple(p.shape)}, but weight layout 'heads' reads "
+            "[d, H, d_v]; the spec does not match this model."
+        )
+    return p

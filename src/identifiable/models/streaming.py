@@ -1,0 +1,89 @@
+"""Layer streaming: one layer's `Trace` at a time, during a single forward pass.
+
+The forward pass runs in a worker thread that hands over each layer's trace as soon as
+the layer has run, and then waits until the caller asks for the next one, so that at
+most one layer's n×n maps (two while the next is being built) are alive. The caller may
+stop early (break): the worker's next layer then ends the forward pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from identifiable.models.capture import TraceBuilder, TraceMeta
+from identifiable.models.encoding import Encoding
+from identifiable.models.hooks import HookSet
+from identifiable.models.stack import AttentionStack, Tap
+from identifiable.models.trace import Trace
+
+
+class _StopForward(Exception):
+    """Raised inside the forward pass to end it once the caller stopped asking."""
+
+
+def stream_layers(
+    stack: AttentionStack, enc: Encoding, forward: Callable[[], Any], meta: TraceMeta
+) -> Iterator[tuple[int, Trace]]:
+    """Yield `(layer, one-layer trace)` while `forward()` runs the model on `enc`."""
+    box: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def worker() -> None:
+        try:
+            with torch.no_grad():
+                _run(stack, enc, forward, meta, box, stop)
+            box.put(("done", None))
+        except _StopForward:
+            box.put(("done", None))
+        except BaseException as exc:  # handed to the caller's thread
+            box.put(("error", exc))
+
+    thread = threading.Thread(target=worker, name="identifiable-iter-layers", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, item = box.get()
+            if kind == "done":
+                break
+            if kind == "error":
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a worker waiting to hand over a layer
+            with contextlib.suppress(queue.Empty):
+                box.get(timeout=0.05)
+        thread.join()
+
+
+def _run(
+    stack: AttentionStack,
+    enc: Encoding,
+    forward: Callable[[], Any],
+    meta: TraceMeta,
+    box: queue.Queue[tuple[str, Any]],
+    stop: threading.Event,
+) -> None:
+    """The forward pass, with one `TraceBuilder` per layer, each handed over when complete."""
+    current = [TraceBuilder(stack, [enc], layers=range(0, 1))]
+
+    def sink(tap: Tap, layer: int, x: torch.Tensor) -> None:
+        if tap == "input" and stop.is_set():
+            raise _StopForward
+        builder = current[0]
+        builder(tap, layer, x)
+        if tap == "output" and layer == builder.layers.start:
+            box.put(("layer", (layer, builder.traces(meta)[0])))
+            if layer + 1 < stack.n_layers:
+                current[0] = TraceBuilder(stack, [enc], layers=range(layer + 1, layer + 2))
+
+    with HookSet() as hooks:
+        stack.tap(hooks, sink, map_shape=(len(enc), len(enc)))
+        forward()
+    current[0].check()  # the last layer ran, and no layer ran more often than the spec says
