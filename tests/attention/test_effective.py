@@ -246,14 +246,15 @@ def test_certified_out_proj_route_equals_the_exact_factors_bit_for_bit(variant, 
     """Without cached factors, an encoder trace whose W_O is proved well-conditioned from
     a float32 Gram never factors W_O in float64, and its result equals, bit for bit, the
     one computed with the exact factors; a head that cannot be proved (κ(H) = 1e5) makes
-    the call factor W_O exactly, with the same result again. Causal traces always factor."""
-    from identifiable.attention.effective import _FACTOR_CACHE, _FLAGS_CACHE
+    the call factor that layer's W_O exactly, with the same result again. Causal traces
+    take the certificate too (their prefixes then run on V itself)."""
+    from identifiable.attention.effective import _FACTOR_CACHE, _FLAGS_CACHE, _LAYER_FACTORS
 
     def run(trace):
-        _FACTOR_CACHE.clear()
-        _FLAGS_CACHE.clear()
+        for cache in (_FACTOR_CACHE, _FLAGS_CACHE, _LAYER_FACTORS):
+            cache.clear()
         got = effective_attention(trace, variant, dtype=dtype)
-        factored = _FACTOR_CACHE.get(trace.out_proj) is not None
+        factored = any(c.get(trace.out_proj) for c in (_FACTOR_CACHE, _LAYER_FACTORS))
         want = effective_attention(trace, variant, factors=compute_head_factors(trace), dtype=dtype)
         assert torch.equal(got.effective, want.effective)
         for field in ("rank", "dim", "dim_stochastic", "out_proj_full_row_rank"):
@@ -267,7 +268,10 @@ def test_certified_out_proj_route_equals_the_exact_factors_bit_for_bit(variant, 
     u, _, vh = torch.linalg.svd(bad.out_proj[1, 2].double(), full_matrices=False)
     bad.out_proj[1, 2] = (u @ torch.diag(torch.tensor([1.0, 0.5, 0.1, 1e-5]).double()) @ vh).float()
     assert run(bad)  # one head not provable: exact factors, same numbers
-    assert run(synthetic_trace(n=20, d_v=4, d=24, causal=True))
+    causal = synthetic_trace(n=20, d_v=4, d=24, causal=True)
+    assert not run(causal)
+    causal.out_proj[1, 2] = bad.out_proj[1, 2]
+    assert run(causal)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
