@@ -42,6 +42,7 @@ from identifiable.attention.outproj import (  # noqa: F401  (re-exported: tests,
     OutProj,
     compute_head_factors,
 )
+from identifiable.attention.windows import WindowSolve, causal_band
 from identifiable.errors import IdentifiableError
 from identifiable.models.trace import Trace
 from identifiable.precision import float32_matmul_precision, float32_matmuls_exact
@@ -352,7 +353,11 @@ def _iter_layers(
         rank, dim, dim_s, bases = _layer_dims(trace, layer, w_o, heads)
         route, data = bases
         eff = torch.empty(raw.shape, dtype=dtype) if out is None else out[i]
-        if route == "keysets":  # a float64 route, rounded only if asked
+        if route == "windows":
+            check_finite(raw, "attention", layer=layer)
+            for h, solve in enumerate(data[0 if variant == "paper" else 1]):
+                solve.project(raw[h], eff[h], dtype)
+        elif route == "keysets":  # a float64 route, rounded only if asked
             check_finite(raw, "attention", layer=layer)
             eff.copy_(project_rows_keysets(raw, data, stochastic=variant != "paper"))
         elif route == "causal":
@@ -437,6 +442,9 @@ def _layer_dims(
             f"layer {layer}: a cross-attention trace must let every row see every key "
             "(its key mask is not all True); per-row key sets need self-attention"
         )
+    width = None if mask is None else causal_band(mask)
+    if width is not None:
+        return _window_dims(v @ w_o.factor(layer), width)
     if mask is not None and not torch.equal(mask, torch.ones_like(mask).tril()):
         groups = keyset_groups(v @ w_o.factor(layer), mask)
         rank, dim, dim_s = keyset_ranks(groups, n_h, n)
@@ -489,11 +497,28 @@ def _causal_prefixes(
 
 def _prefix_pair(x: Tensor) -> tuple[Prefixes, Prefixes]:
     """`prefixes` of X `[P, n, m]` and of [X, s·1] (‖s·1‖ = σ_max(X))."""
+    smax, scale, xa = _with_ones(x)
+    return prefixes(x, smax), prefixes(xa, scale)
+
+
+def _with_ones(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """σ_max `[P]` of each X `[P, n, m]`, the scale of [X, s·1] and [X, s·1] itself."""
     n_p, n, k = x.shape
     smax = torch.linalg.matrix_norm(x, ord=2) if k and n_p else x.new_zeros(n_p)
     scale = torch.where(smax > 0, smax, torch.ones_like(smax))  # T = 0 still has [T, 1] of rank 1
     ones = (scale / n**0.5)[:, None, None].expand(n_p, n, 1)
-    return prefixes(x, smax), prefixes(torch.cat([x, ones], dim=-1), scale)
+    return smax, scale, torch.cat([x, ones], dim=-1)
+
+
+def _window_dims(vp: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor, tuple]:
+    """Ranks, dims and the `windows.WindowSolve` of X = V F and [X, s·1] per head."""
+    smax, scale, xa = _with_ones(vp)
+    paper = [WindowSolve(vp[h], width, smax[h]) for h in range(vp.shape[0])]
+    stochastic = [WindowSolve(xa[h], width, scale[h]) for h in range(vp.shape[0])]
+    seen = torch.clamp(torch.arange(1, vp.shape[1] + 1), max=width)
+    rank = torch.stack([ws.rank for ws in paper])
+    rank_a = torch.stack([ws.rank for ws in stochastic])
+    return rank, seen - rank, seen - rank_a, ("windows", (paper, stochastic))
 
 
 def _margin(p: Prefixes) -> Tensor:
