@@ -120,9 +120,7 @@ def test_trace_with_a_sliding_window_layer(variant, dtype):
             if variant == "paper":
                 ref, ref_rank = _brute_force(a, t, mask[layer])
                 assert torch.equal(ns.rank[layer, h], ref_rank)
-                torch.testing.assert_close(
-                    ea.effective[layer, h].double(), ref, atol=tol, rtol=0
-                )
+                torch.testing.assert_close(ea.effective[layer, h].double(), ref, atol=tol, rtol=0)
             err = (ea.effective[layer, h].double() - a) @ t
             assert float(err.norm()) <= tol * float((a @ t).norm())
             if variant == "row-stochastic":
