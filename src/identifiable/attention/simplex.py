@@ -279,7 +279,7 @@ def interval_simplex(
         what: prefix for error messages (e.g. "layer 2, head 3").
         order: "auto", "key" or "row" (see above).
         block: "key" order: rows per chain (default: all rows in one chain).
-        deadline: a `time.perf_counter()` value; past it, raise `OutOfTime`.
+        deadline: a wall-clock time (`time.time()`); past it, raise `OutOfTime`.
     """
     n_rows = a.shape[0]
     rows_live = np.flatnonzero(movable.any(1))
@@ -366,7 +366,7 @@ class _Bounds:
 
 
 class OutOfTime(Exception):
-    """Raised by `interval_simplex` when its `deadline` (time.perf_counter()) has passed."""
+    """Raised by `interval_simplex` when its `deadline` (wall clock, `time.time()`) has passed."""
 
 
 class _ChainRun:
@@ -394,7 +394,7 @@ class _ChainRun:
         count = 0
         while self._live():
             count += 1
-            if self.deadline is not None and count % 8 == 0 and time.perf_counter() > self.deadline:
+            if self.deadline is not None and count % 8 == 0 and time.time() > self.deadline:
                 raise OutOfTime
             self._step()
 
