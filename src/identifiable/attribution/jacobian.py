@@ -114,6 +114,11 @@ def jacobian_sq_norms(
     n, d = e0.shape
     bank = ProbeBank(n, d, probes, seed)  # validates k before any model call
     e0 = e0.detach()
+    total = n * bank.k
+    what = "exact Hidden Token Attribution" if bank.exact else f"{bank.k}-probe estimation"
+    itemsize = e0.element_size()
+    if dims is not None:  # the plan is a formula: refuse before the model runs at all
+        chunk = plan_chunk_size(n, dims, itemsize, total, memory_budget, chunk_size, what=what)
     with torch.no_grad():
         primal = f(e0)
     if primal.dim() != 3 or primal.shape[1:] != (n, d) or primal.shape[0] < 2:
@@ -122,10 +127,9 @@ def jacobian_sq_norms(
             f"got {tuple(primal.shape)}"
         )
     n_layers = primal.shape[0] - 1
-    dims = dims or ModelDims.guess(n_layers, d)
-    total = n * bank.k
-    what = "exact Hidden Token Attribution" if bank.exact else f"{bank.k}-probe estimation"
-    chunk = plan_chunk_size(n, dims, e0.element_size(), total, memory_budget, chunk_size, what=what)
+    if dims is None:
+        dims = ModelDims.guess(n_layers, d)
+        chunk = plan_chunk_size(n, dims, itemsize, total, memory_budget, chunk_size, what=what)
     if chunk_size is None and e0.device.type == "cpu":
         chunk = min(chunk, CPU_MAX_CHUNK)
 
