@@ -549,7 +549,7 @@ def _check_budget(trace, job, rows, key_mask, n_rows, workers, budget, start) ->
     what = f"layer {job[0]} (CLI layer {job[0] + 1}), head {job[1]}"
     t0 = time.time()
     try:  # the probe may use the budget and half its 10 % slack, no more
-        _solve_head((head_rows(trace, *job, [probe], key_mask=key_mask), None, what,
+        _solve_head((head_rows(trace, job[0], job[1], [probe], key_mask=key_mask), None, what,
                      start + 1.05 * budget))  # fmt: skip
         cut = False
     except OutOfTime:

@@ -290,12 +290,13 @@ def interval_simplex(
         raise ValueError("key order needs rows that share A (aq of shape [1, m, n])")
     b = _start(aq, a, allowed, rows_live, keep_vertices)
     k_chains = max(1, int(chains_per_row))
-    for sense, todo, size in ((1, movable, block or n_rows), (-1, None, None)):
-        if todo is None:
+    for sense in (1, -1):
+        todo, size = movable, block or n_rows
+        if sense < 0:
             b.lower[movable & b.zero_seen] = 0.0  # minima proved by visited points (see above)
             # Few minima are left, often one key over many rows: short chains keep the
             # lock step busy (blocks of _MIN_BLOCK rows; measured on MiniLM heads).
-            todo, size = movable & ~b.zero_seen, min(block or n_rows, _MIN_BLOCK)
+            todo, size = movable & ~b.zero_seen, min(size, _MIN_BLOCK)
         tasks = _layout(todo, sense, size, order, k_chains)
         if tasks:
             _ChainRun(aq, a, allowed, tasks, b, what, deadline).run()
