@@ -18,8 +18,10 @@ Sections:
   attention (float64, the default, and float32) and each layer alone; ratios to the
   forward; the worst relative invariant error ‖A_eff T − A T‖ / ‖A T‖ over heads, and
   the largest difference between before and after.
-- certify: one causal row of 512 keys (`attention_intervals`), one causal head's map at
-  n = 512 (`interval_map`), and `interval_map(time_budget=30)` on a whole layer.
+- certify: one causal row of 512 keys (`attention_intervals`; before: HiGHS per key, with
+  `--before-certify`), and `interval_map(time_budget=30)` on one head and on a whole layer
+  (the wall time to the answer, and the answer: a map or the one-line refusal with its
+  estimate of the time the map needs).
 The load average is printed with each section (other jobs slow both sides alike).
 
 Run: python benchmarks/bench_causal.py [--n 512 1024 2048] [--before-n 512 1024]
@@ -72,7 +74,7 @@ def zipf_ids(n: int, seed: int = 0) -> list[int]:
     rng = np.random.default_rng(seed)
     vocab = np.arange(1000, 9000)
     p = 1.0 / np.arange(1, vocab.size + 1)
-    return [101] + vocab[rng.choice(vocab.size, size=n - 1, p=p / p.sum())].tolist()
+    return [101, *vocab[rng.choice(vocab.size, size=n - 1, p=p / p.sum())].tolist()]
 
 
 def build(kind: str):
@@ -142,12 +144,10 @@ def invariant_error(trace, effective: torch.Tensor) -> float:
 
 
 def load() -> str:
-    return "load %.1f %.1f %.1f" % os.getloadavg()
+    return "load {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
 
 
 def effective_section(kind: str, sizes, before_sizes, repeats: int) -> list[dict]:
-    from identifiable.attention import effective_attention, iter_effective_attention
-
     old = old_attention()
     hf, model = build(kind)
     rows = []
@@ -157,35 +157,73 @@ def effective_section(kind: str, sizes, before_sizes, repeats: int) -> list[dict
             warnings.simplefilter("ignore")
             trace = model.trace(ids)
         assert trace.n_tokens == n, (trace.n_tokens, n)
-        fwd, impl = sdpa_forward(hf, ids, repeats)
-        row: dict = {"model": kind, "n": n, "distinct": len(set(ids)), "forward": impl}
-        row["forward_s"] = fwd
-        for label, dtype in (("f64", torch.float64), ("f32", torch.float32)):
-            t, ea = timed(lambda d=dtype: effective_attention(trace, dtype=d), repeats)
-            row[f"after_{label}_s"], row[f"after_{label}_x"] = t, t / fwd
-            row[f"after_{label}_invariant"] = invariant_error(trace, ea.effective)
-            if n in before_sizes:
-                tb, eb = timed(lambda d=dtype: old.effective.effective_attention(trace, dtype=d), 1)
-                row[f"before_{label}_s"], row[f"before_{label}_x"] = tb, tb / fwd
-                row[f"max_diff_{label}"] = float((eb.effective - ea.effective).abs().max())
-                del eb
-            del ea
-        for layer in range(trace.n_layers):
-            t, _ = timed(lambda ly=layer: list(iter_effective_attention(trace, layers=[ly])), repeats)
-            row[f"after_layer{layer + 1}_s"] = t
-            if n in before_sizes:
-                tb, _ = timed(
-                    lambda ly=layer: list(old.effective.iter_effective_attention(trace, layers=[ly])), 1
-                )  # fmt: skip
-                row[f"before_layer{layer + 1}_s"] = tb
-        row["after_layer_ratio"] = row["after_layer1_s"] / row["after_layer2_s"]
-        if n in before_sizes:
-            row["before_layer_ratio"] = row["before_layer1_s"] / row["before_layer2_s"]
-        row["load"] = load()
+        row = measure(trace, hf, ids, old, n in before_sizes, repeats)
+        row.update(model=kind, n=n, distinct=len(set(ids)), load=load())
         print(json.dumps(row), flush=True)
         rows.append(row)
         del trace
     return rows
+
+
+def measure(trace, hf, ids, old, before: bool, repeats: int) -> dict:
+    """Forward, all heads in float64 and float32, each layer; before and after."""
+    from identifiable.attention import effective_attention, iter_effective_attention
+
+    fwd, impl = sdpa_forward(hf, ids, repeats)
+    row: dict = {"forward": impl, "forward_s": fwd}
+    routes = {"after": (effective_attention, iter_effective_attention)}
+    if before:
+        routes["before"] = (
+            old.effective.effective_attention,
+            old.effective.iter_effective_attention,
+        )
+    for label, dtype in (("f64", torch.float64), ("f32", torch.float32)):
+        results = {}
+        for side, (full, _) in routes.items():
+            t, ea = timed(
+                lambda f=full, d=dtype: f(trace, dtype=d), repeats if side == "after" else 1
+            )
+            row[f"{side}_{label}_s"], row[f"{side}_{label}_x"] = t, t / fwd
+            results[side] = ea.effective
+            del ea
+        row[f"after_{label}_invariant"] = invariant_error(trace, results["after"])
+        if before:
+            row[f"max_diff_{label}"] = float((results["before"] - results["after"]).abs().max())
+        del results
+    for side, (_, streamed) in routes.items():
+        for layer in range(trace.n_layers):
+            t, _ = timed(lambda s=streamed, ly=layer: list(s(trace, layers=[ly])),
+                         repeats if side == "after" else 1)  # fmt: skip
+            row[f"{side}_layer{layer + 1}_s"] = t
+        row[f"{side}_layer_ratio"] = row[f"{side}_layer1_s"] / row[f"{side}_layer2_s"]
+    return row
+
+
+def certify_section(repeats: int, before: bool) -> dict:
+    """Causal certificates on the Llama-style trace at n = 512, layer 2, head 0."""
+    from identifiable.attention import attention_intervals, interval_map
+    from identifiable.errors import IdentifiableError
+
+    _, model = build("llama")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trace = model.trace(zipf_ids(512))
+    out: dict = {"load": load()}
+    t, res = timed(lambda: attention_intervals(trace, 1, 0, 511), repeats)
+    out["row512_after_s"], out["row512_lps"] = t, res.lp_solved
+    if before:  # HiGHS per key (the issue measured 281 s)
+        t, _ = timed(lambda: old_attention().certify.attention_intervals(trace, 1, 0, 511), 1)
+        out["row512_before_s"] = t
+    for label, kwargs in (("layer", {"layers": [1]}), ("head", {"layers": [1], "heads": [0]})):
+        t0 = time.perf_counter()
+        try:
+            interval_map(trace, time_budget=30, **kwargs)
+            out[f"budget30_{label}"] = "returned"
+        except IdentifiableError as exc:
+            out[f"budget30_{label}"] = str(exc)
+        out[f"budget30_{label}_s"] = time.perf_counter() - t0
+    print(json.dumps(out), flush=True)
+    return out
 
 
 def main() -> None:
@@ -195,6 +233,7 @@ def main() -> None:
     p.add_argument("--sections", nargs="+", default=["effective", "windows", "certify"])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--before-certify", action="store_true", help="HiGHS per key: minutes")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -205,9 +244,7 @@ def main() -> None:
         sizes = [n for n in args.n if n > 512]
         out["windows"] = effective_section("gemma2", sizes, set(args.before_n), args.repeats)
     if "certify" in args.sections:
-        from bench_causal_certify import certify_section
-
-        out["certify"] = certify_section(old_attention(), args.repeats)
+        out["certify"] = certify_section(args.repeats, args.before_certify)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
