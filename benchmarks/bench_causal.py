@@ -18,6 +18,9 @@ Sections:
   attention (float64, the default, and float32) and each layer alone; ratios to the
   forward; the worst relative invariant error ‖A_eff T − A T‖ / ‖A T‖ over heads, and
   the largest difference between before and after.
+- encoder: no regression on encoders, before and after in the same process: BERT-base-sized
+  effective attention at n = 512 (float64 and float32, ratio to a forward) and a whole
+  MiniLM head's interval map;
 - certify: one causal row of 512 keys (`attention_intervals`; before: HiGHS per key, with
   `--before-certify`), and `interval_map(time_budget=30)` on one head and on a whole layer
   (the wall time to the answer, and the answer: a map or the one-line refusal with its
@@ -226,6 +229,37 @@ def certify_section(repeats: int, before: bool) -> dict:
     return out
 
 
+def encoder_section(repeats: int) -> dict:
+    """No regression on encoders: BERT-base-sized effective attention (n = 512, the default
+    float64 call and float32) and a whole MiniLM head's interval map (n ≈ 128), before and
+    after, interleaved."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_attention import build_trace, time_forward
+    from identifiable.attention import effective_attention, interval_map
+    from identifiable.models import load_model
+
+    old = old_attention()
+    hf, trace = build_trace()
+    fwd = time_forward(hf, trace.input_ids, repeats)
+    out: dict = {"forward_s": fwd, "load": load()}
+    for label, dtype in (("f64", torch.float64), ("f32", torch.float32)):
+        for side, fn in (
+            ("before", old.effective.effective_attention),
+            ("after", effective_attention),
+        ):
+            t, _ = timed(lambda f=fn, d=dtype: f(trace, dtype=d), repeats)
+            out[f"bert_{side}_{label}_x"] = t / fwd
+    minilm = load_model("minilm")
+    text = " ".join(["the quick brown fox jumps over the lazy dog, and then it runs."] * 9)
+    mtrace = minilm.trace(text)
+    out["minilm_n"] = mtrace.n_tokens
+    for side, fn in (("before", old.certify.interval_map), ("after", interval_map)):
+        t, _ = timed(lambda f=fn: f(mtrace, layers=[2], heads=[0]), 1)
+        out[f"minilm_head_{side}_s"] = t
+    print(json.dumps(out), flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, nargs="+", default=[512, 1024, 2048])
@@ -243,6 +277,8 @@ def main() -> None:
     if "windows" in args.sections:  # n > the window of 512
         sizes = [n for n in args.n if n > 512]
         out["windows"] = effective_section("gemma2", sizes, set(args.before_n), args.repeats)
+    if "encoder" in args.sections:
+        out["encoder"] = encoder_section(args.repeats)
     if "certify" in args.sections:
         out["certify"] = certify_section(args.repeats, args.before_certify)
     if args.json:
