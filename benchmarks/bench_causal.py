@@ -242,13 +242,14 @@ def encoder_section(repeats: int) -> dict:
     hf, trace = build_trace()
     fwd = time_forward(hf, trace.input_ids, repeats)
     out: dict = {"forward_s": fwd, "load": load()}
+    routes = (("before", old.effective.effective_attention), ("after", effective_attention))
     for label, dtype in (("f64", torch.float64), ("f32", torch.float32)):
-        for side, fn in (
-            ("before", old.effective.effective_attention),
-            ("after", effective_attention),
-        ):
-            t, _ = timed(lambda f=fn, d=dtype: f(trace, dtype=d), repeats)
-            out[f"bert_{side}_{label}_x"] = t / fwd
+        times: dict[str, list[float]] = {"before": [], "after": []}
+        for _ in range(repeats):  # interleaved: before, after, before, after, ...
+            for side, fn in routes:
+                times[side].append(timed(lambda f=fn, d=dtype: f(trace, dtype=d), 1)[0])
+        for side, ts in times.items():
+            out[f"bert_{side}_{label}_x"] = statistics.median(ts) / fwd
     minilm = load_model("minilm")
     text = " ".join(["the quick brown fox jumps over the lazy dog, and then it runs."] * 9)
     mtrace = minilm.trace(text)
