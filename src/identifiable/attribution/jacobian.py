@@ -165,11 +165,16 @@ def jacobian_sq_norms(
             on_progress(stop, total)
     if bank.exact:
         return JacobianNorms(s1, None, d, True, total, chunk)
-    k = bank.k
-    mean = s1 / k  # ȳ, the unbiased estimate of ‖J‖_F²
-    if k > 1:
-        sample_var = ((s2 - k * mean.square()) / (k - 1)).clamp_min(0.0)  # type: ignore[operator]
-        var = sample_var * (d - k) / (d * k)
-    else:
-        var = torch.full_like(mean, float("nan"))
-    return JacobianNorms(mean, var, k, False, total, chunk)
+    mean, var = _estimate(s1, s2, bank.k, d)  # type: ignore[arg-type]
+    return JacobianNorms(mean, var, bank.k, False, total, chunk)
+
+
+def _estimate(
+    s1: torch.Tensor, s2: torch.Tensor, k: int, d: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ȳ (the unbiased estimate of ‖J‖_F²) and its estimated variance (module docstring)."""
+    mean = s1 / k
+    if k == 1:
+        return mean, torch.full_like(mean, float("nan"))
+    sample_var = ((s2 - k * mean.square()) / (k - 1)).clamp_min(0.0)
+    return mean, sample_var * (d - k) / (d * k)
