@@ -1,9 +1,8 @@
 """The warm-started simplex engine of whole interval maps (docs/certified_attention.md).
 
-`interval_simplex` bounds every movable key of a batch of rows; its chains run through
-`_ChainRun` (one phase: the simplex state `_Simplex` plus each chain's tasks), which share
-a `_Bounds` (the bounds found so far and the points visited, which prove shortcuts).
-LPs the simplex cannot certify go to HiGHS (`certificates._solve`).
+`interval_simplex` bounds every movable key of a batch of rows through `_ChainRun`s (the
+simplex state `_Simplex` plus each chain's tasks) sharing one `_Bounds`; LPs it cannot
+certify go to HiGHS (`certificates._solve`).
 """
 
 from __future__ import annotations
@@ -12,8 +11,8 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-#
 # P = {x ≥ 0 : A x = b} with A = Qᵀ (m × n, m = rank([T, 1]) ≤ d_v + 1, usually m ≪ n) and
 # b = A a. A vertex of P is a basis: m keys whose columns of A are independent, all other
 # keys at 0. Only B⁻¹ (m × m) and x_B = B⁻¹ b are kept, so a pivot costs one tableau row
@@ -26,7 +25,6 @@ import numpy as np
 #   do not depend on b, so the previous row's optimal basis is dual feasible for the next
 #   row (dual simplex from there: ~12 pivots per row on MiniLM, against ~30 per LP when
 #   warm-starting across objectives).
-#
 # Optimality is certified, not assumed: with the tableau refactored from scratch at the
 # final basis, the reduced costs d_k of maximising s·x_j (s = ±1) are d_k = −s W[p, k]
 # (p the row of j in the basis). For every x ∈ P, s·x_j = s·x̂_j + Σ_{k ∉ B} d_k x_k ≤
@@ -217,7 +215,10 @@ class _Simplex:
         self.xb -= theta[:, None] * col
         self.xb[ar, ps] = theta
         prow = self.binv[ar, ps] / piv[:, None]
-        self.binv -= col[:, :, None] * prow[:, None, :]
+        # B⁻¹ −= col ⊗ prow in place, one pass over the chains' inverses (no m×m temporary)
+        torch.from_numpy(self.binv).baddbmm_(
+            torch.from_numpy(col)[:, :, None], torch.from_numpy(prow)[:, None, :], alpha=-1.0
+        )
         self.binv[ar, ps] = prow
         cs, ps, ks = ar[go], ps[go], ks[go]
         leaving = self.basic[cs, ps]
