@@ -90,7 +90,7 @@ def prefixes(x: Tensor, scale: Tensor) -> Prefixes:
         return Prefixes(coords, rank * 0, group, mean_end * 0, pivot_min, dependent_max, tol)
     _, r = torch.linalg.qr(x.transpose(-1, -2))  # r: [B, k, n]
     diag = torch.diagonal(r, dim1=-2, dim2=-1).abs()  # [B, k]
-    fast = (diag > tol[:, None]).all(-1)
+    fast = (diag > _floor(diag, torch.linalg.vector_norm(x[:, :k], dim=-1), scale, tol, m)).all(-1)
     coords[fast] = r[fast].transpose(-1, -2)  # lower trapezoidal: echelon already
     pivot_min[fast] = diag[fast].amin(-1)
     for b in torch.nonzero(~fast).flatten().tolist():
@@ -104,6 +104,30 @@ def prefix_coordinates(x: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
     """`(coords, rank)` of `prefixes` (see there)."""
     p = prefixes(x, scale)
     return p.coords, p.rank
+
+
+_EPS = torch.finfo(torch.float64).eps
+_NOISE = 4.0  # rounding in a distance to the span of ill-conditioned pivots: 4·m·eps·κ·‖x_j‖
+
+
+def _smax(x: Tensor) -> Tensor:
+    return torch.linalg.matrix_norm(x, ord=2).reshape(1)
+
+
+def _floor(
+    diag: Tensor, norms: Tensor, smax: Tensor, tol: Tensor, m: int, start: float = float("inf")
+) -> Tensor:
+    """`[B, c]` the level below which a computed distance of row j from the span of the
+    pivots before it cannot be told from 0: the rank tolerance, or the rounding that span
+    carries when those pivots are ill-conditioned (4·m·eps·‖x_j‖·σ_max / the smallest
+    pivot distance before j), whichever is larger. Independent rows of real data sit far
+    above both; without the second term a dependent row after nearly parallel pivots
+    (κ ≈ 1e3) passed the tolerance by rounding alone (tested)."""
+    before = torch.cummin(
+        torch.cat([torch.full_like(diag[:, :1], start), diag[:, :-1]], 1), 1
+    ).values
+    noise = _NOISE * m * _EPS * norms * smax[:, None] / before.clamp_min(1e-300)
+    return torch.maximum(noise, tol.reshape(-1, 1).expand_as(noise))
 
 
 def first_occurrence(x: Tensor) -> Tensor:
@@ -125,7 +149,9 @@ def _slow_prefix(x: Tensor, tol: float, k: int) -> tuple:
     k_u = min(m, firsts.numel())
     diag = torch.diagonal(r).abs()
     dependent_max = 0.0
-    if bool((diag > tol).all()):  # the usual case: only duplicates were dependent
+    norms = torch.linalg.vector_norm(d[:k_u], dim=-1)[None]
+    floor = _floor(diag[None], norms, _smax(x), torch.tensor([tol]), m)
+    if bool((diag > floor[0]).all()):  # the usual case: only duplicates were dependent
         basis, piv = q, firsts[:k_u]
         pivot_min = float(diag.min()) if k_u else float("inf")
         first_dependent = int(firsts[k_u]) if firsts.numel() > k_u else n
@@ -150,6 +176,7 @@ def _scan_pivots(d: Tensor, firsts: Tensor, tol: float, n: int) -> tuple:
     takes the leading independent run of one QR; a pass ends at a dependent candidate,
     so passes = dependent candidates inside such runs + ⌈pivots / m⌉."""
     m = d.shape[1]
+    smax = float(torch.linalg.matrix_norm(d, ord=2))
     basis = d.new_zeros(m, 0)
     pivots: list[Tensor] = []
     cand = torch.arange(d.shape[0])
@@ -159,7 +186,8 @@ def _scan_pivots(d: Tensor, firsts: Tensor, tol: float, n: int) -> tuple:
         for _ in range(2):  # classical Gram-Schmidt twice: orthogonal to working precision
             res = res - (res @ basis) @ basis.T
         norms = torch.linalg.vector_norm(res, dim=-1)
-        dep = norms <= tol
+        noise = _NOISE * m * _EPS * torch.linalg.vector_norm(d[cand], dim=-1) * smax / pivot_min
+        dep = norms <= torch.clamp(noise, min=tol) if pivots else norms <= tol
         if bool(dep.any()):
             dependent_max = max(dependent_max, float(norms[dep].max()))
             first_dependent = min(first_dependent, int(firsts[cand[dep][0]]))
@@ -169,7 +197,9 @@ def _scan_pivots(d: Tensor, firsts: Tensor, tol: float, n: int) -> tuple:
         width = min(m - basis.shape[1], cand.numel())
         q, r = torch.linalg.qr(res[:width].T)
         diag = torch.diagonal(r).abs()
-        bad = torch.nonzero(diag <= tol).flatten()
+        low = _floor(diag[None], torch.linalg.vector_norm(d[cand[:width]], dim=-1)[None],
+                     torch.tensor([smax]), torch.tensor([tol]), m, start=pivot_min)  # fmt: skip
+        bad = torch.nonzero(diag <= low[0]).flatten()
         take = int(bad[0]) if bad.numel() else width
         new = q[:, :take]
         new = new - basis @ (basis.T @ new)

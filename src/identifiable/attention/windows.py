@@ -128,7 +128,11 @@ def _certified(x: Tensor, w: int, size: int, starts: Tensor) -> tuple[Tensor, _B
     # σ_max(X[S])² ≤ ‖X[S]‖_F² ≤ ‖base‖_F² + ‖extra‖_F².
     frob2 = gram.diagonal(dim1=-2, dim2=-1).sum(-1) + extra.square().sum((-2, -1))
     tol2 = frob2 * (max(w, m) * _EPS) ** 2
-    ok = (info == 0) & (1.0 / l_inv.square().sum((-2, -1)) > 100.0 * tol2)
+    lam_min = 1.0 / l_inv.square().sum((-2, -1))
+    ok = (info == 0) & (lam_min > 100.0 * tol2)
+    # ... and well-conditioned, κ(base)² < 1e6 (as `_column_basis`'s Cholesky route): the
+    # normal equations square κ, and a base that merely clears the tolerance lost 2.5e-4.
+    ok &= lam_min * 1e6 > frob2
     p = l_inv @ extra.transpose(-1, -2)  # [T, m, 2b − 2]
     k = p.transpose(-1, -2) @ p  # [T, 2b − 2, 2b − 2]
     idx = torch.arange(size)[:, None] + torch.arange(size - 1)[None, :]  # [b, b − 1]: runs
