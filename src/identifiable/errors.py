@@ -7,7 +7,17 @@ class IdentifiableError(ValueError):
     It subclasses `ValueError` so that code written against the usual Python convention
     (`except ValueError`) also catches a bad argument given to this library.
     The CLI prints it on one line and exits with status 2; it never shows a traceback.
+    `cli=`: the same message worded for the command line (flags instead of Python
+    argument names), which the CLI prints instead (`for_cli`).
     """
+
+    def __init__(self, *args: object, cli: str | None = None) -> None:
+        super().__init__(*args)
+        self.cli = cli
+
+    def for_cli(self) -> str:
+        """The message as the CLI shows it."""
+        return self.cli or str(self)
 
 
 def seconds(t: float) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -158,10 +160,26 @@ def test_corrupt_trace_and_ranges_name_layer_and_head():
         interval_map(trace, rows=[8])
 
 
-def test_time_budget_too_small_says_what_it_needs():
+def test_time_budget_too_small_says_what_it_needs(monkeypatch):
+    """A budget the probe row alone outlasts is refused when it runs out; one the probe
+    fits but the whole map does not is refused with the estimate, before the map runs."""
+    import identifiable.attention.certify as certify
+
     trace = synthetic_trace(n=30, d_v=4, layers=2, heads=3)
-    with pytest.raises(IdentifiableError, match=r"needs about [\d.e-]+ s .*time budget of 1e-06 s"):
+    with pytest.raises(IdentifiableError, match=r"or more \(one row, 30 keys, took over .*1e-06 s"):
         interval_map(trace, time_budget=1e-6)
+    real = certify._solve_head
+
+    def slow(args):  # one row now takes 0.2 s: 180 rows cannot fit in 2 s
+        time.sleep(0.2)
+        return real(args)
+
+    monkeypatch.setattr(certify, "_solve_head", slow)
+    start = time.time()
+    with pytest.raises(IdentifiableError, match=r"needs about [\d.e-]+ s .*time budget of 2 s"):
+        interval_map(trace, time_budget=2)
+    assert time.time() - start < 2.0
+    monkeypatch.undo()
     assert interval_map(trace, layers=[0], heads=[0], time_budget=600).lps_solved > 0
     # NaN compares False with every estimate, so it would refuse nothing: refused itself.
     for bad in (float("nan"), 0.0, -5.0):
@@ -176,9 +194,7 @@ def test_workers_beyond_heads_or_cores_neither_fail_nor_shrink_the_estimate(monk
     seen = []
     real = certify._check_budget
     monkeypatch.setattr(certify.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(
-        certify, "_check_budget", lambda p, n, w, b, s: (seen.append(w), real(p, n, w, b, s))
-    )
+    monkeypatch.setattr(certify, "_check_budget", lambda *a: (seen.append(a[5]), real(*a)))
     # One head: one job, solved in this process however many workers are asked for (an
     # int too large for a C int used to reach ProcessPoolExecutor and raise OverflowError).
     one = interval_map(trace, layers=[0], heads=[0], workers=10**11, time_budget=600)
@@ -204,3 +220,37 @@ def test_tiny_model_map_every_row(tiny_model):
     assert (w >= -1e-12).all() and (m.movable_mass >= -1e-12).all()
     early = trace.head_dim  # rows with ≤ d_v + 1 keys: nothing moves
     assert float(w[: early - 1].abs().max()) < 1e-12 and float(w[early + 4 :].max()) > 1e-3
+
+
+def test_rank_deficient_prefixes_of_repeated_words(tiny_model):
+    """Repeated words in a decoder's first layer: prefixes of equal rank([T, 1]) but
+    different paper-basis widths (np.stack in head_rows used to raise numpy's ValueError).
+    The map runs in row chunks and equals per-row intervals."""
+    model = tiny_model("llama")
+    text = " ".join(["the cat the dog the cat a bird the cat sat"] * 4)
+    trace = model.trace(text)
+    assert trace.n_tokens > 2 * trace.head_dim
+    rows = [3, 9, 20, trace.n_tokens - 1]
+    m = interval_map(trace, layers=[0], heads=[0], rows=rows, time_budget=600)
+    for i, r in enumerate(rows):
+        one = attention_intervals(trace, 0, 0, r)
+        torch.testing.assert_close(m.lower[0, 0, i], one.lower, atol=1e-9, rtol=0)
+        torch.testing.assert_close(m.upper[0, 0, i], one.upper, atol=1e-9, rtol=0)
+    full = interval_map(trace, layers=[0], heads=[1])
+    assert full.lower.shape == (1, 1, trace.n_tokens, trace.n_tokens)
+    assert bool((full.lower <= full.raw + 1e-9).all() and (full.raw <= full.upper + 1e-9).all())
+
+
+def test_single_row_intervals_run_in_the_simplex_and_match_highs():
+    """`attention_intervals` now uses the warm-started simplex; its bounds equal HiGHS's
+    per-key LPs (`interval_lp`) on a causal row."""
+    from identifiable.attention.certificates import interval_lp
+    from identifiable.attention.certify import _row_problem
+
+    trace = synthetic_trace(n=40, d_v=4, d=12, causal=True, seed=4)
+    got = attention_intervals(trace, 1, 2, 39)
+    a, seen, _, _, basis, _ = _row_problem(trace, 1, 2, 39, None)
+    lo, hi, _ = interval_lp(a[seen].numpy(), basis)
+    np.testing.assert_allclose(got.lower[seen].numpy(), lo, atol=1e-9, rtol=0)
+    np.testing.assert_allclose(got.upper[seen].numpy(), hi, atol=1e-9, rtol=0)
+    assert got.lp_solved > 0

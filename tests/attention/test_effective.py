@@ -246,14 +246,15 @@ def test_certified_out_proj_route_equals_the_exact_factors_bit_for_bit(variant, 
     """Without cached factors, an encoder trace whose W_O is proved well-conditioned from
     a float32 Gram never factors W_O in float64, and its result equals, bit for bit, the
     one computed with the exact factors; a head that cannot be proved (κ(H) = 1e5) makes
-    the call factor W_O exactly, with the same result again. Causal traces always factor."""
-    from identifiable.attention.effective import _FACTOR_CACHE, _FLAGS_CACHE
+    the call factor that layer's W_O exactly, with the same result again. Causal traces
+    take the certificate too (their prefixes then run on V itself)."""
+    from identifiable.attention.effective import _FACTOR_CACHE, _FLAGS_CACHE, _LAYER_FACTORS
 
     def run(trace):
-        _FACTOR_CACHE.clear()
-        _FLAGS_CACHE.clear()
+        for cache in (_FACTOR_CACHE, _FLAGS_CACHE, _LAYER_FACTORS):
+            cache.clear()
         got = effective_attention(trace, variant, dtype=dtype)
-        factored = _FACTOR_CACHE.get(trace.out_proj) is not None
+        factored = any(c.get(trace.out_proj) for c in (_FACTOR_CACHE, _LAYER_FACTORS))
         want = effective_attention(trace, variant, factors=compute_head_factors(trace), dtype=dtype)
         assert torch.equal(got.effective, want.effective)
         for field in ("rank", "dim", "dim_stochastic", "out_proj_full_row_rank"):
@@ -267,7 +268,10 @@ def test_certified_out_proj_route_equals_the_exact_factors_bit_for_bit(variant, 
     u, _, vh = torch.linalg.svd(bad.out_proj[1, 2].double(), full_matrices=False)
     bad.out_proj[1, 2] = (u @ torch.diag(torch.tensor([1.0, 0.5, 0.1, 1e-5]).double()) @ vh).float()
     assert run(bad)  # one head not provable: exact factors, same numbers
-    assert run(synthetic_trace(n=20, d_v=4, d=24, causal=True))
+    causal = synthetic_trace(n=20, d_v=4, d=24, causal=True)
+    assert not run(causal)
+    causal.out_proj[1, 2] = bad.out_proj[1, 2]
+    assert run(causal)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -372,3 +376,39 @@ def test_float32_route_refuses_reduced_precision_matmuls(api):
         assert not bool(certified_well_conditioned(trace.out_proj.flatten(0, 1)).any())
     finally:
         torch.set_float32_matmul_precision("highest")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_layers_and_heads_select_what_is_computed(causal):
+    """`layers=`/`heads=`: the selected slices of the full result, in the order asked for,
+    labelled with the model's indices; bad selections are one line naming the argument."""
+    trace = synthetic_trace(n=14, layers=3, heads=4, d_v=4, d=12, causal=causal)
+    full = effective_attention(trace, "row-stochastic")
+    part = effective_attention(trace, "row-stochastic", layers=[2, 0], heads=[3, 1])
+    assert part.layers == (2, 0) and part.heads == (3, 1)
+    assert part.effective.shape == (2, 2, 14, 14) and part.raw.shape == (2, 2, 14, 14)
+    for i, ly in enumerate((2, 0)):
+        for j, hd in enumerate((3, 1)):
+            torch.testing.assert_close(
+                part.effective[i, j], full.effective[ly, hd], atol=1e-12, rtol=0
+            )
+            assert torch.equal(part.raw[i, j], trace.attentions[ly, hd])
+            assert torch.equal(part.null_space.dim[i, j], full.null_space.dim[ly, hd])
+    ns = null_space(trace, layers=[1], heads=[2])
+    assert ns.rank.shape == (1, 1, 14) and torch.equal(ns.rank[0, 0], full.null_space.rank[1, 2])
+    streamed = list(iter_effective_attention(trace, layers=[1], heads=[0, 2]))
+    assert streamed[0].heads == (0, 2) and streamed[0].effective.shape == (2, 14, 14)
+    df = part.to_pandas("effective")
+    assert set(df["layer"]) == {0, 2} and set(df["head"]) == {1, 3}
+    cases = [
+        ({"heads": [4]}, r"head 4 is out of range: valid heads are 0\.\.3"),
+        ({"layers": [3]}, r"layer 3 is out of range: valid layers are 0\.\.2"),
+        ({"heads": [1, 1]}, r"heads= repeats an index"),
+        ({"layers": []}, r"layers= is empty"),
+        ({"heads": 2}, r"heads= must be a list of integers"),
+        ({"heads": [1.5]}, r"heads= must hold integers"),
+    ]
+    for kwargs, message in cases:
+        for fn in (effective_attention, null_space):
+            with pytest.raises(IdentifiableError, match=message):
+                fn(trace, **kwargs)

@@ -92,13 +92,32 @@ def test_bad_probe_count(tiny_model, bad):
         hidden_token_attribution(tiny_model("bert"), TEXT, probes=bad)
 
 
-def test_memory_budget_too_small_stops_before_any_jvp(tiny_model):
+def test_memory_budget_too_small_stops_before_any_jvp(tiny_model, monkeypatch):
+    """The refusal comes from the formula before the embedding or any layer runs, and
+    names the Python arguments."""
+    model = tiny_model("bert")
     seen = []
-    with pytest.raises(IdentifiableError, match="--probes"):
+    calls = []
+    monkeypatch.setattr(model, "layer_outputs", lambda *a: calls.append(a))
+    monkeypatch.setattr(model, "embed", lambda *a: calls.append(a))
+    with pytest.raises(IdentifiableError, match=r"memory_budget= .*probes=K"):
         hidden_token_attribution(
-            tiny_model("bert"), TEXT, memory_budget=10_000, progress=lambda *a: seen.append(a)
+            model, TEXT, memory_budget=10_000, progress=lambda *a: seen.append(a)
         )
-    assert not seen
+    assert not seen and not calls
+
+
+def test_mixing_hta_refusal_is_immediate_and_names_memory_budget(tiny_model, monkeypatch):
+    import time
+
+    from identifiable.mixing import context_mixing
+
+    model = tiny_model("bert")
+    monkeypatch.setattr(model, "layer_outputs", lambda *a: pytest.fail("no layer may run"))
+    start = time.perf_counter()
+    with pytest.raises(IdentifiableError, match=r"memory_budget="):
+        context_mixing(model, TEXT, "hta", memory_budget=10_000)
+    assert time.perf_counter() - start < 1.0
 
 
 def test_progress_callback_reaches_total(tiny_model):

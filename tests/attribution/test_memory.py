@@ -35,8 +35,11 @@ def test_budget_must_be_positive(bad):
 def test_budget_too_small_for_one_tangent_says_what_to_do():
     with pytest.raises(IdentifiableError) as err:
         plan_chunk_size(512, BERT_BASE, 4, 512 * 768, 64 * MIB)
-    msg = str(err.value)
-    assert "--probes" in msg and "--memory-budget" in msg and "512-token" in msg
+    msg, cli = str(err.value), err.value.for_cli()
+    # Python callers read the argument names, the CLI its flags; both say what to do.
+    assert "probes=K" in msg and "memory_budget=" in msg and "512-token" in msg
+    assert "--" not in msg
+    assert "--probes K" in cli and "--memory-budget" in cli and "memory_budget=" not in cli
 
 
 def test_requested_chunk_over_budget_is_refused():

@@ -1,172 +1,373 @@
 """Prefix (causal) version of the projections in `linalg.py`.
 
 In a decoder, query row i may only weight keys 0..i, so its relevant matrix is
-X_i = X[:i+1] (X = V' or [V', s·1], see `linalg.py`) and its effective row is
-the projection of a_i onto col(X_i) ⊂ R^{i+1}.
+X_i = X[:i+1] (X = V' or [V', s·1], see `linalg.py`) and its effective row is the
+projection of a_i onto col(X_i) ⊂ R^{i+1}. Work per head is O(n²·k) (two GEMMs, as
+for an encoder) plus O(n·k²); k = min(n, m).
 
-Method (per head, k = min(n, m); cost O(n·m² + n·k² + n²·k) when the
-first k rows are independent, the usual case):
-1. Prefix coordinates. Gram-Schmidt over the *rows* of X in order gives an
-   orthonormal basis b_0, b_1, … of the row space, one vector per row that is
-   independent of the rows before it (a pivot row). With C = X Bᵀ (n×k),
-   row j of C is zero beyond the number of pivots up to j, so
-   col(X_i) = col(C[:i+1]) and rank(X_i) = #pivots ≤ i. In the generic case
-   (the first k rows independent) this is just Cᵀ = R of the Householder QR of
-   Xᵀ, one LAPACK call; only heads that fail that check (e.g. repeated tokens
-   with identical rows) run the explicit row-by-row loop.
-2. Projection. a_i restricted to col(C_i) is y_i C_iᵀ with y_i G_i = a_i C_i
-   and G_i = C_iᵀ C_i (+1 on the diagonal of not-yet-active coordinates,
-   where a_i C_i is zero, so G_i is always positive definite). Rows whose
-   prefix has full row rank are copied unchanged (identity projection).
-   Once every head's prefix rank has reached k, G_i grows by one outer
-   product per row, and blocks of k rows share one Cholesky factorisation
-   through a Woodbury update (`_rows_by_block_update`). Rows before that
-   (only with repeated rows, e.g. Llama's first layer) get one batched
-   Cholesky per row, O(k³/3) each, in row chunks so memory stays at about
-   one [n, n] matrix per head. The normal equations square the condition
-   number of X_i, which float64 absorbs: tests match a per-row SVD to 1e-9,
-   and to 1e-8 for prefixes with κ ≈ 1e6 (iterative refinement was tried
-   and changed nothing).
+1. Pivots (`prefixes`). Row j is a *pivot* when it is independent of the rows before
+   it (its distance from their span exceeds the rank tolerance); rank(X_i) is the
+   number of pivots ≤ i. Generic heads (the first k rows independent) are decided by
+   one Householder QR of Xᵀ. Otherwise exact duplicate rows (repeated tokens: the
+   value rows of one token are bit-for-bit equal in a first layer) are merged first;
+   their first occurrences go through the same QR, and only a first occurrence that
+   is nevertheless dependent (saturation at rank(X), or a genuine linear relation)
+   costs an extra pass over the rest (`_scan_pivots`). No per-row loop.
+   The pivot rows' QR gives an echelon basis of the row space: coords C = X Bᵀ has
+   C[j, c] = 0 for c ≥ rank(X_j), so col(X_i) = col(C[:i+1]).
+2. Rows whose prefix has independent distinct rows (rank(X_i) = number of distinct
+   rows ≤ i: every row before the first dependent distinct row) need no linear
+   algebra: col(X_i) is then exactly the vectors that are constant on each group of
+   equal rows, and the projection of a_i replaces each weight by the mean weight of
+   its group (rows without repeats keep a_i as it is).
+3. The other rows solve y_i G_i = a_i C with G_i = C_iᵀ C_i (+1 on the diagonal of
+   coordinates not yet active, which a_i C leaves at 0), in blocks that start at
+   every pivot and at most `block` rows apart: per block one Cholesky factor of the
+   Gram at its first row, and the rows after it by a Woodbury update through the
+   leading blocks of one small Cholesky factorisation (`_BlockSolve`). A_eff =
+   tril(Y Cᵀ). The normal equations square the condition number of X_i, which
+   float64 absorbs: tests match a per-row SVD to 1e-9, and to 1e-8 for prefixes
+   with κ ≈ 1e6.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from identifiable.attention.linalg import rank_tolerance
 
+_ROW_CHUNK = 256  # rows per GEMM chunk of the n×n products (lower triangle only)
 
-def prefix_coordinates(x: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
-    """Lower-echelon coordinates C of the rows of X and the prefix ranks.
+
+@dataclass(frozen=True)
+class Prefixes:
+    """Prefix structure of B matrices X `[B, n, m]` (one per head), k = min(n, m).
+
+    Attributes:
+        coords: `[B, n, k]` float64 echelon coordinates, coords[b, j, c] = 0 for
+            c ≥ rank[b, j]; col(coords[b, :i+1]) = col(X[b, :i+1]).
+        rank: `[B, n]` int64, rank(X[b, :i+1]) for each row i.
+        group: `[B, n]` int64, the first row equal to row j (j itself if none).
+        mean_end: `[B]` int64; rows i < mean_end[b] are projected by group means.
+        pivot_min: `[B]` float64, the smallest distance of a pivot row from the span
+            of the rows before it (inf without pivots).
+        dependent_max: `[B]` float64, the largest such distance of a row found
+            dependent that is not an exact duplicate (0 if none).
+        tol: `[B]` float64, the rank tolerance used.
+    """
+
+    coords: Tensor
+    rank: Tensor
+    group: Tensor
+    mean_end: Tensor
+    pivot_min: Tensor
+    dependent_max: Tensor
+    tol: Tensor
+
+
+def prefixes(x: Tensor, scale: Tensor) -> Prefixes:
+    """Pivots, prefix ranks and echelon coordinates of each X (see the module docstring).
 
     Args:
         x: `[B, n, m]` float64.
-        scale: `[B]` σ_max of each X (the relative tolerance's scale; one per
-            sequence and head).
-    Returns:
-        coords: `[B, n, k]`, k = min(n, m), with coords[b, j, c] = 0 for
-            c ≥ prefix_rank[b, j]; col(coords[b, :i+1]) = col(x[b, :i+1]).
-        prefix_rank: `[B, n]` int64, rank(x[b, :i+1]) for each row i.
+        scale: `[B]` σ_max of each X (the relative tolerance's scale; one per sequence
+            and head): tolerance σ_max · max(n, m) · eps(float64).
     """
     bsz, n, m = x.shape
     k = min(n, m)
-    tol = rank_tolerance(scale, n, m)  # [B]
-    _, r = torch.linalg.qr(x.transpose(-1, -2))  # r: [B, k, n]
-    coords = r.transpose(-1, -2).contiguous()  # [B, n, k], lower trapezoidal
+    tol = rank_tolerance(scale, n, m)
     rows = torch.arange(n, device=x.device)
-    prefix_rank = torch.minimum(rows + 1, torch.tensor(k)).expand(bsz, n).clone()
+    coords = x.new_zeros(bsz, n, k)
+    rank = torch.minimum(rows + 1, torch.tensor(k)).expand(bsz, n).clone()
+    group = rows.expand(bsz, n).clone()
+    mean_end = torch.full((bsz,), k, dtype=torch.long)
+    pivot_min = torch.full((bsz,), float("inf"), dtype=torch.float64)
+    dependent_max = torch.zeros(bsz, dtype=torch.float64)
+    if k == 0:
+        return Prefixes(coords, rank * 0, group, mean_end * 0, pivot_min, dependent_max, tol)
+    _, r = torch.linalg.qr(x.transpose(-1, -2))  # r: [B, k, n]
     diag = torch.diagonal(r, dim1=-2, dim2=-1).abs()  # [B, k]
-    slow = ~(diag > tol[:, None]).all(-1)
-    if slow.any():
-        c, pr = _gram_schmidt_rows(x[slow], tol[slow], k)
-        coords[slow], prefix_rank[slow] = c, pr
-    return coords, prefix_rank
+    fast = (diag > _floor(diag, torch.linalg.vector_norm(x[:, :k], dim=-1), scale, tol, m)).all(-1)
+    coords[fast] = r[fast].transpose(-1, -2)  # lower trapezoidal: echelon already
+    pivot_min[fast] = diag[fast].amin(-1)
+    for b in torch.nonzero(~fast).flatten().tolist():
+        one = _slow_prefix(x[b], float(tol[b]), k)
+        coords[b], rank[b], group[b] = one[0], one[1], one[2]
+        mean_end[b], pivot_min[b], dependent_max[b] = one[3], one[4], one[5]
+    return Prefixes(coords, rank, group, mean_end, pivot_min, dependent_max, tol)
 
 
-def _gram_schmidt_rows(x: Tensor, tol: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Row-by-row Gram-Schmidt (twice, for orthogonality), batched over heads."""
-    bsz, n, m = x.shape
-    basis = x.new_zeros(bsz, k, m)
-    count = torch.zeros(bsz, dtype=torch.long, device=x.device)
-    prefix_rank = torch.empty(bsz, n, dtype=torch.long, device=x.device)
-    batch = torch.arange(bsz, device=x.device)
-    for i in range(n):
-        res = x[:, i, :]
-        for _ in range(2):
-            res = res - ((basis @ res[:, :, None]).transpose(-1, -2) @ basis)[:, 0, :]
-        norm = torch.linalg.vector_norm(res, dim=-1)
-        new = (norm > tol) & (count < k)
-        if new.any():
-            basis[batch[new], count[new]] = res[new] / norm[new, None]
-            count = count + new.long()
-        prefix_rank[:, i] = count
-    coords = x @ basis.transpose(-1, -2)  # [B, n, k]
-    # Drop sub-tolerance components outside each row's own prefix span: that
-    # is what the rank decision means, and it makes the coordinates echelon.
-    active = torch.arange(k, device=x.device)[None, None, :] < prefix_rank[:, :, None]
-    return coords * active, prefix_rank
+def prefix_coordinates(x: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
+    """`(coords, rank)` of `prefixes` (see there)."""
+    p = prefixes(x, scale)
+    return p.coords, p.rank
 
 
-def project_rows_causal(
-    a: Tensor, coords: Tensor, prefix_rank: Tensor, *, chunk: int | None = None
+_EPS = torch.finfo(torch.float64).eps
+_NOISE = 4.0  # rounding in a distance to the span of ill-conditioned pivots: 4·m·eps·κ·‖x_j‖
+
+
+def _smax(x: Tensor) -> Tensor:
+    return torch.linalg.matrix_norm(x, ord=2).reshape(1)
+
+
+def _floor(
+    diag: Tensor, norms: Tensor, smax: Tensor, tol: Tensor, m: int, start: float = float("inf")
 ) -> Tensor:
-    """Project each row a_i onto col(X[:i+1]) (masked keys stay exactly 0).
+    """`[B, c]` the level below which a computed distance of row j from the span of the
+    pivots before it cannot be told from 0: the rank tolerance, or the rounding that span
+    carries when those pivots are ill-conditioned (4·m·eps·‖x_j‖·σ_max / the smallest
+    pivot distance before j), whichever is larger. Independent rows of real data sit far
+    above both; without the second term a dependent row after nearly parallel pivots
+    (κ ≈ 1e3) passed the tolerance by rounding alone (tested)."""
+    before = torch.cummin(
+        torch.cat([torch.full_like(diag[:, :1], start), diag[:, :-1]], 1), 1
+    ).values
+    noise = _NOISE * m * _EPS * norms * smax[:, None] / before.clamp_min(1e-300)
+    return torch.maximum(noise, tol.reshape(-1, 1).expand_as(noise))
+
+
+def first_occurrence(x: Tensor) -> Tensor:
+    """`[n]` int64: for each row of x `[n, m]`, the first row bit-for-bit equal to it."""
+    n = x.shape[0]
+    _, inverse = torch.unique(x, dim=0, return_inverse=True)
+    first = torch.full((n,), n, dtype=torch.long, device=x.device)
+    first.scatter_reduce_(0, inverse, torch.arange(n, device=x.device), reduce="amin")
+    return first[inverse]
+
+
+def _slow_prefix(x: Tensor, tol: float, k: int) -> tuple:
+    """One head whose first k rows are not independent: merge duplicates, find pivots."""
+    n, m = x.shape
+    group = first_occurrence(x)
+    firsts = torch.nonzero(group == torch.arange(n)).flatten()  # distinct rows, in order
+    d = x[firsts]
+    q, r = torch.linalg.qr(d.T)  # q: [m, k_u], r: [k_u, n_u]
+    k_u = min(m, firsts.numel())
+    diag = torch.diagonal(r).abs()
+    dependent_max = 0.0
+    norms = torch.linalg.vector_norm(d[:k_u], dim=-1)[None]
+    floor = _floor(diag[None], norms, _smax(x), torch.tensor([tol]), m)
+    if bool((diag > floor[0]).all()):  # the usual case: only duplicates were dependent
+        basis, piv = q, firsts[:k_u]
+        pivot_min = float(diag.min()) if k_u else float("inf")
+        first_dependent = int(firsts[k_u]) if firsts.numel() > k_u else n
+    else:
+        basis, piv, pivot_min, dependent_max, first_dependent = _scan_pivots(d, firsts, tol, n)
+    is_pivot = torch.zeros(n, dtype=torch.bool)
+    is_pivot[piv] = True
+    rank = torch.cumsum(is_pivot.long(), 0)
+    coords = x.new_zeros(n, k)
+    r_total = basis.shape[1]
+    coords[:, :r_total] = x @ basis
+    # Drop sub-tolerance components outside each row's own prefix span (what the rank
+    # decision means; it makes the coordinates echelon), and make equal rows equal.
+    coords *= torch.arange(k)[None, :] < rank[:, None]
+    coords = coords[group]
+    return coords, rank, group, first_dependent, pivot_min, dependent_max
+
+
+def _scan_pivots(d: Tensor, firsts: Tensor, tol: float, n: int) -> tuple:
+    """Pivots among distinct rows d `[n_u, m]` (positions `firsts`) when some of them are
+    dependent: each pass removes the candidates already in the span found so far, then
+    takes the leading independent run of one QR; a pass ends at a dependent candidate,
+    so passes = dependent candidates inside such runs + ⌈pivots / m⌉."""
+    m = d.shape[1]
+    smax = float(torch.linalg.matrix_norm(d, ord=2))
+    basis = d.new_zeros(m, 0)
+    pivots: list[Tensor] = []
+    cand = torch.arange(d.shape[0])
+    pivot_min, dependent_max, first_dependent = float("inf"), 0.0, n
+    while cand.numel() and basis.shape[1] < m:
+        res = d[cand]
+        for _ in range(2):  # classical Gram-Schmidt twice: orthogonal to working precision
+            res = res - (res @ basis) @ basis.T
+        norms = torch.linalg.vector_norm(res, dim=-1)
+        noise = _NOISE * m * _EPS * torch.linalg.vector_norm(d[cand], dim=-1) * smax / pivot_min
+        dep = norms <= torch.clamp(noise, min=tol) if pivots else norms <= tol
+        if bool(dep.any()):
+            dependent_max = max(dependent_max, float(norms[dep].max()))
+            first_dependent = min(first_dependent, int(firsts[cand[dep][0]]))
+            cand, res = cand[~dep], res[~dep]
+            if not cand.numel():
+                break
+        width = min(m - basis.shape[1], cand.numel())
+        q, r = torch.linalg.qr(res[:width].T)
+        diag = torch.diagonal(r).abs()
+        low = _floor(diag[None], torch.linalg.vector_norm(d[cand[:width]], dim=-1)[None],
+                     torch.tensor([smax]), torch.tensor([tol]), m, start=pivot_min)  # fmt: skip
+        bad = torch.nonzero(diag <= low[0]).flatten()
+        take = int(bad[0]) if bad.numel() else width
+        new = q[:, :take]
+        new = new - basis @ (basis.T @ new)
+        new = new / torch.linalg.vector_norm(new, dim=0, keepdim=True)
+        basis = torch.cat([basis, new], dim=1)
+        pivots.append(cand[:take])
+        if take:
+            pivot_min = min(pivot_min, float(diag[:take].min()))
+        if bad.numel():
+            dependent_max = max(dependent_max, float(diag[take]))
+            first_dependent = min(first_dependent, int(firsts[cand[take]]))
+            cand = cand[take + 1 :]
+        else:
+            cand = cand[take:]
+    if cand.numel():  # saturated: every remaining distinct row is dependent
+        first_dependent = min(first_dependent, int(firsts[cand[0]]))
+    piv = firsts[torch.cat(pivots)] if pivots else firsts[:0]
+    return basis, piv, pivot_min, dependent_max, first_dependent
+
+
+# ---- projection ----------------------------------------------------------------------
+
+
+def project_prefixes(
+    a: Tensor,
+    p: Prefixes,
+    *,
+    owner: Tensor | None = None,
+    out: Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
+    block: int | None = None,
+) -> Tensor:
+    """Project each row a_i onto col(X[:i+1]); masked keys stay exactly 0.
 
     Args:
-        a: `[B, n, n]` lower triangular (causal attention), any float dtype.
-        coords, prefix_rank: from `prefix_coordinates`.
-        chunk: rows per block (default: k for the saturated rows, and as many
-            as keep the [chunk, k, k] Grams near one [n, n] matrix otherwise).
-    Returns: `[B, n, n]` float64.
+        a: `[H, n, n]` lower triangular (causal attention), any float dtype.
+        p: `Prefixes` of P matrices; head h uses matrix `owner[h]` (default: h), so
+            heads that share X (grouped-query heads with V itself) share its solves.
+        out: `[H, n, n]` of `dtype` to write into (default: a new tensor).
+        dtype: float64, or float32 for the two n×n products (solves stay float64).
+        block: rows per Woodbury block (default k // 2, at least 16).
+    Returns: `out`. Rows whose prefix has full row rank are copied, not rounded.
     """
-    _, n, k = coords.shape
-    rows = torch.arange(n, device=a.device)
-    identity_rows = prefix_rank == (rows + 1)  # [B, n]: a_i already in col(X_i)
-    out = torch.empty(a.shape, dtype=torch.float64, device=a.device)
-    start = int(identity_rows.all(0).long().cumprod(0).sum())  # leading identity block
-    out[:, :start] = a[:, :start]
-    if start == n:
-        return out
-    # prefix_rank never decreases, so rows of full rank k form a suffix in every
-    # head; from one row past its common start, the cheap block update applies.
-    saturated = (prefix_rank == k).all(0)
-    w0 = int(saturated.long().argmax()) + 1 if bool(saturated.any()) else n
-    _rows_by_cholesky(a, coords, prefix_rank, identity_rows, out, start, w0, chunk)
-    if w0 < n:
-        _rows_by_block_update(a, coords, out, w0, chunk or k)
+    n_h, n, _ = a.shape
+    owner = torch.arange(n_h) if owner is None else owner
+    out = torch.empty(a.shape, dtype=dtype) if out is None else out
+    for b in range(p.coords.shape[0]):
+        heads = torch.nonzero(owner == b).flatten().tolist()
+        if not heads:
+            continue
+        c, rank, group = p.coords[b], p.rank[b], p.group[b]
+        s1 = int(p.mean_end[b])
+        for h in heads:
+            _group_means(a[h], group, s1, out[h])
+        if s1 >= n:
+            continue
+        k = c.shape[1]
+        solve = _BlockSolve(c, rank, s1, block or max(16, k // 2))
+        cw = c.to(dtype)
+        for h in heads:
+            u = _lower_product(a[h], cw, s1).double()  # rows s1.. of A C
+            y = solve(u).to(dtype)
+            _write_lower(y, cw, s1, out[h])
     return out
 
 
-def _rows_by_cholesky(a, coords, prefix_rank, identity_rows, out, start, stop, chunk) -> None:
-    """Rows start..stop-1, one Cholesky factorisation of G_i per row (any prefix rank)."""
-    _, n, k = coords.shape
-    if stop <= start:
+def project_rows_causal(a: Tensor, p: Prefixes, **kwargs) -> Tensor:
+    """`project_prefixes` with one matrix per head (`p` from `prefixes`)."""
+    return project_prefixes(a, p, **kwargs)
+
+
+def _group_means(a: Tensor, group: Tensor, stop: int, out: Tensor) -> None:
+    """Rows 0..stop-1: each weight replaced by the mean weight of its group of equal rows
+    (among keys ≤ i); rows before the first repeat are copied."""
+    n = a.shape[0]
+    if stop <= 0:
         return
-    chunk = chunk or max(1, (n * n) // (k * k))
-    rows = torch.arange(n, device=a.device)
-    gram = coords[:, :start].transpose(-1, -2) @ coords[:, :start]
-    for s in range(start, stop, chunk):
-        e = min(stop, s + chunk)
-        c = coords[:, s:e]  # [B, b, k]
-        g = gram[:, None] + torch.cumsum(c[:, :, :, None] * c[:, :, None, :], dim=1)
-        gram = g[:, -1]
-        inactive = torch.arange(k, device=a.device) >= prefix_rank[:, s:e, None]  # [B, b, k]
-        chol, _ = torch.linalg.cholesky_ex(g + torch.diag_embed(inactive.double()))
-        a_blk = a[:, s:e].double()  # [B, b, n]; converted chunk by chunk
-        rhs = a_blk @ coords  # a_i C_i, since a_i is zero beyond i
-        z = torch.linalg.solve_triangular(chol, rhs[..., None], upper=False)
-        y = torch.linalg.solve_triangular(chol.transpose(-1, -2), z, upper=True)[..., 0]
-        proj = (y @ coords.transpose(-1, -2)) * (rows[None, :] <= rows[s:e, None])
-        out[:, s:e] = torch.where(identity_rows[:, s:e, None], a_blk, proj)
+    repeats = torch.nonzero(group[:stop] != torch.arange(stop)).flatten()
+    s0 = int(repeats[0]) if repeats.numel() else stop
+    out[:s0] = a[:s0]
+    out[:s0, s0:] = 0 if s0 < n else out[:s0, s0:]
+    g = group[:stop]
+    onehot = torch.zeros(stop, stop, dtype=out.dtype)
+    onehot[torch.arange(stop), g] = 1.0
+    for s in range(s0, stop, _ROW_CHUNK):
+        e = min(stop, s + _ROW_CHUNK)
+        blk = a[s:e, :e].to(out.dtype)
+        sums = torch.zeros(e - s, stop, dtype=out.dtype).index_add_(1, g[:e], blk)
+        counts = onehot[:e].cumsum(0)[s:e]  # [e-s, stop]: occurrences of each group ≤ i
+        mean = sums.gather(1, g[:e].expand(e - s, e)) / counts.gather(1, g[:e].expand(e - s, e))
+        out[s:e, :e] = torch.tril(mean, diagonal=s)
+        out[s:e, e:] = 0
 
 
-def _rows_by_block_update(a, coords, out, start, block) -> None:
-    """Rows start..n-1, all of prefix rank k, in blocks of `block` rows.
+def _lower_product(a: Tensor, c: Tensor, start: int) -> Tensor:
+    """`[n - start, k]` rows start.. of A C, reading only A's lower triangle."""
+    n = a.shape[0]
+    u = torch.empty(n - start, c.shape[1], dtype=c.dtype)
+    for s in range(start, n, _ROW_CHUNK):
+        e = min(n, s + _ROW_CHUNK)
+        torch.matmul(a[s:e, :e].to(c.dtype), c[:e], out=u[s - start : e - start])
+    return u
 
-    Per block one Cholesky L Lᵀ = G_{s-1} of the Gram before the block; row
-    i = s+t then has G_i = L (I + P_tᵀ P_t) Lᵀ with P = C[s:e] L⁻ᵀ and P_t its
-    first t+1 rows, solved by Woodbury through the leading blocks of
+
+def _write_lower(y: Tensor, c: Tensor, start: int, out: Tensor) -> None:
+    """out[i] = tril(y_i Cᵀ) for rows start.., zero above the diagonal."""
+    n = out.shape[0]
+    for s in range(start, n, _ROW_CHUNK):
+        e = min(n, s + _ROW_CHUNK)
+        blk = y[s - start : e - start] @ c[:e].T
+        out[s:e, :e] = torch.tril(blk, diagonal=s)
+        out[s:e, e:] = 0
+
+
+class _BlockSolve:
+    """y_i = G_i⁻¹ u_i for rows start..n-1, G_i = C_iᵀ C_i (+1 on inactive coordinates).
+
+    Blocks start at `start`, at every pivot after it and at most `size` rows apart, so no
+    coordinate becomes active inside a block. Block t's first row s is solved with the
+    Gram G_s = L Lᵀ itself; row s+u then has G = L (I + P_uᵀ P_u) Lᵀ, P the rows
+    c_{s+1..s+u} L⁻ᵀ, solved by Woodbury through the leading blocks of
     I + P Pᵀ = F Fᵀ (the leading block of F⁻¹ inverts the leading block of F).
-    Cost per block O(k³ + b·k² + b²·k + b·n·k) instead of b Cholesky factorisations.
+    Everything here depends on C only, so heads sharing C share it.
     """
-    _, n, k = coords.shape
-    rows = torch.arange(n, device=a.device)
-    eye_k = torch.eye(k, dtype=torch.float64, device=a.device)
-    gram = coords[:, :start].transpose(-1, -2) @ coords[:, :start]
-    for s in range(start, n, block):
-        e = min(n, s + block)
-        b = e - s
-        tril = torch.ones(b, b, dtype=torch.float64, device=a.device).tril()
-        l_inv = torch.linalg.solve_triangular(torch.linalg.cholesky(gram), eye_k, upper=False)
-        d = coords[:, s:e]  # [B, b, k]
-        p = d @ l_inv.transpose(-1, -2)  # rows L⁻¹ c_j
-        f = torch.linalg.cholesky(torch.eye(b, dtype=torch.float64) + p @ p.transpose(-1, -2))
-        f_inv = torch.linalg.solve_triangular(f, torch.eye(b, dtype=torch.float64), upper=False)
-        a_blk = a[:, s:e].double()
-        o = (a_blk @ coords) @ l_inv.transpose(-1, -2)  # rows L⁻¹ (a_i C)
-        u = ((o @ p.transpose(-1, -2)) * tril) @ f_inv.transpose(-1, -2) * tril
-        w = (u @ f_inv) * tril
-        y = (o - w @ p) @ l_inv  # rows of L⁻ᵀ ỹ
-        out[:, s:e] = (y @ coords.transpose(-1, -2)) * (rows[None, :] <= rows[s:e, None])
-        gram = gram + d.transpose(-1, -2) @ d
+
+    def __init__(self, c: Tensor, rank: Tensor, start: int, size: int) -> None:
+        n, k = c.shape
+        rows = torch.arange(start, n)
+        pivot = torch.zeros(n, dtype=torch.bool)
+        pivot[1:] = rank[1:] > rank[:-1]
+        seg = pivot[start:].clone()
+        seg[0] = True
+        seg_start = torch.cummax(torch.where(seg, rows, 0), 0).values
+        is_start = seg | ((rows - seg_start) % size == 0)
+        starts = rows[is_start]
+        lengths = torch.diff(torch.cat([starts, torch.tensor([n])]))
+        width = int(lengths.max())
+        offs = torch.arange(width)
+        idx = (starts[:, None] + offs[None, :]).clamp_max(n - 1)  # [T, b]
+        valid = offs[None, :] < lengths[:, None]
+        blk = c[idx] * valid[..., None]  # [T, b, k]: the block's rows
+        upd = blk.clone()
+        upd[:, 0] = 0.0  # the first row is inside the block's Gram
+        # Gram at each block's first row: rows ≤ start, then each block's updates and
+        # the next block's first row.
+        g0 = c[: start + 1].T @ c[: start + 1]
+        nxt = torch.cat([blk[1:, 0], c.new_zeros(1, k)])  # [T, k]
+        inc = upd.transpose(-1, -2) @ upd + nxt[:, :, None] * nxt[:, None, :]
+        gram = g0 + torch.cumsum(inc, 0) - inc
+        inactive = torch.arange(k)[None, :] >= rank[starts][:, None]
+        lower = torch.linalg.cholesky(gram + torch.diag_embed(inactive.double()))
+        eye_k = torch.eye(k, dtype=torch.float64)
+        self.l_inv = torch.linalg.solve_triangular(lower, eye_k, upper=False)  # [T, k, k]
+        self.p = upd @ self.l_inv.transpose(-1, -2)  # [T, b, k]
+        eye_b = torch.eye(width, dtype=torch.float64)
+        f = torch.linalg.cholesky(eye_b + self.p @ self.p.transpose(-1, -2))
+        self.f_inv = torch.linalg.solve_triangular(f, eye_b, upper=False)  # [T, b, b]
+        self.tril = torch.ones(width, width, dtype=torch.float64).tril()
+        self.idx, self.valid, self.start = idx - start, valid, start
+
+    def __call__(self, u: Tensor) -> Tensor:
+        """`[n - start, k]` y for the rows u `[n - start, k]` (float64) belong to."""
+        ub = u[self.idx] * self.valid[..., None]  # [T, b, k]
+        o = ub @ self.l_inv.transpose(-1, -2)  # rows L⁻¹ u_i
+        tril = self.tril
+        v = (o @ self.p.transpose(-1, -2)) * tril
+        w = ((v @ self.f_inv.transpose(-1, -2)) * tril) @ self.f_inv * tril
+        y = (o - w @ self.p) @ self.l_inv  # rows of L⁻ᵀ ỹ
+        out = torch.empty_like(u)
+        out[self.idx[self.valid]] = y[self.valid]
+        return out

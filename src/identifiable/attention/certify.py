@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,12 +12,13 @@ from torch import Tensor
 
 from identifiable.attention.certificates import (
     MOVABLE_TOL,
-    interval_lp,
+    OutOfTime,
     interval_simplex,
     output_residual,
+    row_problem,
     witness_lp,
 )
-from identifiable.attention.checks import check_finite
+from identifiable.attention.checks import check_finite, check_selection
 from identifiable.attention.effective import HeadFactors
 from identifiable.attention.linalg import add_ones, column_basis, head_factors
 from identifiable.errors import IdentifiableError, seconds
@@ -154,9 +156,20 @@ def witness(
 def attention_intervals(
     trace: Trace, layer: int, head: int, row: int, *, factors: HeadFactors | None = None
 ) -> AttentionIntervals:
-    """Min and max of every weight of one row consistent with its head output (LPs via HiGHS)."""
+    """Min and max of every weight of one row consistent with its head output.
+
+    The row's LPs run in the warm-started simplex (`interval_simplex`, row order: chains
+    of keys warm-started across objectives, each bound certified); an LP it cannot
+    certify goes to HiGHS. `lp_solved` counts both.
+    """
     a, seen, _, _, basis, null_dim = _row_problem(trace, layer, head, row, factors)
-    lo, hi, solved = interval_lp(a[seen].numpy(), basis)
+    aq, allowed, movable = row_problem(a[seen].numpy(), basis)
+    chains = max(1, min(int(movable.sum()) // 16, 16))  # 16: fastest on 300-512 keys
+    where = f"layer {layer} (CLI layer {layer + 1}), head {head}, row {row}"
+    sol = interval_simplex(aq, a[seen].numpy()[None], allowed, movable, chains_per_row=chains,
+                           what=where)  # fmt: skip
+    lo, hi = sol.lower[0], sol.upper[0]
+    solved = int(sol.lp_solved[0] + sol.fallbacks[0])
     lower, upper = torch.zeros_like(a), torch.zeros_like(a)
     lower[seen], upper[seen] = torch.from_numpy(np.asarray(lo)), torch.from_numpy(hi)
     return AttentionIntervals(
@@ -255,7 +268,9 @@ def head_rows(
                 "the trace is corrupt; trace the text again"
             )
         by_key_set.setdefault(keys.numpy().tobytes(), []).append(r)
-    groups: dict[int, list[tuple[list[int], np.ndarray, np.ndarray, np.ndarray, int]]] = {}
+    groups: dict[
+        tuple[int, int], list[tuple[list[int], np.ndarray, np.ndarray, np.ndarray, int]]
+    ] = {}
     for key_bytes, members in by_key_set.items():
         key_set = np.frombuffer(key_bytes, dtype=bool)
         idx = np.flatnonzero(key_set)
@@ -266,7 +281,9 @@ def head_rows(
         aq[:, idx] = basis.T
         pb = np.zeros((n, q_t.shape[1]))
         pb[idx] = q_t.numpy()
-        groups.setdefault(aq.shape[0], []).append(
+        # Rows stack only with rows of the same constraint count m and paper-basis width
+        # (rank-deficient prefixes give equal m with different widths).
+        groups.setdefault((aq.shape[0], pb.shape[1]), []).append(
             (members, key_set, aq, pb, idx.size - int(rank_a))
         )
     out = []
@@ -352,9 +369,12 @@ class IntervalMap(
         return (self.raw - self.lower).sum(-1)
 
 
+_ROW_CHUNK = 32  # rows built and solved at a time when rows have their own key sets
+
+
 def _solve_head(args: tuple) -> list[tuple]:
-    """One head's row sets through `interval_simplex` (module-level: process pools)."""
-    sets, chains, what = args
+    """Row sets through `interval_simplex` (module-level: process pools)."""
+    sets, chains, what, deadline = args
     out = []
     for rs in sets:
         n_rows = rs.rows.size
@@ -364,11 +384,23 @@ def _solve_head(args: tuple) -> list[tuple]:
             if rs.null_dim[i] > 0:
                 movable[i] = (1.0 - (aq**2).sum(0) > MOVABLE_TOL) & rs.keys[i]
         k = chains or max(1, min(int(rs.keys.sum(1).max()) // 16, 128 // max(n_rows, 1)))
-        sol = interval_simplex(rs.aq, rs.raw, rs.keys, movable, chains_per_row=k, what=what)
+        sol = interval_simplex(
+            rs.aq, rs.raw, rs.keys, movable, chains_per_row=k, what=what, deadline=deadline
+        )
         out.append(
             (rs.rows, sol.lower, sol.upper, sol.lp_solved, sol.pivots, int(sol.fallbacks.sum()))
         )
     return out
+
+
+def _head_chunks(trace: Trace, layer: int, head: int, rows: list[int], key_mask) -> list:
+    """Row chunks of one head: all rows together where they share one key set (key order
+    carries bases across them), else `_ROW_CHUNK` rows at a time, so that the bases of
+    rows with their own key sets (n·(d_v + 1) floats each) never exist for a whole head."""
+    mask = layer_key_mask(trace, layer, key_mask)[rows]
+    if bool((mask == mask[:1]).all()):
+        return [rows]
+    return [rows[i : i + _ROW_CHUNK] for i in range(0, len(rows), _ROW_CHUNK)]
 
 
 def interval_map(
@@ -404,43 +436,82 @@ def interval_map(
     Raises: IdentifiableError for out-of-range indices, a corrupt trace (naming layer
         and head) or a budget that is too small.
     """
-    import time
-
-    start = time.perf_counter()
-    layers = list(range(trace.n_layers)) if layers is None else list(layers)
-    heads = list(range(trace.n_heads)) if heads is None else list(heads)
-    for layer in layers:
-        trace.check_layer(layer)
-    for head in heads:
-        trace.check_head(head)
-    row_list = list(range(trace.n_tokens)) if rows is None else [int(r) for r in rows]
-    for r in row_list:
-        trace.check_row(r)
-    jobs = [(lyr, h) for lyr in layers for h in heads]
-    problems = {
-        (lyr, h): (head_rows(trace, lyr, h, row_list, key_mask=key_mask), chains_per_row,
-                   f"layer {lyr} (CLI layer {lyr + 1}), head {h}")
-        for lyr, h in jobs
-    }  # fmt: skip
+    start = time.time()
     if time_budget is not None and not time_budget > 0:  # NaN too: it would refuse nothing
         raise IdentifiableError(
             f"time_budget must be a positive number of seconds, got {time_budget!r}"
         )
+    layers, heads = check_selection(trace, layers, heads)
+    heads = list(range(trace.n_heads)) if heads is None else heads
+    row_list = list(range(trace.n_tokens)) if rows is None else [int(r) for r in rows]
+    for r in row_list:
+        trace.check_row(r)
+    jobs = [(lyr, h) for lyr in layers for h in heads]
     # More processes than heads would idle, and more than the machine's cores cannot
     # shorten the estimate: the budget check assumes neither.
     pool_size = min(max(workers, 1), len(jobs))
     parallel = min(pool_size, os.cpu_count() or 1)
-    if time_budget is not None and jobs:
-        _check_budget(problems[jobs[0]], len(jobs) * len(row_list), parallel, time_budget, start)
-    if pool_size > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+    deadline = None if time_budget is None else start + 1.05 * time_budget
+    if time_budget is not None:
+        _check_budget(trace, jobs[0], row_list, key_mask, len(jobs) * len(row_list), parallel,
+                      time_budget, start)  # fmt: skip
+    solved = _solve_jobs(trace, jobs, row_list, key_mask, chains_per_row, pool_size, deadline,
+                         time_budget, start)  # fmt: skip
+    return _assemble(trace, layers, heads, row_list, jobs, solved, start)
 
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=pool_size, mp_context=ctx) as pool:
-            results = list(pool.map(_solve_head, [problems[j] for j in jobs]))
-    else:
-        results = [_solve_head(problems[j]) for j in jobs]
+
+def _solve_jobs(trace, jobs, row_list, key_mask, chains, pool_size, deadline, budget, start):
+    """Per job, the list of (light row set, result) pairs; one line if the budget runs out."""
+    done = 0
+    out: dict = {}
+
+    def tasks(job):
+        lyr, h = job
+        what = f"layer {lyr} (CLI layer {lyr + 1}), head {h}"
+        for chunk in _head_chunks(trace, lyr, h, row_list, key_mask):
+            yield head_rows(trace, lyr, h, chunk, key_mask=key_mask), (chains, what, deadline)
+
+    try:
+        if pool_size > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=pool_size, mp_context=ctx) as pool:
+                futures = []
+                for job in jobs:
+                    for sets, extra in tasks(job):
+                        futures.append((job, sets, pool.submit(_solve_head, (sets, *extra))))
+                for job, sets, fut in futures:
+                    out.setdefault(job, []).extend(
+                        zip(map(_light, sets), fut.result(), strict=True)
+                    )
+                    done += sum(rs.rows.size for rs in sets)
+        else:
+            for job in jobs:
+                for sets, extra in tasks(job):
+                    out.setdefault(job, []).extend(
+                        zip(map(_light, sets), _solve_head((sets, *extra)), strict=True)
+                    )
+                    done += sum(rs.rows.size for rs in sets)
+    except OutOfTime:
+        total = len(jobs) * len(row_list)
+        raise IdentifiableError(
+            f"the interval map did not finish within its time budget of {budget:g} s "
+            f"({done} of {total} rows done in {seconds(time.time() - start)}): raise the "
+            "budget (time_budget=, CLI --time-budget) or choose fewer layers, heads or rows "
+            "(layers=/heads=/rows=, CLI --layer/--head)"
+        ) from None
+    return out
+
+
+def _light(rs: RowSet) -> RowSet:
+    """A row set without its bases (what the result needs), so they are freed when solved."""
+    empty = np.zeros((0, 0, 0))
+    return RowSet(rs.rows, rs.keys, rs.raw, empty, empty, rs.null_dim)
+
+
+def _assemble(trace, layers, heads, row_list, jobs, solved, start) -> IntervalMap:
     n = trace.n_keys
     shape = (len(layers), len(heads), len(row_list))
     raw = torch.zeros(*shape, n, dtype=torch.float64)
@@ -450,46 +521,51 @@ def interval_map(
     lp_solved, pivots = torch.zeros_like(null_dim), torch.zeros_like(null_dim)
     where = {r: i for i, r in enumerate(row_list)}
     fallbacks = 0
-    for (lyr, h), result in zip(jobs, results, strict=True):
+    for lyr, h in jobs:
         li, hi = layers.index(lyr), heads.index(h)
-        for rs, (rws, lo, up, solved, piv, fb) in zip(problems[(lyr, h)][0], result, strict=True):
+        for rs, (rws, lo, up, lps, piv, fb) in solved.get((lyr, h), []):
             idx = torch.tensor([where[int(r)] for r in rws])
             raw[li, hi, idx] = torch.from_numpy(rs.raw)
             lower[li, hi, idx], upper[li, hi, idx] = torch.from_numpy(lo), torch.from_numpy(up)
             keys[li, idx] = torch.from_numpy(rs.keys.copy())
             null_dim[li, hi, idx] = torch.from_numpy(rs.null_dim)
-            lp_solved[li, hi, idx] = torch.from_numpy(solved)
+            lp_solved[li, hi, idx] = torch.from_numpy(lps)
             pivots[li, hi, idx] = torch.from_numpy(piv)
             fallbacks += fb
     return IntervalMap(
         tuple(layers), tuple(heads), tuple(row_list), raw, lower, upper, keys, null_dim,
-        lp_solved, pivots, fallbacks, time.perf_counter() - start, tokens=list(trace.tokens),
+        lp_solved, pivots, fallbacks, time.time() - start, tokens=list(trace.tokens),
     )  # fmt: skip
 
 
-def _check_budget(problem: tuple, n_rows: int, workers: int, budget: float, start: float) -> None:
-    """Time one row (the one with the most keys) and refuse a map that cannot fit."""
-    import time
+def _check_budget(trace, job, rows, key_mask, n_rows, workers, budget, start) -> None:
+    """Time one row (the one with the most keys) and refuse a map that cannot fit.
 
-    sets = problem[0]
-    best = max(sets, key=lambda rs: int(rs.keys.sum(1).max()))
-    i = int(np.argmax(best.keys.sum(1)))
-    probe = RowSet(
-        best.rows[i : i + 1], best.keys[i : i + 1], best.raw[i : i + 1],
-        best.aq if best.aq.shape[0] == 1 else best.aq[i : i + 1],
-        best.paper_basis if best.paper_basis.shape[0] == 1 else best.paper_basis[i : i + 1],
-        best.null_dim[i : i + 1],
-    )  # fmt: skip
-    t0 = time.perf_counter()
-    _solve_head(([probe], None, problem[2]))
-    per_row = time.perf_counter() - t0
+    Only that row's problem is built; a row that alone outlasts the budget is stopped
+    when the budget (and its 10 % slack) runs out, not when it ends.
+    """
+    mask = layer_key_mask(trace, job[0], key_mask)[rows]
+    probe = rows[int(mask.sum(1).argmax())]
+    what = f"layer {job[0]} (CLI layer {job[0] + 1}), head {job[1]}"
+    t0 = time.time()
+    try:  # the probe may use the budget and half its 10 % slack, no more
+        _solve_head((head_rows(trace, job[0], job[1], [probe], key_mask=key_mask), None, what,
+                     start + 1.05 * budget))  # fmt: skip
+        cut = False
+    except OutOfTime:
+        cut = True
+    per_row = time.time() - t0
     # Rows of a head run together, which is cheaper per row than one row alone: a
     # single-row probe over-estimates a whole head by a factor measured at ~2 on MiniLM
-    # (benchmarks/bench_certify.py, "probe_ratio").
-    estimate = (time.perf_counter() - start) + per_row * n_rows / 2 / max(workers, 1)
-    if estimate > budget:
+    # (benchmarks/bench_certify.py, "probe_ratio"). Causal rows grow to the probe's length:
+    # on average they have half its keys, and cost at least half as much.
+    estimate = (time.time() - start) + per_row * n_rows / 2 / max(workers, 1)
+    if cut or estimate > budget:
+        took = f"over {seconds(per_row)}, stopped there" if cut else seconds(per_row)
         raise IdentifiableError(
-            f"the interval map of {n_rows} rows needs about {seconds(estimate)} (one row "
-            f"took {seconds(per_row)}), more than the time budget of {budget:g} s: raise the "
-            "budget or choose one head with --layer and --head"
+            f"the interval map of {n_rows} rows needs about {seconds(estimate)}"
+            f"{' or more' if cut else ''} (one row, {int(mask.sum(1).max())} keys, took "
+            f"{took}), more than the time budget of {budget:g} s: raise the budget "
+            "(time_budget=, CLI --time-budget) or choose one head with --layer and --head "
+            "(layers=, heads=)"
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -49,3 +51,67 @@ def check_finite(
         f"NaN or inf in the {what} at {where}: the model produced non-finite numbers "
         "(often fp16 overflow); trace it in float32 (dtype=torch.float32) and try again"
     )
+
+
+def check_trace_shapes(trace: Trace) -> None:
+    """Self-attention traces: `check_shapes`. Cross-attention traces (rows are the n
+    decoder tokens, keys the n_k encoder tokens): A `[L, H, n, n_k]`, V `[L, H, n_k, d_v]`."""
+    if not trace.is_cross:
+        check_shapes(trace)
+        return
+    n_l, n_h, n, n_k = trace.n_layers, trace.n_heads, trace.n_tokens, trace.n_keys
+    if tuple(trace.attentions.shape) != (n_l, n_h, n, n_k) or trace.values.dim() != 4:
+        raise IdentifiableError(
+            f"cross-attention trace: attentions have shape {tuple(trace.attentions.shape)} and "
+            f"values {tuple(trace.values.shape)}, expected [L, H, n, n_k] = {[n_l, n_h, n, n_k]} "
+            "and [L, H, n_k, d_v]; re-create the trace with identifiable.models"
+        )
+    if tuple(trace.out_proj.shape[:3]) != (n_l, n_h, trace.values.shape[-1]):
+        raise IdentifiableError(
+            f"the trace's output projection has shape {tuple(trace.out_proj.shape)}, expected "
+            f"[L, H, d_v, d] = [{n_l}, {n_h}, {trace.values.shape[-1]}, d]"
+        )
+
+
+def check_selection(
+    trace: Trace, layers: Sequence[int] | None, heads: Sequence[int] | None
+) -> tuple[list[int], list[int] | None]:
+    """`layers=` and `heads=` as lists (heads None: all of them), each index checked.
+
+    One line for an index out of range, a repeated index or an empty selection, naming
+    the argument; nothing outside the selection is read afterwards.
+    """
+    chosen_layers = list(range(trace.n_layers)) if layers is None else _indices(layers, "layers")
+    for layer in chosen_layers:
+        trace.check_layer(layer)
+    if heads is None:
+        return chosen_layers, None
+    chosen_heads = _indices(heads, "heads")
+    for head in chosen_heads:
+        trace.check_head(head)
+    return chosen_layers, None if chosen_heads == list(range(trace.n_heads)) else chosen_heads
+
+
+def _indices(values: Sequence[int], name: str) -> list[int]:
+    if isinstance(values, int | str) or not hasattr(values, "__iter__"):
+        raise IdentifiableError(f"{name}= must be a list of integers, got {values!r}")
+    out = list(values)
+    if not out:
+        raise IdentifiableError(f"{name}= is empty: give at least one index, or None for all")
+    ints = [_as_int(v, name) for v in out]
+    if len(set(ints)) != len(ints):
+        raise IdentifiableError(f"{name}= repeats an index: {ints}")
+    return ints
+
+
+def _as_int(value: object, name: str) -> int:
+    import operator
+
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise IdentifiableError(
+            f"{name}= must hold integers, got {type(value).__name__} {value!r}"
+        ) from None

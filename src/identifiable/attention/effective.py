@@ -1,12 +1,14 @@
 """Null spaces and effective attention of a `Trace` (docs/definitions.md#null-spaces).
 
 Layer by layer, in float64 whatever the trace's dtype (float32 projections only
-as an explicit opt-in), batched over heads:
+as an explicit opt-in), batched over heads, for the layers and heads asked for
+(`layers=`, `heads=`; nothing outside them is computed or stored):
 V' = V F (see `linalg.head_factors`) has the singular values and column space
 of T = V H, so nothing n×d is ever formed. Encoders take an orthonormal basis
 of col(V) (Cholesky QR when V and H are well-conditioned, else an SVD of V')
 and project A's rows onto it; decoders use the prefix machinery of `causal.py`
-(row i sees T[:i+1]).
+(row i sees T[:i+1]), on V itself where H is proved well-conditioned and its
+rank decisions have the margin that makes them those of V'.
 `iter_effective_attention` streams one layer at a time so that callers that
 only need statistics hold a single layer of n×n matrices.
 """
@@ -19,43 +21,38 @@ from typing import Literal
 
 import torch
 from torch import Tensor
-from torch.utils.weak import WeakIdKeyDictionary
 
-from identifiable.attention.causal import prefix_coordinates, project_rows_causal
-from identifiable.attention.checks import check_finite, check_shapes
+from identifiable.attention.causal import Prefixes, prefixes, project_prefixes
+from identifiable.attention.checks import (
+    check_finite,
+    check_selection,
+    check_trace_shapes,
+)
 from identifiable.attention.keysets import keyset_groups, keyset_ranks, project_rows_keysets
 from identifiable.attention.linalg import (
     _column_basis,
-    certified_well_conditioned,
     cholesky_if_well_conditioned,
-    head_factors,
     ones_direction,
 )
+from identifiable.attention.outproj import (  # noqa: F401  (re-exported: tests, benchmarks)
+    _FACTOR_CACHE,
+    _FLAGS_CACHE,
+    _LAYER_FACTORS,
+    HeadFactors,
+    OutProj,
+    compute_head_factors,
+)
+from identifiable.attention.windows import WindowSolve, causal_band
 from identifiable.errors import IdentifiableError
 from identifiable.models.trace import Trace
 from identifiable.precision import float32_matmul_precision, float32_matmuls_exact
 from identifiable.results import Result
 
+_OutProj = OutProj  # the name the benchmarks use
+_check_trace_shapes = check_trace_shapes
+
 Variant = Literal["paper", "row-stochastic"]
 VARIANTS: tuple[str, ...] = ("paper", "row-stochastic")
-
-
-@dataclass(frozen=True)
-class HeadFactors:
-    """Per-head output-projection factors of one model (compute once, reuse across traces).
-
-    Attributes:
-        factor: `[L, H, d_v, k]` float64 F with sing(V F) = sing(V H).
-        full_row_rank: `[L, H]` bool; True where col(T) = col(V) (the
-            route that never forms T). Where False, V F is still exact for T.
-        well_conditioned: `[L, H]` bool, κ(H) < 1e3: encoders then use V
-            itself whenever V is well-conditioned too (same column space and
-            rank, one small matrix product fewer).
-    """
-
-    factor: Tensor
-    full_row_rank: Tensor
-    well_conditioned: Tensor
 
 
 @dataclass(frozen=True)
@@ -71,9 +68,9 @@ class NullSpace(
 ):
     """Ranks and null-space dimensions per layer, head and query row.
 
-    All tensors are `[L, H, n]` int64. For encoders every row holds the same
-    value (the whole sequence's); for decoders row i describes T[:i+1], so the
-    last row is the whole sequence.
+    All tensors are `[L, H, n]` int64 (L, H: the layers and heads asked for). For
+    encoders every row holds the same value (the whole sequence's); for decoders row i
+    describes T[:i+1], so the last row is the whole sequence.
 
     Attributes:
         rank: rank(T) (or rank(T[:i+1])).
@@ -82,6 +79,7 @@ class NullSpace(
         out_proj_full_row_rank: `[L, H]` bool, see `HeadFactors`.
         is_causal: whether rows see prefixes only.
         tokens, model_name: labels of the trace (for displays and tables).
+        layers, heads: the model's indices of the L and H axes (None: all of them).
     """
 
     rank: Tensor
@@ -91,6 +89,8 @@ class NullSpace(
     is_causal: bool
     tokens: list[str] | None = None
     model_name: str = ""
+    layers: tuple[int, ...] | None = None
+    heads: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,10 +99,12 @@ class LayerEffective:
 
     Attributes:
         layer: layer index.
-        raw: `[H, n, n]` raw attention A (the trace's tensor and dtype, not a copy).
+        raw: `[H, n, n]` raw attention A (the trace's tensor and dtype; a copy of the
+            selected heads only when `heads=` was given).
         effective: `[H, n, n]` A_eff, float64 unless float32 was requested (masked
             causal entries exactly 0).
         rank, dim, dim_stochastic: `[H, n]` int64 as in `NullSpace`.
+        heads: the model's head indices of the H axis (None: all of them).
     """
 
     layer: int
@@ -111,6 +113,7 @@ class LayerEffective:
     rank: Tensor
     dim: Tensor
     dim_stochastic: Tensor
+    heads: tuple[int, ...] | None = None
 
     @property
     def null(self) -> Tensor:
@@ -138,6 +141,7 @@ class EffectiveAttention(
         null_space: the dimensions of both null spaces.
         tokens, key_tokens, model_name: labels of the trace (key_tokens: the encoder's
             tokens of a cross-attention trace, else None).
+        layers, heads: the model's indices of the L and H axes (None: all of them).
     """
 
     raw: Tensor
@@ -147,6 +151,8 @@ class EffectiveAttention(
     tokens: list[str] | None = None
     key_tokens: list[str] | None = None
     model_name: str = ""
+    layers: tuple[int, ...] | None = None
+    heads: tuple[int, ...] | None = None
 
     @property
     def null(self) -> Tensor:
@@ -154,91 +160,20 @@ class EffectiveAttention(
         return self.raw.to(self.effective.dtype) - self.effective
 
 
-def compute_head_factors(trace: Trace) -> HeadFactors:
-    """Factor every head's output projection H once (reusable for any trace of the same model).
-
-    Traces of one `Model` share one W_O tensor, so the factors are cached by
-    that tensor's identity and version (an in-place change invalidates them);
-    the cache holds no reference that keeps a W_O alive.
-    """
-    _check_trace_shapes(trace)
-    w_o = trace.out_proj
-    hit = _cached(_FACTOR_CACHE, w_o)
-    if hit is not None:
-        return hit
-    check_finite(w_o, "output projection (W_O)", per_layer_head=True)
-    # Layer by layer: a float64 copy of all of W_O (54 MB at BERT-base) is not needed at once.
-    parts = [head_factors(w_o[layer].double()) for layer in range(trace.n_layers)]
-    factors = HeadFactors(*(torch.stack(p) for p in zip(*parts, strict=True)))
-    _FACTOR_CACHE[w_o] = (w_o._version, factors)
-    return factors
-
-
-def _cached(cache: WeakIdKeyDictionary, w_o: Tensor) -> object | None:
-    hit = cache.get(w_o)
-    return hit[1] if hit is not None and hit[0] == w_o._version else None
-
-
-# W_O tensor → (its version when factored, factors). Keys by identity (a tensor's ==
-# is elementwise) and weak: a dropped trace or model frees its entry.
-_FACTOR_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
-
-
-# W_O tensor → (its version, `[L, H]` flags of `certified_well_conditioned`), likewise.
-_FLAGS_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
-
-
-class _OutProj:
-    """What the routes need of W_O for one trace: the κ(H) flags of every head, and
-    the exact factors F (`compute_head_factors`) only for a layer whose route uses them.
-
-    Exact `HeadFactors` are used when given or already cached, and for causal traces
-    (every causal layer uses F). Otherwise the flags come from
-    `certified_well_conditioned` (one float32 Gram, no float64 copy or product) when
-    it proves every head well-conditioned, which is all that the usual encoder route
-    needs; F is then factored only if some layer falls back to it. Every decision
-    is the same either way: a proved head is well-conditioned, and of full row
-    rank, in the exact test too.
-    """
-
-    def __init__(self, trace: Trace, factors: HeadFactors | None) -> None:
-        _check_trace_shapes(trace)  # also when the factors are given or cached
-        self._trace = trace
-        exact = factors or _cached(_FACTOR_CACHE, trace.out_proj)
-        flags = None if exact is not None or trace.is_causal else _certified_flags(trace)
-        if flags is None:
-            exact = exact or compute_head_factors(trace)
-            flags = exact.well_conditioned
-            self.full_row_rank: Tensor = exact.full_row_rank
-        else:
-            self.full_row_rank = flags  # proved κ(H) < 1e3: rank d_v
-        self.well_conditioned: Tensor = flags
-        self._exact: HeadFactors | None = exact
-
-    def factor(self, layer: int) -> Tensor:
-        """`[H, d_v, k]` F of one layer (see `HeadFactors`)."""
-        if self._exact is None:
-            self._exact = compute_head_factors(self._trace)
-        return self._exact.factor[layer]
-
-
-def _certified_flags(trace: Trace) -> Tensor | None:
-    """`[L, H]` all-True flags when `certified_well_conditioned` proves every head, else None."""
-    w_o = trace.out_proj
-    flags = _cached(_FLAGS_CACHE, w_o)
-    if flags is None:
-        n_l, n_h, d_v, d = w_o.shape
-        flags = certified_well_conditioned(w_o.reshape(n_l * n_h, d_v, d)).reshape(n_l, n_h)
-        _FLAGS_CACHE[w_o] = (w_o._version, flags)
-    return flags if bool(flags.all()) else None
-
-
-def null_space(trace: Trace, *, factors: HeadFactors | None = None) -> NullSpace:
-    """rank(T), dim LN(T) and dim LN([T, 1]) for every layer, head and row (see `NullSpace`)."""
-    w_o = _OutProj(trace, factors)
+def null_space(
+    trace: Trace,
+    *,
+    factors: HeadFactors | None = None,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+) -> NullSpace:
+    """rank(T), dim LN(T) and dim LN([T, 1]) for every row of the layers and heads asked
+    for (default all; see `NullSpace`). Raises IdentifiableError for an index out of range."""
+    chosen, head_list = check_selection(trace, layers, heads)
+    w_o = _OutProj(trace, factors, head_list)
     ranks, dims, dims_s = [], [], []
-    for layer in range(trace.n_layers):
-        r, d, ds, _ = _layer_dims(trace, layer, w_o)
+    for layer in chosen:
+        r, d, ds, _ = _layer_dims(trace, layer, w_o, head_list)
         ranks.append(r)
         dims.append(d)
         dims_s.append(ds)
@@ -246,11 +181,22 @@ def null_space(trace: Trace, *, factors: HeadFactors | None = None) -> NullSpace
         rank=torch.stack(ranks),
         dim=torch.stack(dims),
         dim_stochastic=torch.stack(dims_s),
-        out_proj_full_row_rank=w_o.full_row_rank,
+        out_proj_full_row_rank=torch.stack([w_o.full_row_rank(layer) for layer in chosen]),
         is_causal=trace.is_causal,
         tokens=list(trace.tokens),
         model_name=trace.model_name,
+        **_labels(trace, layers, head_list),
     )
+
+
+def _labels(
+    trace: Trace, layers: Sequence[int] | None, heads: list[int] | None
+) -> dict[str, tuple[int, ...] | None]:
+    """The `layers`/`heads` fields of a result (None where everything was computed)."""
+    return {
+        "layers": None if layers is None else tuple(int(x) for x in layers),
+        "heads": None if heads is None else tuple(heads),
+    }
 
 
 def iter_effective_attention(
@@ -259,19 +205,22 @@ def iter_effective_attention(
     *,
     factors: HeadFactors | None = None,
     layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
     dtype: torch.dtype = torch.float64,
 ) -> Iterator[LayerEffective]:
-    """Yield `LayerEffective` for each layer in turn.
+    """Yield `LayerEffective` for each layer asked for (default all), in that order.
 
-    Peak memory: the layer's A_eff ([H, n, n] of `dtype`) plus one layer's (encoders)
-    or one row chunk's (decoders) temporaries, and whatever the caller keeps.
+    Peak memory: the layer's A_eff ([H, n, n] of `dtype`, H the heads asked for) plus
+    one head's temporaries (a row chunk of n×n products), and whatever the caller keeps.
     `dtype`: see `effective_attention`.
 
-    Raises IdentifiableError for an unknown variant, a layer out of range, an
+    Raises IdentifiableError for an unknown variant, a layer or head out of range, an
     unsupported dtype, or NaN/inf in the attention or values of a head.
     """
     _check_request(variant, dtype)
-    yield from _iter_layers(trace, variant, _OutProj(trace, factors), layers, dtype, None)
+    chosen, head_list = check_selection(trace, layers, heads)
+    w_o = _OutProj(trace, factors, head_list)
+    yield from _iter_layers(trace, variant, w_o, chosen, head_list, dtype, None)
 
 
 def effective_attention(
@@ -281,18 +230,23 @@ def effective_attention(
     factors: HeadFactors | None = None,
     dtype: torch.dtype = torch.float64,
     out: Tensor | None = None,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
 ) -> EffectiveAttention:
-    """Effective attention of all heads and layers, `[L, H, n, n]` float64.
+    """Effective attention of the heads and layers asked for, `[L, H, n, n]` float64.
 
+    `layers=`, `heads=`: 0-based indices (default all); nothing outside them is
+    computed or stored, and the result's `layers`/`heads` say which were taken.
     This materialises L·H·n² doubles (BERT-base at n = 512: 300 MB); use
     `iter_effective_attention` to stream layers instead.
 
     `dtype=torch.float32` is an explicit opt-in for speed and half the memory:
     bases, ranks and null-space dimensions are still computed in float64 with
     the same relative tolerances (so `null_space` is unchanged), and only the
-    encoder projection A Q Qᵀ runs in float32 (decoder and key-set routes are
-    computed in float64 and rounded). The invariant then holds to float32
-    accuracy, ‖A_eff T − A T‖ ≤ 1e-5 ‖A T‖ per head (tested), instead of 1e-9.
+    n×n products run in float32 (the encoder projection A Q Qᵀ; the decoder's
+    A C and Y Cᵀ, whose small solves stay in float64; key-set routes are computed in
+    float64 and rounded). The invariant then holds to float32 accuracy,
+    ‖A_eff T − A T‖ ≤ 1e-5 ‖A T‖ per head (tested), instead of 1e-9.
     It needs full-precision float32 matmuls and raises under any reduced setting
     (`torch.set_float32_matmul_precision("high" | "medium")` or torch's per-backend
     settings, see `identifiable.precision`), since "medium" multiplies in bfloat16 on
@@ -304,24 +258,32 @@ def effective_attention(
     whenever malloc has none to reuse: at BERT-base size and n = 512 in float32,
     36,864 page faults and 25-35 ms, 0.05-0.07× a forward pass (`bench_attention.py`).
     """
-    n_l, n_h, n = trace.n_layers, trace.n_heads, trace.n_tokens
-    # n_keys = n except for cross-attention traces (rows: decoder, keys: encoder).
-    shape = (n_l, n_h, n, trace.n_keys)
     _check_request(variant, dtype)
+    chosen, head_list = check_selection(trace, layers, heads)
+    n_h = trace.n_heads if head_list is None else len(head_list)
+    n = trace.n_tokens
+    # n_keys = n except for cross-attention traces (rows: decoder, keys: encoder).
+    shape = (len(chosen), n_h, n, trace.n_keys)
     if out is not None:
         _check_out(out, shape, dtype, trace)
-    w_o = _OutProj(trace, factors)
+    w_o = _OutProj(trace, factors, head_list)
     effective = torch.empty(shape, dtype=dtype) if out is None else out
-    rank = torch.empty(n_l, n_h, n, dtype=torch.long)
+    rank = torch.empty(len(chosen), n_h, n, dtype=torch.long)
     dim, dim_s = torch.empty_like(rank), torch.empty_like(rank)
     # Each layer is written straight into `effective`: no per-layer buffer and copy.
-    for le in _iter_layers(trace, variant, w_o, None, dtype, effective):
-        rank[le.layer], dim[le.layer], dim_s[le.layer] = le.rank, le.dim, le.dim_stochastic
-    labels = {"tokens": list(trace.tokens), "model_name": trace.model_name}
-    ns = NullSpace(rank, dim, dim_s, w_o.full_row_rank, trace.is_causal, **labels)
-    return EffectiveAttention(
-        trace.attentions, effective, variant, ns, key_tokens=trace.key_tokens, **labels
-    )
+    for i, le in enumerate(_iter_layers(trace, variant, w_o, chosen, head_list, dtype, effective)):
+        rank[i], dim[i], dim_s[i] = le.rank, le.dim, le.dim_stochastic
+    sel = _labels(trace, layers, head_list)
+    full = torch.stack([w_o.full_row_rank(layer) for layer in chosen])
+    tokens, name = list(trace.tokens), trace.model_name
+    ns = NullSpace(rank, dim, dim_s, full, trace.is_causal, tokens, name, **sel)
+    raw = trace.attentions
+    if chosen != list(range(trace.n_layers)) or head_list is not None:
+        lay = torch.tensor(chosen)[:, None]
+        raw = raw[
+            lay, torch.arange(trace.n_heads) if head_list is None else torch.tensor(head_list)
+        ]
+    return EffectiveAttention(raw, effective, variant, ns, tokens, trace.key_tokens, name, **sel)
 
 
 def _check_out(out: Tensor, shape: tuple[int, ...], dtype: torch.dtype, trace: Trace) -> None:
@@ -379,34 +341,39 @@ def _iter_layers(
     trace: Trace,
     variant: str,
     w_o: _OutProj,
-    layers: Sequence[int] | None,
+    layers: Sequence[int],
+    heads: list[int] | None,
     dtype: torch.dtype,
     out: Tensor | None,
 ) -> Iterator[LayerEffective]:
-    """`iter_effective_attention`, writing layer l into `out[l]` when `out` is given
-    (the callers have checked `variant` and `dtype`)."""
-    for layer in range(trace.n_layers) if layers is None else layers:
-        trace.check_layer(layer)
-        raw = trace.attentions[layer]
-        rank, dim, dim_s, bases = _layer_dims(trace, layer, w_o)
+    """`iter_effective_attention`, writing the i-th layer asked for into `out[i]` when
+    `out` is given (the callers have checked `variant`, `dtype` and the selection)."""
+    for i, layer in enumerate(layers):
+        raw = trace.attentions[layer] if heads is None else trace.attentions[layer, heads]
+        rank, dim, dim_s, bases = _layer_dims(trace, layer, w_o, heads)
         route, data = bases
-        if route in ("keysets", "causal"):  # float64 routes; rounded only if asked
+        eff = torch.empty(raw.shape, dtype=dtype) if out is None else out[i]
+        if route == "windows":
             check_finite(raw, "attention", layer=layer)
-            if route == "keysets":
-                res = project_rows_keysets(raw, data, stochastic=variant != "paper")
-            else:
-                res = project_rows_causal(raw, *data[0 if variant == "paper" else 1])
-            eff = res.to(dtype) if out is None else out[layer].copy_(res)
-            del res
+            for h, solve in enumerate(data[0 if variant == "paper" else 1]):
+                solve.project(raw[h], eff[h], dtype)
+        elif route == "keysets":  # a float64 route, rounded only if asked
+            check_finite(raw, "attention", layer=layer)
+            eff.copy_(project_rows_keysets(raw, data, stochastic=variant != "paper"))
+        elif route == "causal":
+            check_finite(raw, "attention", layer=layer)
+            p, pa, owner = data
+            chosen = p if variant == "paper" else pa
+            project_prefixes(raw, chosen, owner=owner, out=eff, dtype=dtype)
         else:
-            eff = torch.empty(raw.shape, dtype=dtype) if out is None else out[layer]
             q, w = data
             if w is None and variant != "paper":
                 w, _ = ones_direction(q)
             basis = q if variant == "paper" else torch.cat([q, w], dim=-1)
             full = (dim if variant == "paper" else dim_s)[:, 0] == 0
             _project_encoder_layer(raw, basis, full, eff, layer)
-        yield LayerEffective(layer, raw, eff, rank, dim, dim_s)
+        sel = None if heads is None else tuple(heads)
+        yield LayerEffective(layer, raw, eff, rank, dim, dim_s, sel)
         del eff  # do not hold this layer while the next one is computed
 
 
@@ -443,40 +410,24 @@ def _project_encoder_layer(
     torch.matmul(aq, q.transpose(-1, -2), out=out)
 
 
-def _check_trace_shapes(trace: Trace) -> None:
-    """Self-attention traces: `check_shapes`. Cross-attention traces (rows are the n
-    decoder tokens, keys the n_k encoder tokens): A `[L, H, n, n_k]`, V `[L, H, n_k, d_v]`."""
-    if not trace.is_cross:
-        check_shapes(trace)
-        return
-    n_l, n_h, n, n_k = trace.n_layers, trace.n_heads, trace.n_tokens, trace.n_keys
-    if tuple(trace.attentions.shape) != (n_l, n_h, n, n_k) or trace.values.dim() != 4:
-        raise IdentifiableError(
-            f"cross-attention trace: attentions have shape {tuple(trace.attentions.shape)} and "
-            f"values {tuple(trace.values.shape)}, expected [L, H, n, n_k] = {[n_l, n_h, n, n_k]} "
-            "and [L, H, n_k, d_v]; re-create the trace with identifiable.models"
-        )
-    if tuple(trace.out_proj.shape[:3]) != (n_l, n_h, trace.values.shape[-1]):
-        raise IdentifiableError(
-            f"the trace's output projection has shape {tuple(trace.out_proj.shape)}, expected "
-            f"[L, H, d_v, d] = [{n_l}, {n_h}, {trace.values.shape[-1]}, d]"
-        )
-
-
-def _layer_dims(trace: Trace, layer: int, w_o: _OutProj) -> tuple[Tensor, Tensor, Tensor, tuple]:
-    """Ranks and dims `[H, n]` of one layer plus the projection data of both variants.
+def _layer_dims(
+    trace: Trace, layer: int, w_o: _OutProj, heads: list[int] | None = None
+) -> tuple[Tensor, Tensor, Tensor, tuple]:
+    """Ranks and dims `[H, n]` of one layer's selected heads, plus the projection data of
+    both variants.
 
     The route follows the layer's key mask (`Trace.keys_seen`): all keys →
     one basis per head; keys ≤ i → the prefix machinery of `causal.py`; any
     other sets (windows, local attention) → `keysets.py`.
     """
-    check_finite(trace.values[layer], "values (E·W_V)", layer=layer)
-    v = trace.values[layer].double()
+    values = trace.values[layer] if heads is None else trace.values[layer, heads]
+    check_finite(values, "values (E·W_V)", layer=layer)
+    v = values.double()
     n_h, n, _ = v.shape  # n keys (the encoder's for cross-attention)
     if trace.sees_all_keys(layer):
         full_width = trace.out_proj.shape[-1] >= v.shape[-1]  # F is d_v × d_v
         q, rank = _encoder_basis(
-            v, lambda: w_o.factor(layer), w_o.well_conditioned[layer], full_width
+            v, lambda: w_o.factor(layer), w_o.well_conditioned(layer), full_width
         )
         # The row-stochastic basis [q, w] is formed only when that variant is asked for.
         w, new = _ones_is_new(q)
@@ -484,25 +435,100 @@ def _layer_dims(trace: Trace, layer: int, w_o: _OutProj) -> tuple[Tensor, Tensor
         rows = trace.n_tokens
         r = rank[:, None].expand(n_h, rows)  # one value per query row
         return r, n - r, n - rank_a[:, None].expand(n_h, rows), ("all", (q, w))
-    mask = trace.keys_seen(layer)
-    if mask.shape[0] != n:
+    causal = trace.key_mask is None and trace.is_causal and not trace.is_cross
+    mask = None if causal else trace.keys_seen(layer)
+    if mask is not None and mask.shape[0] != n:
         raise IdentifiableError(
             f"layer {layer}: a cross-attention trace must let every row see every key "
             "(its key mask is not all True); per-row key sets need self-attention"
         )
-    vp = v @ w_o.factor(layer)
-    if not torch.equal(mask, torch.ones_like(mask).tril()):
-        groups = keyset_groups(vp, mask)
+    width = None if mask is None else causal_band(mask)
+    if width is not None:
+        return _window_dims(v @ w_o.factor(layer), width)
+    if mask is not None and not torch.equal(mask, torch.ones_like(mask).tril()):
+        groups = keyset_groups(v @ w_o.factor(layer), mask)
         rank, dim, dim_s = keyset_ranks(groups, n_h, n)
         return rank, dim, dim_s, ("keysets", groups)
-    k = vp.shape[-1]
-    smax = torch.linalg.matrix_norm(vp, ord=2) if k else vp.new_zeros(n_h)
+    p, pa, owner = _causal_prefixes(trace, layer, v, w_o, heads)
+    seen = torch.arange(1, n + 1, device=v.device)
+    rank, rank_a = p.rank[owner], pa.rank[owner]
+    return rank, seen - rank, seen - rank_a, ("causal", (p, pa, owner))
+
+
+def _causal_prefixes(
+    trace: Trace, layer: int, v: Tensor, w_o: _OutProj, heads: list[int] | None
+) -> tuple[Prefixes, Prefixes, Tensor]:
+    """Prefixes of X and [X, s·1] for the heads of a causal layer, and `owner` `[H]`: the
+    matrix each head uses.
+
+    X = V itself for a head whose H is proved well-conditioned (κ(H) < 1e3, so F is
+    invertible and col(V_i F) = col(V_i) for every prefix), shared by the query heads
+    that read one key/value head. Its rank decisions are those of V F whenever every
+    pivot's distance exceeds 1.01e3 × the tolerance and every dependent distinct row's
+    stays below it / 1.01e3: distances and σ_max change by factors within [σ_min(F),
+    σ_max(F)], κ(F) = κ(H). Other heads (not proved, or without that margin) use V F.
+    """
+    n_h, _, d_v = v.shape
+    kv = trace.kv_head_of if heads is None else trace.kv_head_of[heads]
+    use_v = w_o.well_conditioned(layer).clone()
+    use_v &= trace.out_proj.shape[-1] >= d_v  # F is d_v × d_v
+    owner = torch.full((n_h,), -1, dtype=torch.long)
+    mats: list[Tensor] = []
+    for h in range(n_h):
+        if not bool(use_v[h]) or owner[h] >= 0:
+            continue
+        same = torch.nonzero(use_v & (kv == kv[h]) & (owner < 0)).flatten()
+        same = same[[bool(torch.equal(v[int(g)], v[h])) for g in same.tolist()]]
+        owner[same] = len(mats)
+        mats.append(v[h])
+    p, pa = _prefix_pair(torch.stack(mats) if mats else v[:0])
+    ok = _margin(p) & _margin(pa)
+    redo = owner < 0
+    redo[~redo] = ~ok[owner[~redo]]
+    if bool(redo.any()):
+        idx = torch.nonzero(redo).flatten()
+        vp = v[idx] @ w_o.factor(layer)[idx]
+        q, qa = _prefix_pair(vp)
+        base = len(mats)
+        p, pa = _concat(p, q), _concat(pa, qa)
+        owner[idx] = base + torch.arange(idx.numel())
+    return p, pa, owner
+
+
+def _prefix_pair(x: Tensor) -> tuple[Prefixes, Prefixes]:
+    """`prefixes` of X `[P, n, m]` and of [X, s·1] (‖s·1‖ = σ_max(X))."""
+    smax, scale, xa = _with_ones(x)
+    return prefixes(x, smax), prefixes(xa, scale)
+
+
+def _with_ones(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """σ_max `[P]` of each X `[P, n, m]`, the scale of [X, s·1] and [X, s·1] itself."""
+    n_p, n, k = x.shape
+    smax = torch.linalg.matrix_norm(x, ord=2) if k and n_p else x.new_zeros(n_p)
     scale = torch.where(smax > 0, smax, torch.ones_like(smax))  # T = 0 still has [T, 1] of rank 1
-    ones = (scale / n**0.5)[:, None, None].expand(n_h, n, 1)  # ‖s·1‖ = σ_max(T)
-    c, pr = prefix_coordinates(vp, smax)
-    ca, pra = prefix_coordinates(torch.cat([vp, ones], dim=-1), scale)
-    seen = torch.arange(1, n + 1, device=vp.device)
-    return pr, seen - pr, seen - pra, ("causal", ((c, pr), (ca, pra)))
+    ones = (scale / n**0.5)[:, None, None].expand(n_p, n, 1)
+    return smax, scale, torch.cat([x, ones], dim=-1)
+
+
+def _window_dims(vp: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor, tuple]:
+    """Ranks, dims and the `windows.WindowSolve` of X = V F and [X, s·1] per head."""
+    smax, scale, xa = _with_ones(vp)
+    paper = [WindowSolve(vp[h], width, smax[h]) for h in range(vp.shape[0])]
+    stochastic = [WindowSolve(xa[h], width, scale[h]) for h in range(vp.shape[0])]
+    seen = torch.clamp(torch.arange(1, vp.shape[1] + 1), max=width)
+    rank = torch.stack([ws.rank for ws in paper])
+    rank_a = torch.stack([ws.rank for ws in stochastic])
+    return rank, seen - rank, seen - rank_a, ("windows", (paper, stochastic))
+
+
+def _margin(p: Prefixes) -> Tensor:
+    """`[P]` rank decisions far enough from the tolerance to be those of V F (κ(F) < 1e3)."""
+    return (p.pivot_min > 1.01e3 * p.tol) & (p.dependent_max * 1.01e3 < p.tol)
+
+
+def _concat(a: Prefixes, b: Prefixes) -> Prefixes:
+    pairs = zip(vars(a).values(), vars(b).values(), strict=True)
+    return Prefixes(*(torch.cat([x, y]) for x, y in pairs))
 
 
 def _ones_is_new(q: Tensor) -> tuple[Tensor | None, Tensor]:

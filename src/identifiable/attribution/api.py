@@ -16,7 +16,7 @@ import torch
 
 from identifiable.attribution.contributions import contribution_stderr, contributions
 from identifiable.attribution.jacobian import ProgressFn, jacobian_sq_norms
-from identifiable.attribution.memory import DEFAULT_MEMORY_BUDGET, ModelDims
+from identifiable.attribution.memory import DEFAULT_MEMORY_BUDGET, ModelDims, plan_chunk_size
 from identifiable.results import Result
 
 TextOrPair = str | tuple[str, str]
@@ -129,6 +129,28 @@ def model_dims(model: Any) -> ModelDims:
     return ModelDims(info.n_layers, info.n_heads, info.hidden_size, int(d_ff))
 
 
+def _check_plan(
+    model: Any, n: int, probes: int | None, budget: int, chunk_size: int | None
+) -> None:
+    """The memory plan of `jacobian.jacobian_sq_norms`, decided from the formula before the
+    embedding or any layer runs (a refusal costs the tokenisation only)."""
+    dims = model_dims(model)
+    k = dims.hidden_size if probes is None else probes
+    if not isinstance(k, int) or not 1 <= k <= dims.hidden_size:
+        return  # ProbeBank names the bad probe count, before any model call
+    what = "exact Hidden Token Attribution" if probes is None else f"{k}-probe estimation"
+    itemsize = _itemsize(model)
+    plan_chunk_size(n, dims, itemsize, n * k, budget, chunk_size, what=what)
+
+
+def _itemsize(model: Any) -> int:
+    hf = getattr(model, "hf", None) or getattr(model, "hf_model", None)
+    try:
+        return int(next(hf.parameters()).element_size())  # type: ignore[union-attr]
+    except (AttributeError, StopIteration, TypeError):
+        return 4
+
+
 def special_mask(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
     """`[n]` bool: positions whose id is one of the tokenizer's special tokens."""
     ids = getattr(model.tokenizer, "all_special_ids", None) or []
@@ -192,6 +214,7 @@ def hidden_token_attribution(
     """
     enc = model.encode(text, truncate=truncate)
     input_ids = enc.input_ids
+    _check_plan(model, len(input_ids), probes, memory_budget, chunk_size)
     e0 = model.embed(input_ids, getattr(enc, "token_type_ids", None))
     ids_dev = input_ids.to(e0.device)
 

@@ -114,6 +114,11 @@ def jacobian_sq_norms(
     n, d = e0.shape
     bank = ProbeBank(n, d, probes, seed)  # validates k before any model call
     e0 = e0.detach()
+    total = n * bank.k
+    what = "exact Hidden Token Attribution" if bank.exact else f"{bank.k}-probe estimation"
+    itemsize = e0.element_size()
+    if dims is not None:  # the plan is a formula: refuse before the model runs at all
+        chunk = plan_chunk_size(n, dims, itemsize, total, memory_budget, chunk_size, what=what)
     with torch.no_grad():
         primal = f(e0)
     if primal.dim() != 3 or primal.shape[1:] != (n, d) or primal.shape[0] < 2:
@@ -122,10 +127,9 @@ def jacobian_sq_norms(
             f"got {tuple(primal.shape)}"
         )
     n_layers = primal.shape[0] - 1
-    dims = dims or ModelDims.guess(n_layers, d)
-    total = n * bank.k
-    what = "exact Hidden Token Attribution" if bank.exact else f"{bank.k}-probe estimation"
-    chunk = plan_chunk_size(n, dims, e0.element_size(), total, memory_budget, chunk_size, what=what)
+    if dims is None:
+        dims = ModelDims.guess(n_layers, d)
+        chunk = plan_chunk_size(n, dims, itemsize, total, memory_budget, chunk_size, what=what)
     if chunk_size is None and e0.device.type == "cpu":
         chunk = min(chunk, CPU_MAX_CHUNK)
 
@@ -161,11 +165,16 @@ def jacobian_sq_norms(
             on_progress(stop, total)
     if bank.exact:
         return JacobianNorms(s1, None, d, True, total, chunk)
-    k = bank.k
-    mean = s1 / k  # ȳ, the unbiased estimate of ‖J‖_F²
-    if k > 1:
-        sample_var = ((s2 - k * mean.square()) / (k - 1)).clamp_min(0.0)  # type: ignore[operator]
-        var = sample_var * (d - k) / (d * k)
-    else:
-        var = torch.full_like(mean, float("nan"))
-    return JacobianNorms(mean, var, k, False, total, chunk)
+    mean, var = _estimate(s1, s2, bank.k, d)  # type: ignore[arg-type]
+    return JacobianNorms(mean, var, bank.k, False, total, chunk)
+
+
+def _estimate(
+    s1: torch.Tensor, s2: torch.Tensor, k: int, d: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ȳ (the unbiased estimate of ‖J‖_F²) and its estimated variance (module docstring)."""
+    mean = s1 / k
+    if k == 1:
+        return mean, torch.full_like(mean, float("nan"))
+    sample_var = ((s2 - k * mean.square()) / (k - 1)).clamp_min(0.0)
+    return mean, sample_var * (d - k) / (d * k)

@@ -79,28 +79,36 @@ def plan_chunk_size(
     """Largest number of tangents per chunk that fits `budget` bytes (≤ total_tangents).
 
     Raises IdentifiableError before any work starts if even one tangent does not fit,
-    or if `requested` does not fit.
+    or if `requested` does not fit; the message names the Python arguments (memory_budget=,
+    probes=) and, for the CLI (`IdentifiableError.for_cli`), the flags. The formula is
+    `fixed_bytes` + chunk · `bytes_per_tangent`: no model call is needed to decide.
     """
     if not budget > 0:  # NaN too, which no chunk size could be compared with
         raise IdentifiableError(f"memory budget must be positive, got {budget} bytes")
     per, fixed = bytes_per_tangent(n, dims, itemsize), fixed_bytes(n, dims, itemsize)
     fits = (budget - fixed) // per
     if fits < 1:
+        need = fixed + per
+        head = (
+            f"{what} of this {n}-token sequence needs at least {need / MIB:.0f} MiB even one "
+            f"JVP at a time, more than the memory budget of {budget / MIB:.0f} MiB. "
+        )
+        tail = f"; at this length exact mode would also run n·d = {n * dims.hidden_size} JVPs"
         raise IdentifiableError(
-            f"{what} of this {n}-token sequence needs at least "
-            f"{(fixed + per) / MIB:.0f} MiB even one JVP at a time, more than the memory budget "
-            f"of {budget / MIB:.0f} MiB. Raise the budget (--memory-budget) or shorten the text; "
-            f"at this length exact mode would also run n·d = {n * dims.hidden_size} JVPs, which "
-            "--probes K cuts to n·K."
+            f"{head}Raise memory_budget= (bytes, at least {need}) or shorten the text{tail}, "
+            "which probes=K cuts to n·K.",
+            cli=f"{head}Raise the budget (--memory-budget, MiB, at least "
+            f"{-(-need // MIB)}; `identifiable attribution` has it) or shorten the text{tail}, "
+            "which --probes K cuts to n·K.",
         )
     if requested is not None:
         if requested < 1:
             raise IdentifiableError(f"chunk size must be ≥ 1, got {requested}")
         if requested > fits:
             raise IdentifiableError(
-                f"chunk size {requested} needs about {(fixed + requested * per) / MIB:.0f} MiB, "
+                f"chunk_size={requested} needs about {(fixed + requested * per) / MIB:.0f} MiB, "
                 f"over the memory budget of {budget / MIB:.0f} MiB; use at most {fits} "
-                "or raise the budget."
+                "or raise memory_budget=."
             )
         return min(requested, total_tangents)
     return int(min(fits, total_tangents))

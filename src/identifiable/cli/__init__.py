@@ -143,7 +143,7 @@ def _main(argv: list[str] | None) -> None:
         _register_all()
         rc = app(args=args, prog_name="identifiable", standalone_mode=False)
     except IdentifiableError as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"error: {' '.join(exc.for_cli().split())}", file=sys.stderr)
         sys.exit(2)
     except Interrupted as exc:
         print(str(exc), file=sys.stderr)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from identifiable.attribution.memory import DEFAULT_MEMORY_BUDGET
 from identifiable.errors import IdentifiableError, seconds
 from identifiable.mixing import decompose, flow, perturb
 from identifiable.mixing.result import MixingResult
@@ -400,7 +401,7 @@ def _hta(x: _Inputs, opts: dict[str, Any]) -> Computed:
 
     res = hidden_token_attribution(
         x.model, x.text, opts["probes"], seed=int(opts["seed"]), truncate=x.truncate,
-        progress=False,
+        memory_budget=opts["memory_budget"], progress=False,
     )  # fmt: skip
     meta = {"n_jvps": res.n_jvps, "mode": "exact" if opts["probes"] is None else "estimated"}
     return res.contributions.double(), None, meta
@@ -467,7 +468,7 @@ for _m in (
         "hta",
         "Hidden Token Attribution, exact or estimated with probes (Brunner et al. 2020)",
         _hta,
-        {"probes": None, "seed": 0},
+        {"probes": None, "seed": 0, "memory_budget": DEFAULT_MEMORY_BUDGET},
     ),
 ):
     register(_m)

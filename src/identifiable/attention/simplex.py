@@ -1,0 +1,600 @@
+"""The warm-started simplex engine of whole interval maps (docs/certified_attention.md).
+
+`interval_simplex` bounds every movable key of a batch of rows through `_ChainRun`s (the
+simplex state `_Simplex` plus each chain's tasks) sharing one `_Bounds`; LPs it cannot
+certify go to HiGHS (`certificates._solve`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# P = {x ≥ 0 : A x = b} with A = Qᵀ (m × n, m = rank([T, 1]) ≤ d_v + 1, usually m ≪ n) and
+# b = A a. A vertex of P is a basis: m keys whose columns of A are independent, all other
+# keys at 0. Only B⁻¹ (m × m) and x_B = B⁻¹ b are kept, so a pivot costs one tableau row
+# (m × n) and a rank-one update of B⁻¹. Every LP starts from a basis that is already half
+# of an optimum:
+# - the 2n LPs of one row share P and differ only in their objective, so the optimal
+#   vertex of the previous LP is primal feasible (primal simplex from there);
+# - the rows of a bidirectional head share A (keys and T are the same; only a changes),
+#   so one objective "max s·x_j" over consecutive rows differs only in b. Reduced costs
+#   do not depend on b, so the previous row's optimal basis is dual feasible for the next
+#   row (dual simplex from there: ~12 pivots per row on MiniLM, against ~30 per LP when
+#   warm-starting across objectives).
+# Optimality is certified, not assumed: with the tableau refactored from scratch at the
+# final basis, the reduced costs d_k of maximising s·x_j (s = ±1) are d_k = −s W[p, k]
+# (p the row of j in the basis). For every x ∈ P, s·x_j = s·x̂_j + Σ_{k ∉ B} d_k x_k ≤
+# s·x̂_j + max(d, 0)·Σ_k x_k = s·x̂_j + max(d, 0)·Σa. So reduced costs ≤ OPT_TOL bound the
+# gap to the true optimum by OPT_TOL·Σa (Σa = 1): the reported bound is exact to ~1e-11.
+# The vertex x̂ itself is the witness that the bound is attained.
+
+OPT_TOL = 1e-11  # largest reduced cost accepted at an optimum (bounds the gap, see above)
+_PIVOT_TOL = 1e-9  # smallest pivot element accepted in a ratio test
+_FEAS_TOL = 1e-10  # basic values down to −_FEAS_TOL count as 0 (round-off)
+_REFACTOR_EVERY = 25  # pivots between refactorisations of the tableau (at least m)
+
+
+_PIVOTS_PER_LP = 400  # an LP still open after this many pivots goes to HiGHS
+_MIN_BLOCK = 16  # "key" order, phase 2 (minima): rows per chain
+
+
+@dataclass(frozen=True)
+class IntervalSolution:
+    """Result of `interval_simplex` for a batch of rows (arrays over keys, float64).
+
+    Attributes:
+        lower, upper: `[R, n]` min and max of x_j over each row's P (keys outside
+            the row's key set: 0).
+        lp_solved: `[R]` LPs certified optimal by the simplex; bounds not counted
+            here were settled without an LP (see `interval_simplex`).
+        pivots: `[R]` simplex pivots (crossover to the first vertex included).
+        fallbacks: `[R]` LPs handed to HiGHS because the simplex could not certify them.
+        vertices: if requested, (row, key, sense) → the vertex `[n]` attaining that
+            bound (sense +1 upper, −1 lower), for every bound settled by an LP.
+    """
+
+    lower: np.ndarray
+    upper: np.ndarray
+    lp_solved: np.ndarray
+    pivots: np.ndarray
+    fallbacks: np.ndarray
+    vertices: dict[tuple[int, int, int], np.ndarray] | None = None
+
+
+def _crossover(aq: np.ndarray, a: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """`[R, m]` a vertex basis of each row's P, reached from the raw row a (feasible).
+
+    Args: aq `[R or 1, m, n]`, a `[R, n]`, allowed `[R, n]` (as `interval_simplex`).
+
+    Start from m independent columns (pivoted QR); every other key k with x_k > 0 is
+    driven to 0 along the edge that keeps A x = b, and enters the basis in place of a
+    basic key that reaches 0 first (with the value it has left). Every point visited
+    stays in P; at the end every key outside the basis is 0: a vertex. All rows step
+    together, one key at a time.
+    """
+    import scipy.linalg
+
+    n_rows, n = a.shape
+    shared = aq.shape[0] == 1
+    m = aq.shape[1]
+    x = a.copy()
+    basic = np.empty((n_rows, m), dtype=np.int64)
+    for c in range(n_rows):
+        if c == 0 or not shared:
+            _, _, perm = scipy.linalg.qr(aq[0 if shared else c], mode="economic", pivoting=True)
+        basic[c] = perm[:m]
+    pos = np.full((n_rows, n), -1, dtype=np.int64)
+    np.put_along_axis(pos, basic, np.arange(m)[None, :], axis=1)
+    bmat = (
+        aq[0][:, basic].transpose(1, 0, 2)
+        if shared
+        else np.take_along_axis(aq, basic[:, None, :], axis=2)
+    )
+    binv = np.linalg.inv(bmat)
+    xb = np.take_along_axis(x, basic, 1)
+    all_c = np.arange(n_rows)
+    for k in range(n):
+        cs = all_c[(pos[:, k] < 0) & (x[:, k] > 0.0) & allowed[:, k]]
+        if cs.size == 0:
+            continue
+        a_k = aq[0][:, k][None] if shared else aq[cs, :, k]
+        col = np.matmul(binv[cs], a_k[:, :, None])[:, :, 0]
+        neg = col < -_PIVOT_TOL
+        ratios = np.where(neg, np.maximum(xb[cs], 0.0) / np.where(neg, -col, 1.0), np.inf)
+        r = ratios.argmin(1)
+        best = ratios[np.arange(cs.size), r]
+        xk = x[cs, k]
+        t = np.minimum(best, xk)
+        xb[cs] += t[:, None] * col  # lowering x_k by t moves x_B by t·col
+        x[cs, k] = 0.0
+        enter = best < xk
+        if enter.any():
+            ce, re, left, cole = cs[enter], r[enter], (xk - t)[enter], col[enter]
+            ar = np.arange(ce.size)
+            # x_k enters at the row that reached 0, keeping the value it has left.
+            xb[ce, re] = left
+            leaving = basic[ce, re]
+            x[ce, leaving] = 0.0  # the key leaving sits at 0 from now on
+            b_e = binv[ce]
+            prow = b_e[ar, re] / cole[ar, re][:, None]
+            b_e -= cole[:, :, None] * prow[:, None, :]
+            b_e[ar, re] = prow
+            binv[ce] = b_e
+            pos[ce, leaving] = -1
+            pos[ce, k] = re
+            basic[ce, re] = k
+    return basic
+
+
+class _Simplex:
+    """Many revised-simplex runs ("chains") advanced in lock step, one pivot each per step.
+
+    Every chain walks through its own list of LP tasks (row, key j, sense s): maximise
+    s·x_j over the row's P = {x ≥ 0 : A x = b_row}. It keeps only its basis, B⁻¹ (m × m)
+    and the basic values x_B = B⁻¹ b_row. Two consecutive tasks of a chain share either
+    the row or the objective, so the basis the chain carries is always a warm start:
+    - same row, new objective: the basis stays primal feasible (x_B ≥ 0), and primal
+      simplex pivots (Dantzig pricing on the objective's tableau row) restore optimality;
+    - same objective, new row (rows of a bidirectional head share A; only b = A a
+      changes): the reduced costs do not depend on b, so the basis stays dual feasible,
+      and dual simplex pivots (dual steepest edge: the leaving row maximises
+      x_p² / ‖e_pᵀB⁻¹‖², with exact weights; ratio test ties broken by the largest
+      pivot) restore primal feasibility.
+    Each step a chain pivots in the mode its basis calls for: dual while some basic value
+    is below −_FEAS_TOL, primal otherwise. State arrays hold live chains only (`compact`),
+    so a step updates them in place; a chain that does not pivot in a step takes the
+    exact no-op pivot (column e_p), which leaves its B⁻¹ and x_B bit for bit unchanged.
+    """
+
+    def __init__(self, aq, a, allowed, tasks, start):
+        self.shared = aq.shape[0] == 1
+        self.m, self.n = aq.shape[1:]
+        first = np.array([t[0][0] for t in tasks], dtype=np.int64)
+        # Chains of an unshared head never leave their row (see interval_simplex).
+        self.a_one = aq[0]
+        self.aq = None if self.shared else np.ascontiguousarray(aq[first])
+        self.b = a @ aq[0].T if self.shared else np.einsum("rmn,rn->rm", aq, a)  # [R, m]
+        self.row_allowed = allowed
+        self.basic = start[first].copy()
+        n_chains = first.size
+        self.pos = np.full((n_chains, self.n), -1, dtype=np.int64)
+        np.put_along_axis(self.pos, self.basic, np.arange(self.m)[None, :], axis=1)
+        self.blocked = ~allowed[first]
+        np.put_along_axis(self.blocked, self.basic, True, axis=1)
+        self.row = first.copy()
+        self.binv = np.empty((n_chains, self.m, self.m))
+        self.xb = np.empty((n_chains, self.m))
+        self.since = np.zeros(n_chains, dtype=np.int64)
+        self.refactor(np.arange(n_chains))
+
+    def compact(self, keep: np.ndarray) -> None:
+        """Keep only the chains `keep` (in that order)."""
+        for name in ("basic", "pos", "blocked", "row", "binv", "xb", "since"):
+            setattr(self, name, getattr(self, name)[keep])
+        if not self.shared:
+            self.aq = self.aq[keep]
+
+    def refactor(self, cs: np.ndarray) -> None:
+        """B⁻¹ and x_B afresh from the basis indices (no accumulated round-off)."""
+        if cs.size == 0:
+            return
+        if self.shared:
+            bmat = self.a_one[:, self.basic[cs]].transpose(1, 0, 2)
+        else:
+            bmat = np.take_along_axis(self.aq[cs], self.basic[cs][:, None, :], axis=2)
+        self.binv[cs] = np.linalg.inv(bmat)
+        self.reload(cs)
+        self.since[cs] = 0
+
+    def reload(self, cs: np.ndarray) -> None:
+        """x_B = B⁻¹ b for each chain's current row."""
+        self.xb[cs] = np.matmul(self.binv[cs], self.b[self.row[cs]][:, :, None])[:, :, 0]
+
+    def tableau_rows(self, ps: np.ndarray) -> np.ndarray:
+        """`[C, n]` tableau rows (B⁻¹ A)[p] of every chain."""
+        sel = self.binv[np.arange(ps.size), ps]
+        if self.shared:
+            return sel @ self.a_one
+        return np.matmul(sel[:, None, :], self.aq)[:, 0]
+
+    def columns(self, ks: np.ndarray) -> np.ndarray:
+        """`[C, m]` tableau columns B⁻¹ A_k of every chain."""
+        cols = self.a_one[:, ks].T if self.shared else self.aq[np.arange(ks.size), :, ks]
+        return np.matmul(self.binv, cols[:, :, None])[:, :, 0]
+
+    def pivot(self, ps: np.ndarray, ks: np.ndarray, col: np.ndarray, go: np.ndarray) -> None:
+        """Chains `go`: key ks enters at basis row ps (col = B⁻¹ A_k). Every other chain
+        must come with col = e_ps and ks = its basic key at ps (the no-op pivot)."""
+        ar = np.arange(ps.size)
+        piv = col[ar, ps]
+        theta = self.xb[ar, ps] / piv
+        self.xb -= theta[:, None] * col
+        self.xb[ar, ps] = theta
+        prow = self.binv[ar, ps] / piv[:, None]
+        # B⁻¹ −= col ⊗ prow in place, one pass over the chains' inverses (no m×m temporary)
+        torch.from_numpy(self.binv).baddbmm_(
+            torch.from_numpy(col)[:, :, None], torch.from_numpy(prow)[:, None, :], alpha=-1.0
+        )
+        self.binv[ar, ps] = prow
+        cs, ps, ks = ar[go], ps[go], ks[go]
+        leaving = self.basic[cs, ps]
+        self.basic[cs, ps] = ks
+        self.pos[cs, leaving] = -1
+        self.pos[cs, ks] = ps
+        self.blocked[cs, leaving] = ~self.row_allowed[self.row[cs], leaving]
+        self.blocked[cs, ks] = True
+        self.since[cs] += 1
+
+    def vertex(self, c: int) -> np.ndarray:
+        x = np.zeros(self.n)
+        x[self.basic[c]] = np.maximum(self.xb[c], 0.0)
+        return x
+
+
+def interval_simplex(
+    aq: np.ndarray,
+    a: np.ndarray,
+    allowed: np.ndarray,
+    movable: np.ndarray,
+    *,
+    chains_per_row: int = 1,
+    keep_vertices: bool = False,
+    what: str = "",
+    order: str = "auto",
+    block: int | None = None,
+    deadline: float | None = None,
+) -> IntervalSolution:
+    """Min and max of every movable x_j over each row's P, by warm-started simplex chains.
+
+    Exact shortcuts, each proved by a feasible point already visited (P ⊂ [0, Σa]ⁿ):
+    a key with x_j = 0 at any point of P visited (every key that left the basis in a
+    primal pivot, every non-basic key of a vertex) has minimum 0; a key reaching Σa
+    has maximum Σa. Keys the null space cannot move keep a_j. Every other bound is an
+    LP certified optimal (see OPT_TOL) at a vertex, which is also its witness; an LP
+    the simplex cannot certify is handed to HiGHS (`fallbacks`).
+
+    All maxima are solved first (phase 1), then the minima no vertex has settled
+    (phase 2): a maximising vertex has at most m non-zero keys, so it settles most
+    minima at 0. Tasks are laid out in one of two orders:
+    - "key" (rows sharing A, i.e. `aq` is `[1, m, n]`): one chain per key and sense
+      (and per block of `block` rows), walking down the rows; each LP starts from the
+      previous row's optimal basis, which stays dual feasible (dual simplex);
+    - "row": `chains_per_row` chains per row, each taking every K-th key; each LP
+      starts from the previous key's optimal vertex (primal simplex).
+    "auto" takes "key" when the rows share A and there are at least 8 of them.
+
+    Args:
+        aq: `[R, m, n]` (or `[1, m, n]`, shared by all rows) Qᵀ per row, Q an orthonormal
+            basis of col([T, 1]) over the row's keys (rows of zeros past a row's own rank
+            are not allowed: group rows by m); columns of keys outside the key set are 0.
+        a: `[R, n]` raw weights, 0 outside the key set.
+        allowed: `[R, n]` bool, the row's key set.
+        movable: `[R, n]` bool, keys the null space can move (see `movable_keys`).
+        chains_per_row: "row" order: independent chains per row, each taking every
+            K-th key: more chains, fewer lock-step iterations (for long rows).
+        keep_vertices: return the vertex that settled each bound (witnesses).
+        what: prefix for error messages (e.g. "layer 2, head 3").
+        order: "auto", "key" or "row" (see above).
+        block: "key" order: rows per chain (default: all rows in one chain).
+        deadline: a wall-clock time (`time.time()`); past it, raise `OutOfTime`.
+    """
+    n_rows = a.shape[0]
+    rows_live = np.flatnonzero(movable.any(1))
+    shared = aq.shape[0] == 1
+    if order == "auto":
+        order = "key" if shared and rows_live.size >= 8 else "row"
+    if order == "key" and not shared:
+        raise ValueError("key order needs rows that share A (aq of shape [1, m, n])")
+    b = _start(aq, a, allowed, rows_live, keep_vertices)
+    k_chains = max(1, int(chains_per_row))
+    for sense in (1, -1):
+        todo, size = movable, block or n_rows
+        if sense < 0:
+            b.lower[movable & b.zero_seen] = 0.0  # minima proved by visited points (see above)
+            # Few minima are left, often one key over many rows: short chains keep the
+            # lock step busy (blocks of _MIN_BLOCK rows; measured on MiniLM heads).
+            todo, size = movable & ~b.zero_seen, min(size, _MIN_BLOCK)
+        tasks = _layout(todo, sense, size, order, k_chains)
+        if tasks:
+            _ChainRun(aq, a, allowed, tasks, b, what, deadline).run()
+    return IntervalSolution(
+        np.minimum(b.lower, a), np.maximum(b.upper, a), b.solved, b.pivots, b.fallbacks,
+        b.vertices,
+    )  # fmt: skip
+
+
+def _start(aq, a, allowed, rows_live, keep_vertices: bool) -> _Bounds:
+    """The shared state before any LP: a, the crossover vertex of every live row (a
+    feasible basis, the start of phase-2 chains) and the keys it proves at 0."""
+    n_rows = a.shape[0]
+    zeros = np.zeros(n_rows, dtype=np.int64)
+    start = np.zeros((n_rows, aq.shape[1]), dtype=np.int64)
+    b = _Bounds(a.copy(), a.copy(), ~allowed.copy(), a.copy(), a.sum(1), start,
+                {} if keep_vertices else None, zeros, zeros.copy(), zeros.copy())  # fmt: skip
+    if rows_live.size:
+        sub = aq if aq.shape[0] == 1 else aq[rows_live]
+        start[rows_live] = _crossover(sub, a[rows_live], allowed[rows_live])
+    for q in rows_live:
+        b.zero_seen[q, np.setdiff1d(np.flatnonzero(allowed[q]), start[q])] = True
+    return b
+
+
+def _layout(todo: np.ndarray, s: int, size: int, order: str, k_chains: int) -> list:
+    """Task lists (row, key, sense) for the bounds todo `[R, n]` bool of sense s: per key
+    and block of `size` rows ("key" order), or `k_chains` per row, each taking every
+    k-th key ("row" order)."""
+    tasks: list[list[tuple[int, int, int]]] = []
+    if order == "key":
+        for j in np.flatnonzero(todo.any(0)):
+            rs = np.flatnonzero(todo[:, j])
+            for i in range(0, rs.size, size):
+                tasks.append([(int(r), int(j), s) for r in rs[i : i + size]])
+    else:
+        for q in np.flatnonzero(todo.any(1)):
+            keys = np.flatnonzero(todo[q])
+            for c in range(min(k_chains, keys.size)):
+                tasks.append([(int(q), int(j), s) for j in keys[c::k_chains]])
+    return tasks
+
+
+@dataclass
+class _Bounds:
+    """What the chains of one `interval_simplex` call share (arrays over rows R and keys n).
+
+    Attributes:
+        lower, upper: `[R, n]` bounds found so far (a where not yet settled).
+        zero_seen: `[R, n]` bool, keys at 0 in some feasible point visited (minimum 0).
+        seen_max: `[R, n]` the largest value of each key at a visited point.
+        total: `[R]` Σa per row (P ⊂ [0, Σa]ⁿ).
+        start: `[R, m]` a feasible basis per row (the start of phase-2 chains).
+        vertices: (row, key, sense) → the vertex that settled that bound, if kept.
+        solved, pivots, fallbacks: `[R]` int64 counts (see `IntervalSolution`).
+    """
+
+    lower: np.ndarray
+    upper: np.ndarray
+    zero_seen: np.ndarray
+    seen_max: np.ndarray
+    total: np.ndarray
+    start: np.ndarray
+    vertices: dict[tuple[int, int, int], np.ndarray] | None
+    solved: np.ndarray
+    pivots: np.ndarray
+    fallbacks: np.ndarray
+
+
+class OutOfTime(Exception):
+    """Raised by `interval_simplex` when its `deadline` (wall clock, `time.time()`) has passed."""
+
+
+class _ChainRun:
+    """The chains of one phase of `interval_simplex`, advanced in lock step until every
+    task is settled: the simplex state (`_Simplex`) plus each chain's place in its task
+    list, its current objective (key j, sense s) and its pivot counters."""
+
+    def __init__(self, aq, a, allowed, tasks, bounds: _Bounds, what: str, deadline) -> None:
+        self.aq, self.a, self.allowed, self.what = aq, a, allowed, what
+        self.tasks, self.b, self.deadline = tasks, bounds, deadline
+        self.ch = _Simplex(aq, a, allowed, tasks, bounds.start)
+        n_chains = len(tasks)
+        self.ptr = np.zeros(n_chains, dtype=np.int64)
+        self.steps = np.zeros(n_chains, dtype=np.int64)
+        self.degenerate = np.zeros(n_chains, dtype=np.int64)
+        self.cur_j = np.zeros(n_chains, dtype=np.int64)
+        self.cur_s = np.zeros(n_chains, dtype=np.int64)
+        self.active = np.ones(n_chains, dtype=bool)
+        self.moved = np.zeros(n_chains, dtype=bool)
+        self.refactor_every = max(_REFACTOR_EVERY, self.ch.m)
+
+    def run(self) -> None:
+        for c in range(len(self.tasks)):
+            self.advance(c)
+        count = 0
+        while self._live():
+            count += 1
+            if self.deadline is not None and count % 8 == 0 and time.time() > self.deadline:
+                raise OutOfTime
+            self._step()
+
+    def _live(self) -> bool:
+        """Reload moved chains and drop finished ones (every step then works in place)."""
+        if self.moved.any():
+            self.ch.reload(np.flatnonzero(self.moved))
+            self.moved[:] = False
+        if not self.active.all():
+            keep = np.flatnonzero(self.active)
+            if keep.size == 0:
+                return False
+            self.ch.compact(keep)
+            self.tasks = [self.tasks[i] for i in keep]
+            for name in ("ptr", "steps", "degenerate", "cur_j", "cur_s", "active", "moved"):
+                setattr(self, name, getattr(self, name)[keep])
+        return True
+
+    def advance(self, c: int) -> None:
+        """Move chain c to its next task that no visited point settles already."""
+        b, tl = self.b, self.tasks[c]
+        while self.ptr[c] < len(tl):
+            q, j, s = tl[self.ptr[c]]
+            if s > 0 and b.seen_max[q, j] >= b.total[q] - 1e-12:
+                b.upper[q, j] = b.total[q]
+            elif s < 0 and b.zero_seen[q, j]:
+                b.lower[q, j] = 0.0
+            else:
+                self.cur_j[c], self.cur_s[c] = j, s
+                if q != self.ch.row[c]:
+                    self.ch.row[c] = q  # same objective, new right-hand side: x_B = B⁻¹b anew
+                    self.moved[c] = True
+                return
+            self.ptr[c] += 1
+        self.active[c] = False
+
+    def settle(self, cs: np.ndarray, values: np.ndarray) -> None:
+        """Chains cs reached the optimum `values` of their current LP (certified)."""
+        b, ch = self.b, self.ch
+        rows = ch.row[cs]
+        js, ss = self.cur_j[cs], self.cur_s[cs]
+        up = ss > 0
+        b.upper[rows[up], js[up]] = values[up]
+        b.lower[rows[~up], js[~up]] = values[~up]
+        np.add.at(b.solved, rows, 1)
+        # The vertex is a visited point of P: its non-basic keys are 0.
+        np.logical_or.at(b.zero_seen, rows, (ch.pos[cs] < 0) & self.allowed[rows])
+        np.maximum.at(b.seen_max, (rows[:, None], ch.basic[cs]), ch.xb[cs])
+        b.start[rows] = ch.basic[cs]
+        for i, c in enumerate(cs):
+            if b.vertices is not None:
+                b.vertices[(int(rows[i]), int(js[i]), int(ss[i]))] = ch.vertex(int(c))
+            self.ptr[c] += 1
+            self.steps[c] = self.degenerate[c] = 0
+            self.advance(int(c))
+
+    def fallback(self, c: int) -> None:
+        """Chain c's LP goes to HiGHS; the chain restarts clean on its next task."""
+        from identifiable.attention.certificates import _solve
+
+        b, ch, allowed = self.b, self.ch, self.allowed
+        q, j, s = int(ch.row[c]), int(self.cur_j[c]), int(self.cur_s[c])
+        b.fallbacks[q] += 1
+        rows = self.aq[0 if self.aq.shape[0] == 1 else q][:, allowed[q]]
+        sub_a = self.a[q, allowed[q]]
+        idx = int(np.flatnonzero(np.flatnonzero(allowed[q]) == j)[0])
+        where = f"{self.what}: " if self.what else ""
+        x_sub = _solve(-s * np.eye(sub_a.size)[idx], rows.T, sub_a, f"{where}bounding key {j}")
+        x = np.zeros(self.a.shape[1])
+        x[allowed[q]] = x_sub
+        b.zero_seen[q] |= (x <= 0.0) & allowed[q]
+        np.maximum(b.seen_max[q], x, out=b.seen_max[q])
+        (b.upper if s > 0 else b.lower)[q, j] = float(x[j])
+        if b.vertices is not None:
+            b.vertices[(q, j, s)] = x
+        ch.refactor(np.array([c]))  # the basis it carries may have drifted: start clean
+        self.ptr[c] += 1
+        self.steps[c] = self.degenerate[c] = 0
+        self.advance(c)
+
+    def _reduced_costs(self) -> tuple[np.ndarray, np.ndarray]:
+        """d `[C, n]` of maximising s·x_j (−inf where blocked) and whether j is non-basic.
+
+        d_k = −s·(B⁻¹A)[p_j, k] when j is basic; when it is not, only d_j = s is non-zero.
+        """
+        ch, n_c = self.ch, self.active.size
+        ar, j, s = np.arange(n_c), self.cur_j, self.cur_s
+        pj = ch.pos[ar, j]
+        nb = pj < 0
+        d = ch.tableau_rows(np.maximum(pj, 0))
+        d *= -s[:, None]
+        d[nb] = 0.0
+        d[ar[nb], j[nb]] = s[nb]
+        d[ch.blocked] = -np.inf
+        return d, nb
+
+    def _dual_choice(
+        self, d: np.ndarray, slow: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Dual mode (some x_B < 0, d ≤ 0): a negative basic value leaves (dual steepest
+        edge, exact weights), the key with the smallest ratio d_k / α_k enters (ties to the
+        largest |α_k|; Bland's rule when slow). Returns enter, leave, and `ok` (a key found)."""
+        ch, xb = self.ch, self.ch.xb
+        weight = np.einsum("cij,cij->ci", ch.binv, ch.binv)
+        neg = xb < -_FEAS_TOL
+        p = np.where(neg, xb * xb / weight, -1.0).argmax(1)
+        p = np.where(slow, np.where(neg, ch.basic, _BIG).argmin(1), p)
+        alpha = ch.tableau_rows(p)
+        cand = ~ch.blocked & (alpha < -_PIVOT_TOL)
+        ratio = np.where(cand, np.minimum(d, 0.0) / np.where(cand, alpha, -1.0), np.inf)
+        best = ratio.min(1)
+        tie = ratio <= best[:, None] + 1e-12
+        k = np.where(slow, tie.argmax(1), np.where(tie, -alpha, -np.inf).argmax(1))
+        return k, p, np.isfinite(best)
+
+    def _primal_leave(self, cp: np.ndarray, col: np.ndarray, slow: np.ndarray) -> np.ndarray:
+        """Primal ratio test for chains cp (col = B⁻¹A_k): the leaving row, −1 if unbounded;
+        updates the degenerate-pivot counters."""
+        ch = self.ch
+        cpr = col[cp]
+        posm = cpr > _PIVOT_TOL
+        ratios = np.where(posm, np.maximum(ch.xb[cp], 0.0) / np.where(posm, cpr, 1.0), np.inf)
+        bestp = ratios.min(1)
+        tie = ratios <= bestp[:, None] + 1e-12
+        r = np.where(tie, cpr, -np.inf).argmax(1)
+        r = np.where(slow[cp], np.where(tie, ch.basic[cp], _BIG).argmin(1), r)
+        self.degenerate[cp] = np.where(bestp <= 1e-14, self.degenerate[cp] + 1, 0)
+        return np.where(np.isfinite(bestp), r, -1)
+
+    def _step(self) -> None:
+        """One pivot (or the no-op pivot) for every chain, then settle what is optimal."""
+        ch = self.ch
+        n_c = self.active.size
+        ar = np.arange(n_c)
+        d, nb = self._reduced_costs()
+        infeasible = (ch.xb < -_FEAS_TOL).any(1)
+        slow = self.degenerate > 2 * ch.m
+        # Primal mode (x_B ≥ 0): the largest reduced cost enters (Bland's rule when slow).
+        over = d > OPT_TOL
+        pick = np.where(slow, over.argmax(1), d.argmax(1))
+        # A non-basic key at a feasible vertex is at 0: that is its minimum.
+        done_zero = ~infeasible & nb & (self.cur_s < 0)
+        enter = np.where(~infeasible & over[ar, pick] & ~done_zero, pick, -1)
+        leave = np.full(n_c, -1, dtype=np.int64)
+        lost = np.zeros(n_c, dtype=bool)
+        if infeasible.any():
+            k, p, found = self._dual_choice(d, slow)
+            enter = np.where(infeasible, np.where(found, k, -1), enter)
+            leave = np.where(infeasible, p, -1)
+            lost = infeasible & ~found
+        go = enter >= 0
+        # Optimal (primal feasible, no entering key): certify on a fresh factorisation.
+        opt = ~infeasible & ~go & ~done_zero
+        kk = np.where(go, enter, ch.basic[:, 0])
+        col = ch.columns(kk)
+        primal = go & (leave < 0)
+        if primal.any():
+            leave[ar[primal]] = self._primal_leave(ar[primal], col, slow)
+        dual = go & infeasible
+        if dual.any():  # a dual pivot is degenerate when the entering reduced cost is 0
+            deg = d[ar[dual], kk[dual]] >= -1e-14
+            self.degenerate[dual] = np.where(deg, self.degenerate[dual] + 1, 0)
+        self.steps[go] += 1
+        ok = go & (leave >= 0) & (self.steps <= _PIVOTS_PER_LP)
+        ok &= np.abs(col[ar, np.maximum(leave, 0)]) > _PIVOT_TOL
+        self._apply(ok, primal, leave, kk, col)
+        self._finish(done_zero, opt, ar[(go & ~ok) | lost])
+
+    def _apply(self, ok, primal, leave, kk, col) -> None:
+        """Pivot the chains `ok` (every other chain takes the exact no-op pivot)."""
+        if not ok.any():
+            return
+        ch, ar = self.ch, np.arange(ok.size)
+        # A primal pivot moves between vertices of P: the key that leaves is 0 there.
+        pz = ok & primal
+        self.b.zero_seen[ch.row[pz], ch.basic[ar[pz], leave[pz]]] = True
+        ps = np.where(ok, leave, 0)
+        kk = np.where(ok, kk, ch.basic[:, 0])
+        col[~ok] = 0.0
+        col[~ok, 0] = 1.0
+        ch.pivot(ps, kk, col, ok)
+        self.b.pivots += np.bincount(ch.row[ok], minlength=self.b.pivots.size)
+        ch.refactor(ar[ok & (ch.since >= self.refactor_every)])
+
+    def _finish(self, done_zero: np.ndarray, opt: np.ndarray, failed: np.ndarray) -> None:
+        """Settle zero minima and certified optima; refactor stale optima; HiGHS for failures."""
+        ch, ar = self.ch, np.arange(opt.size)
+        if done_zero.any():
+            self.settle(ar[done_zero], np.zeros(int(done_zero.sum())))
+        fresh = ar[opt & (ch.since == 0)]
+        stale = ar[opt & (ch.since > 0)]
+        if fresh.size:
+            pjf = ch.pos[fresh, self.cur_j[fresh]]
+            vals = np.maximum(ch.xb[fresh, np.maximum(pjf, 0)], 0.0)
+            self.settle(fresh, np.where(pjf >= 0, vals, 0.0))
+        ch.refactor(stale)
+        for c in failed:
+            self.fallback(int(c))
+
+
+_BIG = np.iinfo(np.int64).max
