@@ -185,7 +185,7 @@ def _evaluate(
     log_df: pd.DataFrame,
     n_train: int,
 ) -> pd.DataFrame:
-    from identifiable.models import load_model
+    from identifiable.models import Model, load_model
 
     held = sweep.held_out_texts(base, held_docs, pairs=pairs, sentences=sentences, seed=seed)
     cache = work / CACHE_DIR / "tokens"
@@ -195,6 +195,8 @@ def _evaluate(
     for w in weights:
         label = f"w={w:g}"
         m = load_model(str(checkpoint_dir(work, weights, w)))
+        if not isinstance(m, Model):  # the penalty refused encoder–decoder models before
+            raise IdentifiableError(f"checkpoint {label} is not a self-attention model")
         results[label] = sweep.evaluate_model(m, ref, held, seed, cache / label)
         labels[label] = w
     pareto, by_layer = sweep.pareto_table(results, labels)

@@ -63,10 +63,14 @@ def _damaged(path: str, why: str) -> IdentifiableError:
     return IdentifiableError(f"{path} is damaged or was edited ({why}); save the result again")
 
 
+def is_result(value: Any) -> bool:
+    """Whether `value` (an instance or a class) is a `Result` dataclass, by the class flag
+    `Result._is_result`: this module never imports `identifiable.results`, which imports it."""
+    return dataclasses.is_dataclass(value) and bool(getattr(value, "_is_result", False))
+
+
 def resolve_class(name: Any, path: str) -> type:
     """The result class `name` from `RESULT_CLASSES`; anything else is refused."""
-    from identifiable.results import Result
-
     if not isinstance(name, str) or not name:
         raise _damaged(path, "its class name is not text")
     if name not in RESULT_CLASSES:
@@ -81,7 +85,7 @@ def resolve_class(name: Any, path: str) -> type:
         )
     module, _, qual = RESULT_CLASSES[RESULT_CLASSES.index(name)].partition(":")
     cls = getattr(importlib.import_module(module), qual)  # the table's module, not the file's
-    if not (isinstance(cls, type) and issubclass(cls, Result)):  # pragma: no cover - table test
+    if not (isinstance(cls, type) and is_result(cls)):  # pragma: no cover - table test
         raise IdentifiableError(f"{path} names {name}, which is not a result class")
     return cls
 
@@ -95,8 +99,6 @@ def encode(obj: Any, prefix: str, tensors: dict[str, Any]) -> dict[str, Any]:
     import pandas as pd
     import torch
 
-    from identifiable.results import Result
-
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
@@ -109,7 +111,7 @@ def encode(obj: Any, prefix: str, tensors: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(value, np.ndarray):
             tensors[key] = torch.from_numpy(np.ascontiguousarray(value))
             fields[f.name] = {"kind": "ndarray"}
-        elif isinstance(value, Result):
+        elif is_result(value):
             fields[f.name] = {"kind": "result", **encode(value, f"{key}.", tensors)}
         elif isinstance(value, pd.DataFrame):
             fields[f.name] = _encode_table(value, f"{key}/", tensors)

@@ -76,6 +76,8 @@ class Result:
     _plot: ClassVar[Mapping[str, Any]] = {}
     _dim_start: ClassVar[Mapping[str, int]] = {}
     _summary: ClassVar[tuple[str, ...]] = ()
+    # How `result_files` (which this module imports) recognises a result without importing it.
+    _is_result: ClassVar[bool] = True
 
     def __init_subclass__(
         cls,
@@ -602,7 +604,8 @@ def _heatmaps(res: Result, panels: list, title: str) -> Figure:
         ax.set_ylabel(ydim)
         ax.set_xlabel(xdim)
         ax.set_title(name)
-    fig.colorbar(image, ax=list(axes), shrink=0.85)
+    if image is not None:  # None only for no panels
+        fig.colorbar(image, ax=list(axes), shrink=0.85)
     fig.suptitle(_figure_title(res, title))
     return fig
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.protocol import TracedModel
 from identifiable.report.viewer import (
     DEFAULT_INTERVAL_SECONDS,
     DEFAULT_MAX_BYTES,
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 
 
 def build_viewer(
-    model: Any,
+    model: TracedModel,
     text: Any,
     *,
     layer: int = 0,
@@ -125,7 +126,7 @@ def patch_grid(
     )
 
 
-def check_grid(model: Any, tokens: Sequence[str]) -> PatchGrid:
+def check_grid(model: TracedModel, tokens: Sequence[str]) -> PatchGrid:
     """The grid of an image model's trace, checked against its config (image_size //
     patch_size along each side): a page must not draw patches where the model has none."""
     grid = patch_grid(tokens)
@@ -147,7 +148,7 @@ def check_grid(model: Any, tokens: Sequence[str]) -> PatchGrid:
     return grid
 
 
-def image_rgb(model: Any, image: Any) -> tuple[np.ndarray, str]:
+def image_rgb(model: TracedModel, image: Any) -> tuple[np.ndarray, str]:
     """The image the model saw, as `[H, W, 3]` uint8, and how its colours were recovered.
 
     The pixels are the model's own input (after its image processor: resized and cropped
@@ -180,7 +181,7 @@ def image_rgb(model: Any, image: Any) -> tuple[np.ndarray, str]:
 
 
 def mixing_maps(
-    model: Any, text: str | tuple[str, str], methods: Sequence[str]
+    model: TracedModel, text: str | tuple[str, str], methods: Sequence[str]
 ) -> list[MixingMaps]:
     """Each method's `global_map` (rolled out where the method defines it) for the viewer.
 
@@ -314,7 +315,8 @@ class _Phase:
     """Rows done so far by one computation (bands or constrained), with its time per row."""
 
     def __init__(self, first: int) -> None:
-        self.size, self.done, self.spent, self.per_row = first, [], 0.0, 0.0
+        self.size, self.spent, self.per_row = first, 0.0, 0.0
+        self.done: list[int] = []
 
     def next_size(self, left: float, todo: int) -> int:
         """Rows of the next chunk: the first chunk always; later ones cut to half of `left`

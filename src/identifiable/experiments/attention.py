@@ -40,6 +40,7 @@ from identifiable.attention.stats import (
 )
 from identifiable.errors import IdentifiableError
 from identifiable.experiments.pipeline import Advance, Item
+from identifiable.models.protocol import TracedModel
 from identifiable.models.trace import Trace
 
 TextOrPair = str | tuple[str, str]
@@ -103,7 +104,7 @@ class AttentionExperimentResult:
 
 
 def attention_experiment(
-    model: Any,
+    model: TracedModel,
     texts: Iterable[TextOrPair],
     *,
     variant: Variant = "paper",
@@ -246,7 +247,7 @@ def target_positions(tokens: Sequence[str], special: dict[str, str]) -> dict[str
 
 
 def attention_tables(
-    model: Any, shard: Sequence[Item], first: int, advance: Advance
+    model: TracedModel, shard: Sequence[Item], first: int, advance: Advance
 ) -> dict[str, pd.DataFrame]:
     """Per sequence: r(raw, effective) pooled and per layer, null dims, attention to targets.
 
@@ -255,7 +256,10 @@ def attention_tables(
     value = mean over query tokens of the summed weight on the target keys (docs/definitions.md#effective-attention);
     output_change (seq, length, layer, head, bias_free, biased): see `head_output_change`.
     """
-    by_length, by_layer, to_tokens, output_change = [], [], [], []
+    by_length: list[tuple[Any, ...]] = []
+    by_layer: list[tuple[Any, ...]] = []
+    to_tokens: list[tuple[Any, ...]] = []
+    output_change: list[tuple[Any, ...]] = []
     factors = None
     for k, tr in enumerate(model.trace_many(list(shard), batch_size=8)):
         seq = first + k
