@@ -24,6 +24,7 @@ FLOORS = {
     "precision": 0,  # the float32 matmul precision torch is set to, read without raising
     "seeds": 0,  # the seed range and seeds derived for a layer
     "unicode": 0,  # text a tokenizer can take (no lone surrogates)
+    "progress": 0,  # the one progress helper (rich bars on stderr, lines in a log)
     "corpus": 1,
     "models": 2,
     "attention": 3,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -24,8 +24,9 @@ from identifiable.corpus.lengths import (
 from identifiable.corpus.pairs import iter_pairs_with_lengths
 from identifiable.corpus.sources import WIKIPEDIA_SAMPLE, SourceData, read_source
 from identifiable.errors import IdentifiableError
+from identifiable.progress import status, watching
 
-__all__ = ["CORPUS_VERSION", "UNITS", "Corpus", "load_corpus", "load_documents"]
+__all__ = ["CORPUS_VERSION", "UNITS", "Corpus", "load_corpus", "load_documents", "resolve_corpus"]
 
 # Bump when cleaning, splitting or pairing changes, so caches keyed on fingerprints expire.
 CORPUS_VERSION = 1
@@ -110,14 +111,8 @@ def _tokenizing(progress: bool | None, name: str) -> AbstractContextManager[Any]
     """A spinner with elapsed time on stderr while texts are tokenised (10–15 s for the
     default corpus); `progress=None` shows it only when a person is watching (a terminal
     or Jupyter), False never."""
-    import sys
-
-    watching = bool(getattr(sys.stderr, "isatty", lambda: False)()) or "ipykernel" in sys.modules
-    if not (progress or (progress is None and watching)):
-        return nullcontext()
-    from rich.console import Console
-
-    return Console(stderr=True).status(f"tokenising corpus {name!r} …")
+    shown = bool(progress or (progress is None and watching()))
+    return status(f"tokenising corpus {name!r} …", enabled=shown)
 
 
 def _cached_pairs(
@@ -235,7 +230,7 @@ def load_corpus(
                 f"pair_fields yields pairs; use unit='pair' (got {unit!r}) or field=…"
             )
         unit, items = "pair", list(data.pairs)
-    elif (unit or "") == "pair":
+    elif unit == "pair":
         bounds = (min_tokens or 12, max_tokens or 128)
         spec["pair_tokens"] = list(bounds)
         uses_seed, min_tokens, max_tokens = True, None, None  # every pair is within bounds
@@ -252,6 +247,7 @@ def load_corpus(
     else:
         unit = unit or ("sentence" if data.kind == "wiki" else "document")
         items = _units(data.documents, unit)
+    assert unit is not None  # every branch above chose one
     spec["unit"] = unit
     counts_tokens = bool(max_tokens or min_tokens or buckets is not None)
     if counts_tokens or "pair_tokens" in spec:
@@ -272,3 +268,31 @@ def load_corpus(
         )
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     return Corpus(data.name, unit, tuple(items), digest, spec)
+
+
+def resolve_corpus(
+    corpus: Any, tokenizer: Any, *, max_tokens: int = 128, shuffle: bool = False, seed: int = 0
+) -> Corpus | Iterable[Item]:
+    """The one corpus resolver of the experiments: a corpus name or path becomes the
+    paper's data, pairs of consecutive text of at most `max_tokens` tokens
+    (`load_corpus(name, unit="pair", ...)`, shuffled under `seed` when `shuffle`); any
+    other iterable of texts or `(text, text)` pairs is returned as given (a one-shot
+    iterator stays unread).
+
+    Raises:
+        IdentifiableError: `corpus` is None or bytes.
+    """
+    if isinstance(corpus, str | Path):
+        return load_corpus(
+            str(corpus),
+            unit="pair",
+            tokenizer=tokenizer,
+            max_tokens=max_tokens,
+            shuffle=shuffle,
+            seed=seed,
+        )
+    if corpus is None or isinstance(corpus, bytes):
+        raise IdentifiableError(
+            "corpus must be an iterable of texts (str) or text pairs (str, str)"
+        )
+    return corpus
