@@ -45,9 +45,9 @@ RESULT_CLASSES: tuple[str, ...] = (
     "identifiable.models.trace:Trace",
     "identifiable.attention.effective:NullSpace",
     "identifiable.attention.effective:EffectiveAttention",
-    "identifiable.attention.certify:Witness",
-    "identifiable.attention.certify:AttentionIntervals",
-    "identifiable.attention.certify:IntervalMap",
+    "identifiable.attention.intervals:Witness",
+    "identifiable.attention.intervals:AttentionIntervals",
+    "identifiable.attention.intervals:IntervalMap",
     "identifiable.attention.constrained:ConstrainedAttention",
     "identifiable.attribution.api:HTAResult",
     "identifiable.experiments.tokens:TokenIdentifiabilityResult",
@@ -55,8 +55,21 @@ RESULT_CLASSES: tuple[str, ...] = (
 )
 
 
+# Names files written by earlier versions use for classes that have moved since.
+FORMER_NAMES: dict[str, str] = {
+    f"identifiable.attention.certify:{qual}": f"identifiable.attention.intervals:{qual}"
+    for qual in ("Witness", "AttentionIntervals", "IntervalMap")
+}
+
+
 def class_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def current_name(stored: Any) -> Any:
+    """The table's name for a class name read from a file (a moved class's former name
+    maps to where it lives now); anything else unchanged."""
+    return FORMER_NAMES.get(stored, stored) if isinstance(stored, str) else stored
 
 
 def _damaged(path: str, why: str) -> IdentifiableError:
@@ -71,6 +84,7 @@ def is_result(value: Any) -> bool:
 
 def resolve_class(name: Any, path: str) -> type:
     """The result class `name` from `RESULT_CLASSES`; anything else is refused."""
+    name = current_name(name)
     if not isinstance(name, str) or not name:
         raise _damaged(path, "its class name is not text")
     if name not in RESULT_CLASSES:
@@ -284,7 +298,7 @@ def _field_value(
 def _field_class(cls: type, name: str, stored: str) -> type | None:
     """The class a field is annotated with, when it is the stored one (no import needed)."""
     hint = _hints(cls).get(name)
-    return hint if isinstance(hint, type) and class_name(hint) == stored else None
+    return hint if isinstance(hint, type) and class_name(hint) == current_name(stored) else None
 
 
 def _hints(cls: type) -> dict[str, Any]:

@@ -482,7 +482,7 @@ class Result:
         from identifiable import result_files as rf
 
         header, tensors = rf.read(path)
-        stored = header["class"]
+        stored = rf.current_name(header["class"])
         if cls is not Result and stored != rf.class_name(cls):
             short = stored.rsplit(":", 1)[-1][:80]
             raise IdentifiableError(

@@ -33,7 +33,8 @@ FLOORS = {
     "mixing": 3,
     "training": 3,  # the null-attention penalty and label-free fine-tuning
     "experiments": 4,
-    "viewer": 5,
+    "viewer": 5,  # former path of viewer_compute (re-exports only)
+    "viewer_compute": 5,  # the viewer's compute side: trace, analyses, then report.viewer_page
     "reproduction": 5,
     "finetuning": 5,  # `identifiable finetune`: train, evaluate, render
     "comparison": 5,  # `identifiable compare`: reproductions side by side

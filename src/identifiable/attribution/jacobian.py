@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from identifiable.attribution.memory import DEFAULT_MEMORY_BUDGET, ModelDims, plan_chunk_size
-from identifiable.attribution.probes import ProbeBank
+from identifiable.attribution.random_probes import ProbeBank
 from identifiable.errors import IdentifiableError
 
 LayerFn = Callable[[torch.Tensor], torch.Tensor]

@@ -187,7 +187,12 @@ def view(
     For an image model (--image), a patch grid over the image in place of the tokens."""
     from identifiable.mixing import get_method
     from identifiable.store.files import atomic_write_text
-    from identifiable.viewer import check_grid, image_rgb, mixing_maps, viewer_html_for_trace
+    from identifiable.viewer_compute import (
+        check_grid,
+        image_rgb,
+        mixing_maps,
+        viewer_html_for_trace,
+    )
 
     if text is not None and image is not None:
         raise IdentifiableError(

@@ -206,23 +206,6 @@ def _one_sequence(
     )
 
 
-def default_texts(
-    tokenizer: Any, *, per_bucket: int = 25, pairs: int = 100, seed: int = 0
-) -> list[TextOrPair]:
-    """Wikipedia-sample sentences in four length buckets (≤16, ≤32, ≤64, ≤128 tokens)
-    plus Clark-style paragraph pairs of up to 128 tokens, all in the model's format."""
-    from identifiable.corpus import load_corpus
-
-    sentences = load_corpus(
-        unit="sentence", tokenizer=tokenizer, max_tokens=128,
-        buckets=[(4, 16), (17, 32), (33, 64), (65, 128)], per_bucket=per_bucket, seed=seed,
-    )  # fmt: skip
-    pair_corpus = load_corpus(
-        unit="pair", tokenizer=tokenizer, max_tokens=128, shuffle=True, seed=seed, limit=pairs
-    )
-    return [*sentences, *pair_corpus]
-
-
 def _atomic(path: Path, data: bytes) -> Path:
     from identifiable.store.files import atomic_write_bytes
 
