@@ -34,8 +34,8 @@ from identifiable.report.viewer_encoding import (
 )
 from identifiable.report.viewer_page import (
     DEFAULT_INTERVAL_SECONDS,
-    DEFAULT_MAX_BYTES,
-    DEFAULT_MAX_ROWS,
+    ViewerOptions,
+    ViewerPage,
     _ranges,
     viewer_html,
 )
@@ -45,20 +45,7 @@ if TYPE_CHECKING:
 
 
 def build_viewer(
-    model: TracedModel,
-    text: Any,
-    *,
-    layer: int = 0,
-    head: int = 0,
-    rows: Sequence[int] | None = None,
-    max_rows: int = DEFAULT_MAX_ROWS,
-    variant: str = "paper",
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    mixing: Sequence[str] = (),
-    certify: bool = True,
-    interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
-    identifiable_below: float = IDENTIFIABLE_BELOW,
-    show_image: bool = True,
+    model: TracedModel, text: Any, options: ViewerOptions | None = None, **changes: Any
 ) -> str:
     """Trace `text` with `model` and build the viewer page for it.
 
@@ -66,31 +53,22 @@ def build_viewer(
     (a PIL image, `pixel_values` `[C, H, W]` or `[1, C, H, W]`, or an image processor's
     output). The page then shows the patch grid; with `show_image` the image the model saw
     is drawn under it (an embedded PNG).
+    options: a `ViewerOptions` (layer, head, rows, max_rows, variant, max_bytes, mixing,
+    certify, interval_seconds, identifiable_below, show_image); `changes` are any of its
+    fields as keywords (`build_viewer(model, text, layer=3, mixing=["rollout"])`).
     mixing: context-mixing methods (`identifiable.mixing.method_names()`) whose per-layer
     maps the page offers in place of raw, effective and null attention.
     certify, interval_seconds, identifiable_below: see `viewer_html_for_trace`.
     """
-    maps = mixing_maps(model, text, mixing)
+    opts = ViewerOptions.of(options, changes)
+    maps = mixing_maps(model, text, opts.mixing)
     trace: Trace = model.trace(text)
     image = None
     if getattr(model, "modality", "text") == "image":
         check_grid(model, trace.tokens)
-        if show_image:
+        if opts.show_image:
             image = image_rgb(model, text)
-    return viewer_html_for_trace(
-        trace,
-        layer=layer,
-        head=head,
-        rows=rows,
-        max_rows=max_rows,
-        variant=variant,
-        max_bytes=max_bytes,
-        mixing=maps,
-        certify=certify,
-        interval_seconds=interval_seconds,
-        identifiable_below=identifiable_below,
-        image=image,
-    )
+    return viewer_html_for_trace(trace, opts, mixing=maps, image=image)
 
 
 _PATCH = re.compile(r"patch\((\d+),(\d+)\)")
@@ -206,18 +184,11 @@ def mixing_maps(
 
 def viewer_html_for_trace(
     trace: Trace,
+    options: ViewerOptions | None = None,
     *,
-    layer: int = 0,
-    head: int = 0,
-    rows: Sequence[int] | None = None,
-    max_rows: int = DEFAULT_MAX_ROWS,
-    variant: str = "paper",
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
     mixing: Sequence[MixingMaps] = (),
-    certify: bool = True,
-    identifiable_below: float = IDENTIFIABLE_BELOW,
     image: tuple[np.ndarray, str] | None = None,
+    **changes: Any,
 ) -> str:
     """The viewer page for a trace.
 
@@ -237,6 +208,9 @@ def viewer_html_for_trace(
     """
     from identifiable import attention
 
+    o = ViewerOptions.of(options, changes)
+    layer, head, rows = o.layer, o.head, o.rows
+    max_bytes, identifiable_below = o.max_bytes, o.identifiable_below
     if max_bytes < 1_000_000:
         raise IdentifiableError(
             f"the page size limit must be at least 1 MB, got {max_bytes / 1e6:.2f} MB"
@@ -251,10 +225,46 @@ def viewer_html_for_trace(
     for r in rows or ():
         trace.check_row(r)
     factors = attention.compute_head_factors(trace)
-    result = attention.effective_attention(trace, variant=variant, factors=factors)  # type: ignore[arg-type]
+    result = attention.effective_attention(trace, variant=o.variant, factors=factors)  # type: ignore[arg-type]
+    certified, intervals, note = _certified_rows(trace, o, factors)
+    patches = patch_grid(trace.tokens, *(image or (None, "")))
+    if image is not None and patches is None:
+        raise IdentifiableError("an image can only be drawn for an image model's trace")
+    note += (
+        " For another head or row run: identifiable view "
+        + ("--image FILE" if patches else "TEXT")
+        + " --layer L --head H --rows I,J"
+        f" (L in 1..{trace.n_layers} as printed, H and rows from 0)"
+    )
+    page = ViewerPage(
+        tokens=trace.tokens,
+        raw=trace.attentions,
+        effective=result.effective,
+        null_dims=_null_dims(result),
+        head_dim=trace.head_dim,
+        intervals=intervals,
+        head_distance=head_distance(trace.attentions, result.effective),
+        is_causal=trace.is_causal,
+        model_name=trace.model_name,
+        interval_note=note,
+        mixing=mixing,
+        certified=certified,
+        patches=patches,
+        options=o,
+    )
+    return viewer_html(page)
+
+
+def _certified_rows(
+    trace: Trace, o: ViewerOptions, factors: Any
+) -> tuple[CertifiedHead | None, list[IntervalRow], str]:
+    """The chosen head's certificate (`certify_head`), the rows given witnesses (`o.rows`
+    first, up to `o.max_rows` in all while time is left) and the page's note on both."""
+    layer, head, rows, max_rows = o.layer, o.head, o.rows, o.max_rows
+    interval_seconds, identifiable_below = o.interval_seconds, o.identifiable_below
     certified: CertifiedHead | None = None
     intervals: list[IntervalRow] = []
-    if certify:
+    if o.certify:
         start = time.perf_counter()
         certified = certify_head(
             trace,
@@ -280,35 +290,7 @@ def viewer_html_for_trace(
         )
     else:
         note = "Intervals were not computed (the page was made with --no-certify)."
-    patches = patch_grid(trace.tokens, *(image or (None, "")))
-    if image is not None and patches is None:
-        raise IdentifiableError("an image can only be drawn for an image model's trace")
-    note += (
-        " For another head or row run: identifiable view "
-        + ("--image FILE" if patches else "TEXT")
-        + " --layer L --head H --rows I,J"
-        f" (L in 1..{trace.n_layers} as printed, H and rows from 0)"
-    )
-    return viewer_html(
-        tokens=trace.tokens,
-        raw=trace.attentions,
-        effective=result.effective,
-        null_dims=_null_dims(result),
-        head_dim=trace.head_dim,
-        intervals=intervals,
-        layer=layer,
-        head=head,
-        row=int(rows[0]) if rows else None,
-        head_distance=head_distance(trace.attentions, result.effective),
-        is_causal=trace.is_causal,
-        model_name=trace.model_name,
-        variant=variant,
-        max_bytes=max_bytes,
-        interval_note=note,
-        mixing=mixing,
-        certified=certified,
-        patches=patches,
-    )
+    return certified, intervals, note
 
 
 class _Phase:
@@ -362,7 +344,6 @@ def certify_head(
     (`rows`, else `first_chunk` rows) is always done.
     Returns arrays `[R, n]` over the R band rows, in the order done (see `CertifiedHead`).
     """
-    from identifiable import attention
 
     n = trace.n_tokens
     wanted = [int(r) for r in dict.fromkeys(rows or ())]
@@ -370,11 +351,57 @@ def certify_head(
     start = time.perf_counter()
     first = len(wanted) or max(1, first_chunk)
     bands, cons = _Phase(first), _Phase(first)
+    maps, weights, lps, fallbacks = _run_phases(
+        trace, layer, head, order, bands, cons, deadline=start + seconds
+    )
+    took = time.perf_counter() - start
+
+    def cat(get: Any) -> Any:
+        return torch.cat([get(imap) for imap in maps]).numpy()
+
+    note = _certify_note(layer, head, n, bands.done, cons.done, seconds, lps, fallbacks, took)
+    raw = cat(lambda m: m.raw[0, 0])
+    constrained = np.zeros_like(raw)
+    for k, r in enumerate(bands.done):
+        if r in weights:
+            constrained[k] = weights[r]
+    return CertifiedHead(
+        layer=layer,
+        head=head,
+        rows=np.array(bands.done, dtype=np.int64),
+        raw=raw,
+        lower=cat(lambda m: m.lower[0, 0]),
+        upper=cat(lambda m: m.upper[0, 0]),
+        constrained=constrained,
+        keys=cat(lambda m: m.keys[0]),
+        threshold=threshold,
+        n_rows=n,
+        note=note,
+        constrained_rows=np.array([r in weights for r in bands.done], dtype=bool),
+    )
+
+
+def _run_phases(
+    trace: Trace,
+    layer: int,
+    head: int,
+    order: list[int],
+    bands: _Phase,
+    cons: _Phase,
+    *,
+    deadline: float,
+) -> tuple[list[Any], dict[int, np.ndarray], int, int]:
+    """Chunks of interval bands (rows in `order`) and of constrained attention (rows with
+    bands), the phase that has spent less first, until `deadline` or every row is done.
+    Returns (interval maps, constrained row weights by row, LPs solved, HiGHS fallbacks)."""
+    from identifiable import attention
+
+    n = trace.n_tokens
     maps: list[Any] = []
     weights: dict[int, np.ndarray] = {}
     lps = fallbacks = 0
     while True:
-        left = seconds - (time.perf_counter() - start)
+        left = deadline - time.perf_counter()
         todo_b, todo_c = n - len(bands.done), len(bands.done) - len(cons.done)
         prefer_bands = todo_b > 0 and (todo_c == 0 or bands.spent <= cons.spent)
         phases = [(bands, todo_b), (cons, todo_c)]
@@ -396,20 +423,31 @@ def certify_head(
             con = attention.constrained_attention(trace, layer, head, rows=chunk)
             weights.update(zip(chunk, con.weights.numpy(), strict=True))
         phase.record(chunk, time.perf_counter() - t0)
-    took = time.perf_counter() - start
+    return maps, weights, lps, fallbacks
 
-    def cat(get: Any) -> Any:
-        return torch.cat([get(imap) for imap in maps]).numpy()
+
+def _certify_note(
+    layer: int,
+    head: int,
+    n: int,
+    bands: list[int],
+    constrained: list[int],
+    seconds: float,
+    lps: int,
+    fallbacks: int,
+    took: float,
+) -> str:
+    """The page's sentence on what `certify_head` covered within its time budget."""
 
     def covered(done: list[int]) -> str:
         if len(done) == n:
             return f"all {n} rows"
         return f"{len(done)} of {n} rows ({_ranges(sorted(done))})"
 
-    stopped = len(bands.done) < n or len(cons.done) < n
-    note = (
-        f"Layer {layer + 1}, head {head}: interval bands for {covered(bands.done)}; "
-        f"constrained attention for {covered(cons.done)}"
+    stopped = len(bands) < n or len(constrained) < n
+    return (
+        f"Layer {layer + 1}, head {head}: interval bands for {covered(bands)}; "
+        f"constrained attention for {covered(constrained)}"
         + (
             f" (spread over the text; stopped after {seconds:g} s: raise --interval-seconds "
             "for more)"
@@ -419,25 +457,6 @@ def certify_head(
         + f"; {lps} LPs solved, {took:.1f} s in all"
         + (f" ({fallbacks} LPs by HiGHS)" if fallbacks else "")
         + "."
-    )
-    raw = cat(lambda m: m.raw[0, 0])
-    constrained = np.zeros_like(raw)
-    for k, r in enumerate(bands.done):
-        if r in weights:
-            constrained[k] = weights[r]
-    return CertifiedHead(
-        layer=layer,
-        head=head,
-        rows=np.array(bands.done, dtype=np.int64),
-        raw=raw,
-        lower=cat(lambda m: m.lower[0, 0]),
-        upper=cat(lambda m: m.upper[0, 0]),
-        constrained=constrained,
-        keys=cat(lambda m: m.keys[0]),
-        threshold=threshold,
-        n_rows=n,
-        note=note,
-        constrained_rows=np.array([r in weights for r in bands.done], dtype=bool),
     )
 
 

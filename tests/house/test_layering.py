@@ -20,6 +20,7 @@ FLOORS = {
     "errors": 0,
     "store": 0,
     "results": 0,  # the Result mixin every result dataclass shares
+    "result_plots": 0,  # the figures of Result.plot
     "result_files": 0,  # its file format: an explicit table of result classes, checked reads
     "precision": 0,  # the float32 matmul precision torch is set to, read without raising
     "seeds": 0,  # the seed range and seeds derived for a layer

@@ -167,6 +167,39 @@ def _select_by_length(
     return items
 
 
+def _corpus(name: str, unit: str, items: list[Item], spec: dict[str, Any]) -> Corpus:
+    """The Corpus of `items`, fingerprinted by its `spec`; one line if nothing is left."""
+    if not items:
+        raise IdentifiableError(
+            f"corpus {name!r} yielded no {unit}s with these options; relax "
+            "max_tokens/min_tokens/buckets or use another unit or source"
+        )
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    return Corpus(name, unit, tuple(items), digest, spec)
+
+
+def _built_pairs(
+    data: SourceData,
+    tokenizer: Any,
+    bounds: tuple[int, int],
+    seed: int,
+    limit: int | None,
+    progress: bool | None,
+) -> tuple[list[Item], list[int]]:
+    """Pairs of consecutive text within `bounds` tokens, and their lengths: all of them
+    (cached per source), or only the first `limit` (built lazily, no more than that)."""
+    if limit is None:
+        with _tokenizing(progress, data.name):
+            found = _cached_pairs(data, tokenizer, bounds, seed)
+    else:
+        lazy = iter_pairs_with_lengths(
+            data.documents, tokenizer, min_tokens=bounds[0], max_tokens=bounds[1], seed=seed
+        )
+        with _tokenizing(progress, data.name):
+            found = tuple(islice(lazy, limit))
+    return [(a, b) for a, b, _ in found], [n for _, _, n in found]
+
+
 def load_corpus(
     source: str | Path = WIKIPEDIA_SAMPLE,
     *,
@@ -206,12 +239,11 @@ def load_corpus(
         "buckets": buckets,
     }
     _check_options(unit, tokenizer, counted, per_bucket, pair_fields)
-    pair_key = tuple(pair_fields) if pair_fields is not None else None
     data = read_source(
         source,
         fmt=format,
         field=field,
-        pair_fields=pair_key,
+        pair_fields=tuple(pair_fields) if pair_fields is not None else None,
         split=split,
         config=config,
         max_bytes=max_bytes,
@@ -234,16 +266,10 @@ def load_corpus(
         bounds = (min_tokens or 12, max_tokens or 128)
         spec["pair_tokens"] = list(bounds)
         uses_seed, min_tokens, max_tokens = True, None, None  # every pair is within bounds
-        if shuffle or buckets is not None or limit is None:
-            with _tokenizing(progress, data.name):
-                found = _cached_pairs(data, tokenizer, bounds, seed)
-        else:  # only the first `limit` pairs are needed: build no more than that
-            lazy = iter_pairs_with_lengths(
-                data.documents, tokenizer, min_tokens=bounds[0], max_tokens=bounds[1], seed=seed
-            )
-            with _tokenizing(progress, data.name):
-                found = tuple(islice(lazy, limit))
-        items, lengths = [(a, b) for a, b, _ in found], [n for _, _, n in found]
+        everything = shuffle or buckets is not None or limit is None
+        items, lengths = _built_pairs(
+            data, tokenizer, bounds, seed, None if everything else limit, progress
+        )
     else:
         unit = unit or ("sentence" if data.kind == "wiki" else "document")
         items = _units(data.documents, unit)
@@ -259,15 +285,8 @@ def load_corpus(
             )
     if shuffle:
         random.Random(f"shuffle:{seed}").shuffle(items)
-    items = items[:limit] if limit is not None else items
     spec |= {"shuffle": shuffle, "limit": limit, "seed": seed if uses_seed else None}
-    if not items:
-        raise IdentifiableError(
-            f"corpus {data.name!r} yielded no {unit}s with these options; relax "
-            "max_tokens/min_tokens/buckets or use another unit or source"
-        )
-    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-    return Corpus(data.name, unit, tuple(items), digest, spec)
+    return _corpus(data.name, unit, items[:limit] if limit is not None else items, spec)
 
 
 def resolve_corpus(

@@ -5,6 +5,7 @@ This floor only renders tables and tensors it is given; it imports nothing above
 `identifiable.reproduction.reproduce` runs the whole paper into one folder.
 """
 
+from identifiable.report.viewer_options import ViewerOptions, ViewerPage
 from identifiable.report.viewer_page import viewer_html
 
-__all__ = ["viewer_html"]
+__all__ = ["ViewerOptions", "ViewerPage", "viewer_html"]

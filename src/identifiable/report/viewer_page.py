@@ -27,33 +27,45 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from identifiable.report.html import (
     Markup,
     h,
     inline_style,
     json_for_script,
-    page,
     png_img,
     script_code,
 )
+from identifiable.report.html import page as html_page
 from identifiable.report.html import raw as raw_markup
 from identifiable.report.viewer_encoding import (
     IDENTIFIABLE_BELOW,
     CertifiedHead,
-    IntervalRow,
-    MixingMaps,
     PatchGrid,
     encode_certified,
     encode_heads,
     encode_mixing,
     interval_json,
 )
+from identifiable.report.viewer_options import (
+    DEFAULT_INTERVAL_SECONDS,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_ROWS,
+    ViewerOptions,
+    ViewerPage,
+)
 
-DEFAULT_MAX_BYTES = 9_000_000
-DEFAULT_MAX_ROWS = 16
-DEFAULT_INTERVAL_SECONDS = 30.0
+__all__ = [
+    "DEFAULT_INTERVAL_SECONDS",
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_ROWS",
+    "ViewerOptions",
+    "ViewerPage",
+    "identifiable_note",
+    "read_viewer_data",
+    "viewer_fragment",
+    "viewer_html",
+    "viewer_iframe",
+]
 
 NOT_A_DISTRIBUTION = (
     "Effective attention is not a probability distribution: its entries can be negative "
@@ -80,68 +92,15 @@ def identifiable_note(threshold: float) -> str:
     )
 
 
-def viewer_html(
-    *,
-    tokens: Sequence[str],
-    raw: torch.Tensor,
-    effective: torch.Tensor,
-    null_dims: torch.Tensor,
-    head_dim: int,
-    intervals: Sequence[IntervalRow] = (),
-    layer: int = 0,
-    head: int = 0,
-    row: int | None = None,
-    head_distance: torch.Tensor | None = None,
-    is_causal: bool = False,
-    model_name: str = "",
-    variant: str = "paper",
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    interval_note: str = "",
-    mixing: Sequence[MixingMaps] = (),
-    certified: CertifiedHead | None = None,
-    patches: PatchGrid | None = None,
-) -> str:
+def viewer_html(page: ViewerPage | None = None, /, **fields: Any) -> str:
     """Build the viewer page (a complete HTML document with its own CSP).
 
-    tokens: n strings (escaped in the page). raw, effective: `[L, H, n, n]`.
-    null_dims: `[L, H]` ints, dim LN(T) per head (last row for causal heads).
-    intervals: precomputed rows (any heads). layer, head: initially shown head;
-    row: query row shown on load (its intervals open at once), or None.
-    head_distance: `[L, H]` floats, how far effective attention is from raw attention per
-    head (the grid is shaded by it); None shades the grid by null-space dimension.
-    mixing: context-mixing methods whose `[L, n, n]` maps can be chosen in place of the three
-    attention maps (one map per layer: the head selector does not apply to them). They are
-    encoded first, at full resolution within a third of `max_bytes` (else as previews).
-    certified: interval bands, identifiable marks and constrained attention of rows of one
-    head (`CertifiedHead`), encoded next within a third of what is left (`encode_certified`
-    says how it shrinks); the heads get the rest.
-    patches: for an image model, where its tokens lie on the image (`PatchGrid`): the
-    page shows a patch grid in place of the token strip (clicking a cell chooses the
-    query; every key cell is shaded by the chosen map's weight from it) and, when the
-    grid holds a PNG, the image under it. The PNG's bytes come off `max_bytes` first.
+    Give a `ViewerPage`, or its fields as keywords, with any `ViewerOptions` field among
+    them: `viewer_html(tokens=..., raw=..., effective=..., null_dims=..., head_dim=...,
+    layer=2, head=1, row=5)`.
     """
-    title, root = _viewer_root(
-        tokens=tokens,
-        raw=raw,
-        effective=effective,
-        null_dims=null_dims,
-        head_dim=head_dim,
-        intervals=intervals,
-        layer=layer,
-        head=head,
-        row=row,
-        head_distance=head_distance,
-        is_causal=is_causal,
-        model_name=model_name,
-        variant=variant,
-        max_bytes=max_bytes,
-        interval_note=interval_note,
-        mixing=mixing,
-        certified=certified,
-        patches=patches,
-        standalone=True,
-    )
-    return page(title, root, styles=["viewer.css"], scripts=["viewer.js"])
+    title, root = _viewer_root(ViewerPage.of(page, fields), standalone=True)
+    return html_page(title, root, styles=["viewer.css"], scripts=["viewer.js"])
 
 
 def viewer_fragment(**kwargs: Any) -> str:
@@ -152,7 +111,7 @@ def viewer_fragment(**kwargs: Any) -> str:
     needs a host that runs inline scripts; `viewer_iframe(viewer_html(...))` needs neither.
     Each call gets ids with a fresh prefix, so the same data may be shown twice on one page.
     """
-    _, root = _viewer_root(**kwargs, standalone=False)
+    _, root = _viewer_root(ViewerPage.of(None, kwargs), standalone=False)
     code = script_code(["viewer.js"])
     return str(inline_style("viewer.css") + root + raw_markup(f"<script>{code}</script>"))
 
@@ -200,173 +159,121 @@ def read_viewer_data(html: str) -> list[dict[str, Any]]:
 _instances = itertools.count(1)
 
 
-def _viewer_root(
-    *,
-    tokens: Sequence[str],
-    raw: torch.Tensor,
-    effective: torch.Tensor,
-    null_dims: torch.Tensor,
-    head_dim: int,
-    intervals: Sequence[IntervalRow] = (),
-    layer: int = 0,
-    head: int = 0,
-    row: int | None = None,
-    head_distance: torch.Tensor | None = None,
-    is_causal: bool = False,
-    model_name: str = "",
-    variant: str = "paper",
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    interval_note: str = "",
-    mixing: Sequence[MixingMaps] = (),
-    certified: CertifiedHead | None = None,
-    patches: PatchGrid | None = None,
-    standalone: bool,
-) -> tuple[str, Markup]:
+def _check_page(p: ViewerPage) -> None:
+    """Shapes and options that disagree: ValueError naming them."""
+    raw, o = p.raw, p.options
     n_layers, n_heads, n = int(raw.shape[0]), int(raw.shape[1]), int(raw.shape[2])
-    if raw.shape != effective.shape or raw.shape[2] != raw.shape[3] or len(tokens) != n:
+    if raw.shape != p.effective.shape or raw.shape[2] != raw.shape[3] or len(p.tokens) != n:
         raise ValueError(
-            f"shapes disagree: raw {tuple(raw.shape)}, effective {tuple(effective.shape)}, {len(tokens)} tokens"
+            f"shapes disagree: raw {tuple(raw.shape)}, effective {tuple(p.effective.shape)}, "
+            f"{len(p.tokens)} tokens"
         )
-    if tuple(null_dims.shape) != (n_layers, n_heads):
+    if tuple(p.null_dims.shape) != (n_layers, n_heads):
         raise ValueError(
-            f"null_dims must be [L, H] = [{n_layers}, {n_heads}], got {tuple(null_dims.shape)}"
+            f"null_dims must be [L, H] = [{n_layers}, {n_heads}], got {tuple(p.null_dims.shape)}"
         )
-    if head_distance is not None and tuple(head_distance.shape) != (n_layers, n_heads):
+    if p.head_distance is not None and tuple(p.head_distance.shape) != (n_layers, n_heads):
         raise ValueError(
-            f"head_distance must be [L, H] = [{n_layers}, {n_heads}], got {tuple(head_distance.shape)}"
+            f"head_distance must be [L, H] = [{n_layers}, {n_heads}], "
+            f"got {tuple(p.head_distance.shape)}"
         )
+    row = o.rows[0] if o.rows else None
     if row is not None and not 0 <= row < n:
         raise ValueError(f"row {row} is out of range: valid rows are 0..{n - 1}")
-    names = [m.name for m in mixing]
+    names = [m.name for m in p.mixing]
     if len(set(names)) != len(names):
         raise ValueError(f"mixing methods must have distinct names, got {names}")
-    for m in mixing:
+    for m in p.mixing:
         if tuple(m.maps.shape) != (n_layers, n, n):
             raise ValueError(
                 f"mixing maps of {m.name!r} must be [L, n, n] = [{n_layers}, {n}, {n}], "
                 f"got {tuple(m.maps.shape)}"
             )
-    if certified is not None:
-        _check_certified(certified, n_layers, n_heads, n)
-    threshold = float(certified.threshold) if certified is not None else IDENTIFIABLE_BELOW
-    image: Markup | None = None
-    if patches is not None:
-        _check_patches(patches, n)
-        image = None if patches.image_png is None else png_img(patches.image_png, "")
-        max_bytes -= len(image or "")
-    mixing_data, mixing_bytes = encode_mixing(mixing, max_bytes=max_bytes // 3, causal=is_causal)
+    if p.certified is not None:
+        _check_certified(p.certified, n_layers, n_heads, n)
+    if p.patches is not None:
+        _check_patches(p.patches, n)
+
+
+def _page_data(p: ViewerPage, image: Markup | None) -> dict[str, Any]:
+    """The JSON island the page's script reads: everything it draws, encoded to fit
+    `max_bytes` (less the image's bytes): mixing maps first, certified rows, then heads."""
+    o, raw, causal = p.options, p.raw, p.is_causal
+    n_layers, n_heads, n = int(raw.shape[0]), int(raw.shape[1]), int(raw.shape[2])
+    threshold = float(p.certified.threshold) if p.certified is not None else IDENTIFIABLE_BELOW
+    max_bytes = o.max_bytes - len(image or "")
+    mixing_data, mixing_bytes = encode_mixing(p.mixing, max_bytes=max_bytes // 3, causal=causal)
     certified_data, certified_bytes = encode_certified(
-        certified, max_bytes=(max_bytes - mixing_bytes) // 3
+        p.certified, max_bytes=(max_bytes - mixing_bytes) // 3
     )
     heads, omitted = encode_heads(
         raw,
-        effective,
-        layer=layer,
-        head=head,
+        p.effective,
+        layer=o.layer,
+        head=o.head,
         max_bytes=max_bytes - mixing_bytes - certified_bytes,
-        causal=is_causal,
+        causal=causal,
     )
-    data: dict[str, Any] = {
-        "model": model_name,
-        "tokens": [str(t) for t in tokens],
+    distance = p.head_distance
+    return {
+        "model": p.model_name,
+        "tokens": [str(t) for t in p.tokens],
         "n": n,
         "layers": n_layers,
         "heads": n_heads,
-        "head_dim": int(head_dim),
-        "causal": bool(is_causal),
-        "variant": variant,
-        "start": [int(layer), int(head)],
-        "start_row": None if row is None else int(row),
-        "null_dims": [[int(v) for v in r] for r in null_dims.tolist()],
+        "head_dim": int(p.head_dim),
+        "causal": bool(causal),
+        "variant": o.variant,
+        "start": [int(o.layer), int(o.head)],
+        "start_row": int(o.rows[0]) if o.rows else None,
+        "null_dims": [[int(v) for v in r] for r in p.null_dims.tolist()],
         "distance": None
-        if head_distance is None
-        else [[round(float(v), 6) for v in r] for r in head_distance.tolist()],
+        if distance is None
+        else [[round(float(v), 6) for v in r] for r in distance.tolist()],
         "matrices": heads,
-        "omitted": [list(p) for p in omitted],
+        "omitted": [list(q) for q in omitted],
         "intervals": {
-            f"{r.layer},{r.head},{r.row}": interval_json(r, threshold=threshold) for r in intervals
+            f"{r.layer},{r.head},{r.row}": interval_json(r, threshold=threshold)
+            for r in p.intervals
         },
         "threshold": threshold,
-        "interval_note": interval_note,
+        "interval_note": p.interval_note,
         "mixing": mixing_data,
         "certified": certified_data,
-        "patches": None
-        if patches is None
-        else {
-            "rows": int(patches.rows),
-            "cols": int(patches.cols),
-            "cells": [int(k) for k in patches.patches],
-            "special": [int(k) for k in patches.special],
-            "image": patches.image_png is not None,
-        },
+        "patches": None if p.patches is None else _patches_json(p.patches),
     }
+
+
+def _patches_json(patches: PatchGrid) -> dict[str, Any]:
+    return {
+        "rows": int(patches.rows),
+        "cols": int(patches.cols),
+        "cells": [int(k) for k in patches.patches],
+        "special": [int(k) for k in patches.special],
+        "image": patches.image_png is not None,
+    }
+
+
+def _viewer_root(p: ViewerPage, *, standalone: bool) -> tuple[str, Markup]:
+    """(title, the page's root `<div>`) for `p`."""
+    _check_page(p)
+    image = None
+    if p.patches is not None and p.patches.image_png is not None:
+        image = png_img(p.patches.image_png, "")
+    data = _page_data(p, image)
     # Ids: derived from the content (a page is byte-for-byte reproducible); a fragment adds
     # a per-process counter so that two fragments of the same data still differ.
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()[:10]
     uid = f"idv-{digest}" if standalone else f"idv-{digest}-{next(_instances)}"
-    title = f"Attention viewer: {model_name}" if model_name else "Attention viewer"
-    grid_note = (
-        "Shade: how far effective attention is from raw attention in that head, "
-        "‖A − A_eff‖_F / ‖A‖_F (white = identical). Number: dim LN(T), how many independent "
-        "directions attention can move without changing the head's output (0 = identifiable)."
-        if head_distance is not None
-        else "dim LN(T): how many independent directions attention can move without changing "
-        "the head's output (0 = identifiable)."
-    )
+    title = f"Attention viewer: {p.model_name}" if p.model_name else "Attention viewer"
     root = h(
         "div",
-        h(
-            "header",
-            h("h1", title),
-            h(
-                "p",
-                f"{n} tokens · {n_layers} layers × {n_heads} heads · head width d_v = {head_dim} "
-                f"(attention is not identifiable once a head sees more than {head_dim} tokens) · "
-                f"effective-attention variant: {variant}",
-                class_="idf-meta",
-            ),
-            h("p", NOT_A_DISTRIBUTION, class_="idf-warning", data_part="not-distribution"),
-        ),
+        _header(title, data),
         _controls(),
         h(
             "div",
-            h(
-                "section",
-                h("h2", "Heads: null-space dimension and raw–effective distance"),
-                h(
-                    "p",
-                    grid_note + " Click a cell to show that head; italic cells are stored as "
-                    "coarse previews to keep the page small.",
-                    class_="idf-note",
-                ),
-                h("table", class_="idf-grid", data_part="null-grid"),
-                h("p", class_="idf-note", data_part="grid-legend"),
-                class_="idf-overview",
-            ),
-            h(
-                "section",
-                h(
-                    "div",
-                    _map("raw", "Raw attention A"),
-                    _map("effective", "Effective attention A_eff"),
-                    _map("null", "Null attention A − A_eff"),
-                    _map("constrained", "Constrained attention C (a distribution)"),
-                    _map("width", "Interval width upper − lower; green: identifiable"),
-                    _map("mixing", "Context mixing", hidden=True),
-                    class_="idf-maps",
-                ),
-                _colour_bar(),
-                _certify_notes(certified),
-                h(
-                    "p",
-                    "Rows are query tokens, columns key tokens. Hover over a cell for its values "
-                    "and tokens; click a row to choose that query token.",
-                    class_="idf-note",
-                    data_part="axis-note",
-                ),
-                h("div", "\u00a0", class_="idf-readout", data_part="hover"),
-                class_="idf-heatmaps",
-            ),
+            _overview(p.head_distance is not None),
+            _heatmaps(p.certified),
             class_="idf-top",
         ),
         h(
@@ -375,8 +282,8 @@ def _viewer_root(
             h("p", "Click a token to choose it as the query row.", class_="idf-note"),
             h("div", class_="idf-tokens", data_part="tokens"),
         )
-        if patches is None
-        else _patch_section(patches, tokens, image),
+        if p.patches is None
+        else _patch_section(p.patches, p.tokens, image),
         h(
             "section",
             h("h2", "Attention intervals and witness for the chosen row"),
@@ -395,6 +302,73 @@ def _viewer_root(
         data_standalone="1" if standalone else None,
     )
     return title, root
+
+
+def _header(title: str, data: dict[str, Any]) -> Any:
+    n, head_dim = data["n"], data["head_dim"]
+    return h(
+        "header",
+        h("h1", title),
+        h(
+            "p",
+            f"{n} tokens · {data['layers']} layers × {data['heads']} heads · head width "
+            f"d_v = {head_dim} (attention is not identifiable once a head sees more than "
+            f"{head_dim} tokens) · effective-attention variant: {data['variant']}",
+            class_="idf-meta",
+        ),
+        h("p", NOT_A_DISTRIBUTION, class_="idf-warning", data_part="not-distribution"),
+    )
+
+
+def _overview(shaded: bool) -> Any:
+    grid_note = (
+        "Shade: how far effective attention is from raw attention in that head, "
+        "‖A − A_eff‖_F / ‖A‖_F (white = identical). Number: dim LN(T), how many independent "
+        "directions attention can move without changing the head's output (0 = identifiable)."
+        if shaded
+        else "dim LN(T): how many independent directions attention can move without changing "
+        "the head's output (0 = identifiable)."
+    )
+    return h(
+        "section",
+        h("h2", "Heads: null-space dimension and raw–effective distance"),
+        h(
+            "p",
+            grid_note + " Click a cell to show that head; italic cells are stored as "
+            "coarse previews to keep the page small.",
+            class_="idf-note",
+        ),
+        h("table", class_="idf-grid", data_part="null-grid"),
+        h("p", class_="idf-note", data_part="grid-legend"),
+        class_="idf-overview",
+    )
+
+
+def _heatmaps(certified: CertifiedHead | None) -> Any:
+    return h(
+        "section",
+        h(
+            "div",
+            _map("raw", "Raw attention A"),
+            _map("effective", "Effective attention A_eff"),
+            _map("null", "Null attention A − A_eff"),
+            _map("constrained", "Constrained attention C (a distribution)"),
+            _map("width", "Interval width upper − lower; green: identifiable"),
+            _map("mixing", "Context mixing", hidden=True),
+            class_="idf-maps",
+        ),
+        _colour_bar(),
+        _certify_notes(certified),
+        h(
+            "p",
+            "Rows are query tokens, columns key tokens. Hover over a cell for its values "
+            "and tokens; click a row to choose that query token.",
+            class_="idf-note",
+            data_part="axis-note",
+        ),
+        h("div", "\u00a0", class_="idf-readout", data_part="hover"),
+        class_="idf-heatmaps",
+    )
 
 
 def _controls() -> Any:
