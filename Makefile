@@ -9,6 +9,7 @@ run: setup
 
 test: setup
 	.venv/bin/ruff check src tests benchmarks
+	.venv/bin/mypy
 	OMP_NUM_THREADS=2 .venv/bin/python -m pytest -q
 
 # The low end of the transformers range in pyproject.toml (the newest 4.x) needs its own

@@ -21,10 +21,10 @@ import torch
 
 
 def main() -> None:
+    from identifiable.corpus import resolve_corpus
     from identifiable.experiments.tokens import (
         DEFAULT_CORPUS,
         DEFAULT_MAX_TOKENS,
-        resolve_corpus,
         token_identifiability,
     )
     from identifiable.models import load_model
@@ -37,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
 
     model = load_model("minilm")
-    corpus = resolve_corpus(args.corpus, model, seed=0)
+    corpus = resolve_corpus(args.corpus, model.tokenizer, max_tokens=128, shuffle=True, seed=0)
     list(model.trace_many(list(corpus)[:8]))  # warm-up: thread pools, allocator
 
     def extraction() -> tuple[float, int]:

@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     "TokenIdentifiabilityResult": "identifiable.experiments.tokens",
     "ProbeConfig": "identifiable.tokens",
     "reproduce": "identifiable.reproduction",
-    "build_viewer": "identifiable.viewer",
+    "build_viewer": "identifiable.viewer_compute",
     "viewer_html": "identifiable.report",
     "hidden_token_attribution": "identifiable.attribution",
     "HTAResult": "identifiable.attribution",
@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # static types for the public API; runtime imports stay lazy
     from identifiable.report import viewer_html
     from identifiable.reproduction import reproduce
     from identifiable.tokens import ProbeConfig
-    from identifiable.viewer import build_viewer
+    from identifiable.viewer_compute import build_viewer
 
 __all__ = [  # noqa: RUF022 - grouped by paper section, not alphabetically
     "__version__",

@@ -20,7 +20,7 @@ import pandas as pd
 
 from identifiable.errors import IdentifiableError
 from identifiable.experiments import compare as cmp
-from identifiable.experiments.pipeline import resolve_corpus
+from identifiable.experiments.pipeline import corpus_items
 from identifiable.experiments.stages import resolve_budget
 from identifiable.finetuning import load_attention_model
 from identifiable.report.compare_section import write_compare_report
@@ -70,7 +70,7 @@ def compare(
     for label, m in loaded.items():
         cmp.check_comparable(m, label)
     first = next(iter(loaded.values()))
-    items, corpus_info = resolve_corpus(corpus, first, plan, seed)
+    items, corpus_info = corpus_items(corpus, first, plan, seed)
     texts, counts = cmp.align_texts(loaded, items, plan)
     settings = {
         "models": [str(m) for m in models],

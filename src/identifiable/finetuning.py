@@ -100,7 +100,6 @@ def finetune(
     folder = OutputFolder(out, resume=resume, force=force)
     folder.check()
     from identifiable.corpus import load_documents
-    from identifiable.models import load_model
 
     base = load_attention_model(model)
     source = str(getattr(base.hf_model.config, "_name_or_path", "") or "")
@@ -124,23 +123,9 @@ def finetune(
     with folder.run(lambda d: RunCache(d, run_settings).check_resumable()) as work:
         RunCache(work, run_settings).start()
         teacher = ft.Teacher(base)
-        checkpoints, logs = {}, []
-        for w in weights:
-            t_w = time.perf_counter()
-            target = checkpoint_dir(work, weights, w)
-            rows = ft.finished_log(target)
-            if rows is None:
-                student = load_model(model)
-                state = work / CACHE_DIR / f"train-{w:g}"
-                rows = ft.train_weight(
-                    student, teacher, items, w, s, state, log=log, on_step=on_step
-                )
-                ft.save_checkpoint(student, target, source, rows)
-                _remove_state(state)
-            checkpoints[w] = checkpoint_dir(out, weights, w)
-            logs.append(pd.DataFrame(rows).assign(penalty=w))
-            timings[f"train_{w:g}_s"] = time.perf_counter() - t_w
-        log_df = pd.concat(logs, ignore_index=True)
+        checkpoints, log_df = _train_all(
+            model, teacher, items, weights, s, work, out, source, timings, log, on_step
+        )
         pareto = pd.DataFrame()
         if evaluate:
             t_e = time.perf_counter()
@@ -166,6 +151,40 @@ def finetune(
     return FinetuneResult(out, checkpoints, pareto, log_df, timings)
 
 
+def _train_all(
+    model: str,
+    teacher: Any,
+    items: Any,
+    weights: Sequence[float],
+    s: Any,
+    work: Path,
+    out: Path,
+    source: str,
+    timings: dict[str, float],
+    log: Any,
+    on_step: Any,
+) -> tuple[dict[float, Path], pd.DataFrame]:
+    """Train one student per penalty weight (a finished checkpoint in `work` is kept, so a
+    resumed run trains only what is missing); (checkpoints in `out`, the training log)."""
+    from identifiable.models import load_model
+
+    checkpoints, logs = {}, []
+    for w in weights:
+        t_w = time.perf_counter()
+        target = checkpoint_dir(work, weights, w)
+        rows = ft.finished_log(target)
+        if rows is None:
+            student = load_model(model)
+            state = work / CACHE_DIR / f"train-{w:g}"
+            rows = ft.train_weight(student, teacher, items, w, s, state, log=log, on_step=on_step)
+            ft.save_checkpoint(student, target, source, rows)
+            _remove_state(state)
+        checkpoints[w] = checkpoint_dir(out, weights, w)
+        logs.append(pd.DataFrame(rows).assign(penalty=w))
+        timings[f"train_{w:g}_s"] = time.perf_counter() - t_w
+    return checkpoints, pd.concat(logs, ignore_index=True)
+
+
 def _remove_state(state: Path) -> None:
     with contextlib.suppress(OSError):
         for p in state.iterdir():
@@ -185,7 +204,7 @@ def _evaluate(
     log_df: pd.DataFrame,
     n_train: int,
 ) -> pd.DataFrame:
-    from identifiable.models import load_model
+    from identifiable.models import Model, load_model
 
     held = sweep.held_out_texts(base, held_docs, pairs=pairs, sentences=sentences, seed=seed)
     cache = work / CACHE_DIR / "tokens"
@@ -195,6 +214,8 @@ def _evaluate(
     for w in weights:
         label = f"w={w:g}"
         m = load_model(str(checkpoint_dir(work, weights, w)))
+        if not isinstance(m, Model):  # the penalty refused encoder–decoder models before
+            raise IdentifiableError(f"checkpoint {label} is not a self-attention model")
         results[label] = sweep.evaluate_model(m, ref, held, seed, cache / label)
         labels[label] = w
     pareto, by_layer = sweep.pareto_table(results, labels)

@@ -13,9 +13,13 @@ Both are optional extras; nothing here is imported by the rest of the package.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from identifiable.errors import IdentifiableError
+
+if TYPE_CHECKING:  # models load torch: imported when an adapter runs
+    from identifiable.models.protocol import TracedModel
 
 INSEQ_METHODS = ("effective_attention", "hidden_token_attribution")
 INSEQ_MISSING = (
@@ -72,7 +76,7 @@ def register_inseq() -> tuple[str, ...]:
         def attribute_step(self, attribute_fn_main_args: dict, attribution_args: dict) -> Any:
             from inseq.data import MultiDimensionalFeatureAttributionStepOutput
 
-            def hta(model: Any, ids: Any) -> Any:
+            def hta(model: TracedModel, ids: Any) -> Any:
                 from identifiable.attribution import hidden_token_attribution
 
                 res = hidden_token_attribution(model, ids, probes=self._probes, progress=False)
@@ -92,27 +96,33 @@ def register_inseq() -> tuple[str, ...]:
     return tuple(_REGISTERED)
 
 
-def _wrap(attribution_model: Any) -> Any:
+def _wrap(attribution_model: Any) -> TracedModel:
     from identifiable.models import Model
 
     model = getattr(attribution_model, "model", None)
     if model is None:
         raise IdentifiableError("this inseq model has no Hugging Face model to trace")
-    return Model.from_hf(model, getattr(attribution_model, "tokenizer", None))
+    traced = Model.from_hf(model, getattr(attribution_model, "tokenizer", None))
+    if not isinstance(traced, Model):
+        raise IdentifiableError(
+            "identifiable's inseq methods trace one self-attention stack; for an "
+            "encoder–decoder model use identifiable.load_model(...).encoder directly"
+        )
+    return traced
 
 
-def _effective(model: Any, ids: Any) -> Any:
+def _effective(model: TracedModel, ids: Any) -> Any:
     from identifiable.attention import effective_attention
 
     eff = effective_attention(model.trace(ids))
     return eff.effective.permute(3, 2, 0, 1)  # [L, H, q, k] → [k, q, L, H], as inseq's
 
 
-def _step_scores(model: Any, main_args: dict, fn: Any) -> Any:
+def _step_scores(model: TracedModel, main_args: dict, fn: Any) -> Any:
     """`fn(model, ids)` for each text of the step's batch, stacked on a batch axis."""
     import torch
 
-    extra = main_args.get("additional_forward_args") or ()
+    extra: Sequence[Any] = main_args.get("additional_forward_args") or ()
     ids = extra[0] if extra else main_args["inputs"][0]
     mask = extra[3] if len(extra) > 3 else None
     if mask is not None and not bool(torch.as_tensor(mask).bool().all()):

@@ -31,8 +31,8 @@ from identifiable.experiments.distributed import (
     stop_cleanly,
 )
 from identifiable.experiments.pipeline import (
+    corpus_items,
     progress_bars,
-    resolve_corpus,
     resolve_model,
     run_stages,
 )
@@ -103,7 +103,7 @@ def reproduce(
         with progress_bars(progress and world.is_main) as bars:
             task = bars.add_task("loading model and corpus", total=None)
             m = resolve_model(model, local_device(device))
-            items, corpus_info = resolve_corpus(corpus, m, plan, seed)
+            items, corpus_info = corpus_items(corpus, m, plan, seed)
             bars.update(task, total=1, completed=1)
             settings = {
                 "model": m.info.name,

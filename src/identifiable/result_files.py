@@ -45,9 +45,9 @@ RESULT_CLASSES: tuple[str, ...] = (
     "identifiable.models.trace:Trace",
     "identifiable.attention.effective:NullSpace",
     "identifiable.attention.effective:EffectiveAttention",
-    "identifiable.attention.certify:Witness",
-    "identifiable.attention.certify:AttentionIntervals",
-    "identifiable.attention.certify:IntervalMap",
+    "identifiable.attention.intervals:Witness",
+    "identifiable.attention.intervals:AttentionIntervals",
+    "identifiable.attention.intervals:IntervalMap",
     "identifiable.attention.constrained:ConstrainedAttention",
     "identifiable.attribution.api:HTAResult",
     "identifiable.experiments.tokens:TokenIdentifiabilityResult",
@@ -55,18 +55,36 @@ RESULT_CLASSES: tuple[str, ...] = (
 )
 
 
+# Names files written by earlier versions use for classes that have moved since.
+FORMER_NAMES: dict[str, str] = {
+    f"identifiable.attention.certify:{qual}": f"identifiable.attention.intervals:{qual}"
+    for qual in ("Witness", "AttentionIntervals", "IntervalMap")
+}
+
+
 def class_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def current_name(stored: Any) -> Any:
+    """The table's name for a class name read from a file (a moved class's former name
+    maps to where it lives now); anything else unchanged."""
+    return FORMER_NAMES.get(stored, stored) if isinstance(stored, str) else stored
 
 
 def _damaged(path: str, why: str) -> IdentifiableError:
     return IdentifiableError(f"{path} is damaged or was edited ({why}); save the result again")
 
 
+def is_result(value: Any) -> bool:
+    """Whether `value` (an instance or a class) is a `Result` dataclass, by the class flag
+    `Result._is_result`: this module never imports `identifiable.results`, which imports it."""
+    return dataclasses.is_dataclass(value) and bool(getattr(value, "_is_result", False))
+
+
 def resolve_class(name: Any, path: str) -> type:
     """The result class `name` from `RESULT_CLASSES`; anything else is refused."""
-    from identifiable.results import Result
-
+    name = current_name(name)
     if not isinstance(name, str) or not name:
         raise _damaged(path, "its class name is not text")
     if name not in RESULT_CLASSES:
@@ -81,7 +99,7 @@ def resolve_class(name: Any, path: str) -> type:
         )
     module, _, qual = RESULT_CLASSES[RESULT_CLASSES.index(name)].partition(":")
     cls = getattr(importlib.import_module(module), qual)  # the table's module, not the file's
-    if not (isinstance(cls, type) and issubclass(cls, Result)):  # pragma: no cover - table test
+    if not (isinstance(cls, type) and is_result(cls)):  # pragma: no cover - table test
         raise IdentifiableError(f"{path} names {name}, which is not a result class")
     return cls
 
@@ -95,8 +113,6 @@ def encode(obj: Any, prefix: str, tensors: dict[str, Any]) -> dict[str, Any]:
     import pandas as pd
     import torch
 
-    from identifiable.results import Result
-
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
@@ -109,7 +125,7 @@ def encode(obj: Any, prefix: str, tensors: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(value, np.ndarray):
             tensors[key] = torch.from_numpy(np.ascontiguousarray(value))
             fields[f.name] = {"kind": "ndarray"}
-        elif isinstance(value, Result):
+        elif is_result(value):
             fields[f.name] = {"kind": "result", **encode(value, f"{key}.", tensors)}
         elif isinstance(value, pd.DataFrame):
             fields[f.name] = _encode_table(value, f"{key}/", tensors)
@@ -282,7 +298,7 @@ def _field_value(
 def _field_class(cls: type, name: str, stored: str) -> type | None:
     """The class a field is annotated with, when it is the stored one (no import needed)."""
     hint = _hints(cls).get(name)
-    return hint if isinstance(hint, type) and class_name(hint) == stored else None
+    return hint if isinstance(hint, type) and class_name(hint) == current_name(stored) else None
 
 
 def _hints(cls: type) -> dict[str, Any]:

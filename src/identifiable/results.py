@@ -51,7 +51,6 @@ if TYPE_CHECKING:  # pragma: no cover - types only
 TOKEN_DIMS = ("query", "token", "row")
 # a dimension takes its coordinates from this attribute when the result has one of that length
 COORD_ATTRS = {"layer": "layers", "head": "heads", "row": "rows"}
-MAX_TICK_LABELS = 48
 HTML_TOKENS = 64
 # arrays larger than this are summarised by shape and dtype only (min/max would cost a pass)
 HTML_STATS_LIMIT = 5_000_000
@@ -76,6 +75,8 @@ class Result:
     _plot: ClassVar[Mapping[str, Any]] = {}
     _dim_start: ClassVar[Mapping[str, int]] = {}
     _summary: ClassVar[tuple[str, ...]] = ()
+    # How `result_files` (which this module imports) recognises a result without importing it.
+    _is_result: ClassVar[bool] = True
 
     def __init_subclass__(
         cls,
@@ -419,10 +420,12 @@ class Result:
             dimensions not drawn (`layer=2, head=5`; defaults are the class's), `axes`: the
             two dimensions drawn. Token tick labels where they fit (every k-th otherwise).
         """
+        from identifiable import result_plots as plots
+
         spec = dict(self._plot)
         kind = sel.pop("kind", spec.pop("kind", None))
         if self._tables and kind in (None, "layer_lines"):
-            return _layer_lines(self, fields[0] if fields else next(iter(self._tables)), sel)
+            return plots.layer_lines(self, fields[0] if fields else next(iter(self._tables)), sel)
         names = list(fields) or [
             n
             for n in (list(spec.pop("fields", ())) or self._default_fields()[:1])
@@ -449,7 +452,7 @@ class Result:
                 chosen[d] = int(coord[_position(d, coord, sel.get(d, spec.get(d, coord[0])))])
         title = ", ".join(f"{d} {v}" for d, v in chosen.items())
         if kind == "interval":
-            return _interval_plot(self, names, chosen, title)
+            return plots.interval_plot(self, names, chosen, title)
         panels = []
         for name in names:
             arr, kept, coords = self._select(name, chosen)
@@ -460,8 +463,8 @@ class Result:
                 kept = tuple(reversed(kept))
             panels.append((name, arr, kept, coords))
         if len(drawn) == 1:
-            return _bars(self, panels, title)
-        return _heatmaps(self, panels, title)
+            return plots.bars(self, panels, title)
+        return plots.heatmaps(self, panels, title)
 
     # ---- files ---------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -480,7 +483,7 @@ class Result:
         from identifiable import result_files as rf
 
         header, tensors = rf.read(path)
-        stored = header["class"]
+        stored = rf.current_name(header["class"])
         if cls is not Result and stored != rf.class_name(cls):
             short = stored.rsplit(":", 1)[-1][:80]
             raise IdentifiableError(
@@ -548,141 +551,3 @@ def _position(dim: str, coord: np.ndarray, wanted: Any) -> int:
         return len(coord) + value
     shown = ", ".join(str(int(c)) for c in coord[:12]) + (" …" if len(coord) > 12 else "")
     raise IdentifiableError(f"{dim} {value} is not in this result: choose one of {shown}")
-
-
-def _tick_text(token: str) -> str:
-    # matplotlib reads $…$ as mathematics; a token is plain text
-    return token.replace("$", r"\$")
-
-
-def _ticks(ax: Any, axis: str, labels: list[str] | None, coord: np.ndarray) -> None:
-    n = len(coord)
-    step = max(1, -(-n // MAX_TICK_LABELS))
-    pos = list(range(0, n, step))
-    text = [_tick_text(labels[p]) if labels else str(int(coord[p])) for p in pos]
-    if axis == "x":
-        ax.set_xticks(pos, text, rotation=90 if labels else 0, fontsize=7 if labels else 8)
-    else:
-        ax.set_yticks(pos, text, fontsize=7 if labels else 8)
-
-
-def _figure(**kwargs: Any) -> Figure:
-    """A new figure that Jupyter shows as an image when it is a cell's value.
-
-    Made through pyplot (which installs Jupyter's figure formatter) and closed at once, so
-    it is not drawn a second time at the end of the cell and holds no GUI window.
-    """
-    import matplotlib.pyplot as plt
-
-    fig = plt.figure(**kwargs)
-    plt.close(fig)
-    return fig
-
-
-def _heatmaps(res: Result, panels: list, title: str) -> Figure:
-    import numpy as np
-
-    arrays = [np.asarray(a, dtype=float) for _, a, _, _ in panels]
-    lo = min(float(np.nanmin(a)) for a in arrays)
-    hi = max(float(np.nanmax(a)) for a in arrays)
-    if lo < 0 < hi:  # effective and null attention have negative entries: centre the scale
-        bound = max(-lo, hi)
-        lo, hi, cmap = -bound, bound, "RdBu_r"
-    else:
-        cmap = "viridis"
-    fig = _figure(figsize=(4.2 * len(panels) + 1.0, 4.6), layout="constrained")
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    image = None
-    for ax, (name, arr, dims, coords) in zip(axes, panels, strict=True):
-        image = ax.imshow(np.asarray(arr, dtype=float), cmap=cmap, vmin=lo, vmax=hi,
-                          aspect="auto", interpolation="nearest")  # fmt: skip
-        ydim, xdim = dims
-        _ticks(ax, "y", res._labels(ydim, list(coords[ydim])), coords[ydim])
-        _ticks(ax, "x", res._labels(xdim, list(coords[xdim])), coords[xdim])
-        ax.set_ylabel(ydim)
-        ax.set_xlabel(xdim)
-        ax.set_title(name)
-    fig.colorbar(image, ax=list(axes), shrink=0.85)
-    fig.suptitle(_figure_title(res, title))
-    return fig
-
-
-def _figure_title(res: Result, where: str) -> str:
-    bits = [type(res).__name__]
-    if res._model:
-        bits.append(res._model)
-    if where:
-        bits.append(where)
-    return " — ".join(bits)
-
-
-def _bars(res: Result, panels: list, title: str) -> Figure:
-    import numpy as np
-
-    fig = _figure(figsize=(max(6.0, 0.25 * len(panels[0][1]) + 2), 3.8), layout="constrained")
-    ax = fig.subplots()
-    width = 0.8 / len(panels)
-    for k, (name, arr, _, _) in enumerate(panels):
-        x = np.arange(len(arr)) + (k - (len(panels) - 1) / 2) * width
-        ax.bar(x, np.asarray(arr, dtype=float), width=width, label=name)
-    dim, coords = panels[0][2][0], panels[0][3][panels[0][2][0]]
-    _ticks(ax, "x", res._labels(dim, list(coords)), coords)
-    ax.set_xlabel(dim)
-    ax.set_ylabel("weight")
-    ax.axhline(0, color="0.6", linewidth=0.6)
-    ax.legend(fontsize=8)
-    fig.suptitle(_figure_title(res, title))
-    return fig
-
-
-def _interval_plot(res: Result, names: list[str], chosen: dict[str, Any], title: str) -> Figure:
-    """Per key: the interval [lower, upper] of weights with the same head output, and the
-    raw weight as a dot (fields: lower, upper, raw)."""
-    import numpy as np
-
-    lower, dims, coords = res._select(names[0], chosen)
-    upper, _, _ = res._select(names[1], chosen)
-    point = res._select(names[2], chosen)[0] if len(names) > 2 else None
-    dim = dims[-1]
-    x = np.arange(len(lower))
-    fig = _figure(figsize=(max(6.0, 0.25 * len(x) + 2), 3.8), layout="constrained")
-    ax = fig.subplots()
-    ax.vlines(x, lower, upper, color="tab:blue", linewidth=4, alpha=0.6, label="interval")
-    if point is not None:
-        ax.plot(x, point, "o", color="black", markersize=3, label=names[2])
-    _ticks(ax, "x", res._labels(dim, list(coords[dim])), coords[dim])
-    ax.set_xlabel(dim)
-    ax.set_ylabel("attention weight")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=8)
-    fig.suptitle(_figure_title(res, title))
-    return fig
-
-
-def _layer_lines(res: Result, name: str, sel: dict[str, Any]) -> Figure:
-    """A per-layer table: one line per group (the table's index columns other than layer),
-    `rate` against `layer`, with the [ci_low, ci_high] band and the chance level when the
-    table has them."""
-
-    value = sel.pop("value", "rate")
-    table = res.to_pandas(name, **sel)
-    keys = [k for k in res._tables[name] if k in table.columns and k != "layer"]
-    if "layer" not in table.columns or value not in table.columns:
-        raise IdentifiableError(f"plot: table {name!r} has no layer/{value} columns to draw")
-    fig = _figure(figsize=(6.4, 4.0), layout="constrained")
-    ax = fig.subplots()
-    groups = table.groupby(keys, sort=True) if keys else [((), table)]
-    for key, part in groups:
-        part = part.sort_values("layer")
-        label = " ".join(map(str, key if isinstance(key, tuple) else (key,))) or value
-        (line,) = ax.plot(part["layer"], part[value], marker="o", markersize=3, label=label)
-        if {"ci_low", "ci_high"} <= set(part.columns):
-            ax.fill_between(part["layer"], part["ci_low"], part["ci_high"],
-                            color=line.get_color(), alpha=0.15, linewidth=0)  # fmt: skip
-    if "chance" in table.columns:
-        ax.axhline(float(table["chance"].max()), color="0.5", linestyle="--", label="chance")
-    ax.set_xlabel("layer")
-    ax.set_ylabel(value)
-    ax.legend(fontsize=8)
-    fig.suptitle(_figure_title(res, name))
-    return fig

@@ -163,7 +163,7 @@ def test_corrupt_trace_and_ranges_name_layer_and_head():
 def test_time_budget_too_small_says_what_it_needs(monkeypatch):
     """A budget the probe row alone outlasts is refused when it runs out; one the probe
     fits but the whole map does not is refused with the estimate, before the map runs."""
-    import identifiable.attention.certify as certify
+    import identifiable.attention.intervals as certify
 
     trace = synthetic_trace(n=30, d_v=4, layers=2, heads=3)
     with pytest.raises(IdentifiableError, match=r"or more \(one row, 30 keys, took over .*1e-06 s"):
@@ -188,7 +188,7 @@ def test_time_budget_too_small_says_what_it_needs(monkeypatch):
 
 
 def test_workers_beyond_heads_or_cores_neither_fail_nor_shrink_the_estimate(monkeypatch):
-    import identifiable.attention.certify as certify
+    import identifiable.attention.intervals as certify
 
     trace = synthetic_trace(n=8, d_v=3, layers=1, heads=2)
     seen = []
@@ -245,7 +245,7 @@ def test_single_row_intervals_run_in_the_simplex_and_match_highs():
     """`attention_intervals` now uses the warm-started simplex; its bounds equal HiGHS's
     per-key LPs (`interval_lp`) on a causal row."""
     from identifiable.attention.certificates import interval_lp
-    from identifiable.attention.certify import _row_problem
+    from identifiable.attention.intervals import _row_problem
 
     trace = synthetic_trace(n=40, d_v=4, d=12, causal=True, seed=4)
     got = attention_intervals(trace, 1, 2, 39)

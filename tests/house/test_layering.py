@@ -20,10 +20,12 @@ FLOORS = {
     "errors": 0,
     "store": 0,
     "results": 0,  # the Result mixin every result dataclass shares
+    "result_plots": 0,  # the figures of Result.plot
     "result_files": 0,  # its file format: an explicit table of result classes, checked reads
     "precision": 0,  # the float32 matmul precision torch is set to, read without raising
     "seeds": 0,  # the seed range and seeds derived for a layer
     "unicode": 0,  # text a tokenizer can take (no lone surrogates)
+    "progress": 0,  # the one progress helper (rich bars on stderr, lines in a log)
     "corpus": 1,
     "models": 2,
     "attention": 3,
@@ -32,7 +34,8 @@ FLOORS = {
     "mixing": 3,
     "training": 3,  # the null-attention penalty and label-free fine-tuning
     "experiments": 4,
-    "viewer": 5,
+    "viewer": 5,  # former path of viewer_compute (re-exports only)
+    "viewer_compute": 5,  # the viewer's compute side: trace, analyses, then report.viewer_page
     "reproduction": 5,
     "finetuning": 5,  # `identifiable finetune`: train, evaluate, render
     "comparison": 5,  # `identifiable compare`: reproductions side by side

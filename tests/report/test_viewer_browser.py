@@ -10,8 +10,8 @@ import pytest
 import torch
 from playwright.sync_api import expect
 
-from identifiable.report.viewer import viewer_html
-from identifiable.report.viewer_data import IntervalRow
+from identifiable.report.viewer_encoding import IntervalRow
+from identifiable.report.viewer_page import viewer_html
 from identifiable.store.files import atomic_write_text
 
 pytestmark = pytest.mark.browser

@@ -14,11 +14,10 @@ import torch
 from playwright.sync_api import expect
 
 import identifiable.attention as attention
-import identifiable.viewer as viewer_mod
+import identifiable.viewer_compute as viewer_mod
 from identifiable.attention import constrained_attention, interval_map
 from identifiable.cli import main
-from identifiable.report.viewer import read_viewer_data, viewer_fragment, viewer_html
-from identifiable.report.viewer_data import (
+from identifiable.report.viewer_encoding import (
     IDENTIFIABLE_BELOW,
     CertifiedHead,
     decode_certified,
@@ -26,8 +25,9 @@ from identifiable.report.viewer_data import (
     encode_certified,
     spread_order,
 )
+from identifiable.report.viewer_page import read_viewer_data, viewer_fragment, viewer_html
 from identifiable.store.files import atomic_write_text
-from identifiable.viewer import certify_head, viewer_html_for_trace
+from identifiable.viewer_compute import certify_head, viewer_html_for_trace
 from report.test_viewer_browser import HOSTILE, P, assert_clean, synthetic_args
 
 TEXT = ("The river rose after the storm, and the old bridge closed.", "Trains stopped.")

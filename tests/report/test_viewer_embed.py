@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from identifiable.report.html import asset
-from identifiable.report.viewer import (
+from identifiable.report.viewer_page import (
     read_viewer_data,
     viewer_fragment,
     viewer_html,

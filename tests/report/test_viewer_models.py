@@ -11,9 +11,9 @@ from playwright.sync_api import expect
 
 from identifiable.attention import effective_attention
 from identifiable.errors import IdentifiableError
-from identifiable.report.viewer import read_viewer_data
-from identifiable.report.viewer_data import decode_head
-from identifiable.viewer import viewer_html_for_trace
+from identifiable.report.viewer_encoding import decode_head
+from identifiable.report.viewer_page import read_viewer_data
+from identifiable.viewer_compute import viewer_html_for_trace
 
 TEXT = (
     "The river rose after the storm, and the old bridge closed.",

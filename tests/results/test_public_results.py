@@ -17,8 +17,8 @@ import torch
 from matplotlib.figure import Figure
 
 import identifiable as idf
-from identifiable.attention.certify import interval_map
 from identifiable.attention.constrained import constrained_attention
+from identifiable.attention.intervals import interval_map
 from identifiable.mixing import context_mixing
 from identifiable.results import Result, load
 

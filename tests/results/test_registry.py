@@ -34,3 +34,15 @@ def test_every_listed_name_resolves_to_that_class() -> None:
     for name in RESULT_CLASSES:
         cls = resolve_class(name, "f.st")
         assert issubclass(cls, Result) and class_name(cls) == name
+
+
+def test_files_naming_a_moved_class_still_load_it() -> None:
+    """attention/certify.py became attention/intervals.py: files written before name the
+    old module, and still resolve to the class, which is the only one of that name."""
+    from identifiable.attention.intervals import IntervalMap, Witness
+    from identifiable.result_files import FORMER_NAMES
+
+    assert resolve_class("identifiable.attention.certify:Witness", "old.safetensors") is Witness
+    assert resolve_class("identifiable.attention.certify:IntervalMap", "f") is IntervalMap
+    assert all(new in RESULT_CLASSES for new in FORMER_NAMES.values())
+    assert not set(FORMER_NAMES) & set(RESULT_CLASSES)

@@ -20,6 +20,6 @@ def batch_for(model, texts, *, left: bool = False):
     finally:
         tok.padding_side = "right"
     keep = {"input_ids", "attention_mask"}
-    if model._accepts_token_types:
+    if model.inputs.accepts_token_types:
         keep.add("token_type_ids")
     return {k: v for k, v in enc.items() if k in keep}

@@ -11,14 +11,6 @@ The linear algebra on plain tensors lives in `linalg`, `causal` and `certificate
 """
 
 from identifiable.attention import tensors
-from identifiable.attention.certify import (
-    AttentionIntervals,
-    IntervalMap,
-    Witness,
-    attention_intervals,
-    interval_map,
-    witness,
-)
 from identifiable.attention.constrained import ConstrainedAttention, constrained_attention
 from identifiable.attention.effective import (
     VARIANTS,
@@ -31,6 +23,14 @@ from identifiable.attention.effective import (
     effective_attention,
     iter_effective_attention,
     null_space,
+)
+from identifiable.attention.intervals import (
+    AttentionIntervals,
+    IntervalMap,
+    Witness,
+    attention_intervals,
+    interval_map,
+    witness,
 )
 
 __all__ = [

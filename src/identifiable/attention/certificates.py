@@ -21,12 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.optimize import linprog
 from torch import Tensor
 
-from identifiable.errors import IdentifiableError
+from identifiable.attention.lp import solve_lp
 
-_LP_OPTIONS = {"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10}
 MOVABLE_TOL = 1e-9  # a key is movable if ‖its component in LN([T, 1])‖² exceeds this
 
 
@@ -47,21 +45,6 @@ def movable_keys(basis: np.ndarray) -> np.ndarray:
     return 1.0 - (basis**2).sum(1) > MOVABLE_TOL
 
 
-def _solve(c: np.ndarray, basis: np.ndarray, a: np.ndarray, what: str) -> np.ndarray:
-    res = linprog(
-        c, A_eq=basis.T, b_eq=basis.T @ a, bounds=(0, None), method="highs", options=_LP_OPTIONS
-    )
-    if res.status != 0 or res.x is None:
-        raise IdentifiableError(f"the LP solver (HiGHS) failed while {what}: {res.message}")
-    return polish(np.asarray(res.x, dtype=np.float64), basis, a)
-
-
-def polish(x: np.ndarray, basis: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """Put an LP solution back on the affine set (ã − a) Q = 0 exactly, then clip rounding negatives."""
-    x = x - basis @ (basis.T @ (x - a))
-    return np.where(x < 0, 0.0, x)
-
-
 def witness_lp(a: np.ndarray, basis: np.ndarray) -> WitnessSolution:
     """A different valid row ã ∈ P, moving as much mass as possible off one key.
 
@@ -75,7 +58,7 @@ def witness_lp(a: np.ndarray, basis: np.ndarray) -> WitnessSolution:
         return WitnessSolution(None, None, f"dim LN([T, 1]) = 0 ({n} keys, rank([T, 1]) = {r})")
     movable = movable_keys(basis)
     key = int(np.argmax(np.where(movable, a, -np.inf)))
-    x = _solve(np.eye(n)[key], basis, a, f"minimising the weight of key {key}")
+    x = solve_lp(np.eye(n)[key], basis, a, f"minimising the weight of key {key}")
     if np.abs(x - a).sum() <= 1e-9:
         return WitnessSolution(
             None, None, "the optimum is the raw row itself (degenerate null space)"
@@ -104,7 +87,7 @@ def interval_lp(a: np.ndarray, basis: np.ndarray) -> tuple[np.ndarray, np.ndarra
         if seen_max[j] >= 1.0 - 1e-12:
             upper[j] = 1.0
             continue
-        x = _solve(-np.eye(n)[j], basis, a, f"maximising the weight of key {j}")
+        x = solve_lp(-np.eye(n)[j], basis, a, f"maximising the weight of key {j}")
         solved += 1
         record(x)
         upper[j] = x[j]
@@ -112,7 +95,7 @@ def interval_lp(a: np.ndarray, basis: np.ndarray) -> tuple[np.ndarray, np.ndarra
         if seen_min[j] <= 1e-12:
             lower[j] = 0.0
             continue
-        x = _solve(np.eye(n)[j], basis, a, f"minimising the weight of key {j}")
+        x = solve_lp(np.eye(n)[j], basis, a, f"minimising the weight of key {j}")
         solved += 1
         record(x)
         lower[j] = x[j]

@@ -47,7 +47,6 @@ A diag(x) Aᵀ). Damped Newton from the uniform row; accepted when ‖A x − b�
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
@@ -57,7 +56,6 @@ from identifiable.errors import IdentifiableError
 from identifiable.models.trace import Trace
 from identifiable.results import Result
 
-Reference = Literal["uniform", "entropy"]
 REFERENCES: tuple[str, ...] = ("uniform", "entropy")
 _TOL = 1e-10
 
@@ -227,7 +225,7 @@ def constrained_attention(
     Rows with no null space (dim LN([T, 1]) = 0) are their own answer. Raises
     IdentifiableError for an unknown reference, out-of-range indices or a corrupt trace.
     """
-    from identifiable.attention.certify import head_rows
+    from identifiable.attention.intervals import head_rows
 
     if reference not in REFERENCES:
         raise IdentifiableError(

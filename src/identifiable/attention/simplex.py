@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from identifiable.attention.lp import solve_lp
+
 # P = {x ≥ 0 : A x = b} with A = Qᵀ (m × n, m = rank([T, 1]) ≤ d_v + 1, usually m ≪ n) and
 # b = A a. A vertex of P is a basis: m keys whose columns of A are independent, all other
 # keys at 0. Only B⁻¹ (m × m) and x_B = B⁻¹ b are kept, so a pivot costs one tableau row
@@ -455,8 +457,6 @@ class _ChainRun:
 
     def fallback(self, c: int) -> None:
         """Chain c's LP goes to HiGHS; the chain restarts clean on its next task."""
-        from identifiable.attention.certificates import _solve
-
         b, ch, allowed = self.b, self.ch, self.allowed
         q, j, s = int(ch.row[c]), int(self.cur_j[c]), int(self.cur_s[c])
         b.fallbacks[q] += 1
@@ -464,7 +464,7 @@ class _ChainRun:
         sub_a = self.a[q, allowed[q]]
         idx = int(np.flatnonzero(np.flatnonzero(allowed[q]) == j)[0])
         where = f"{self.what}: " if self.what else ""
-        x_sub = _solve(-s * np.eye(sub_a.size)[idx], rows.T, sub_a, f"{where}bounding key {j}")
+        x_sub = solve_lp(-s * np.eye(sub_a.size)[idx], rows.T, sub_a, f"{where}bounding key {j}")
         x = np.zeros(self.a.shape[1])
         x[allowed[q]] = x_sub
         b.zero_seen[q] |= (x <= 0.0) & allowed[q]

@@ -17,6 +17,8 @@ import torch
 from identifiable.attribution.contributions import contribution_stderr, contributions
 from identifiable.attribution.jacobian import ProgressFn, jacobian_sq_norms
 from identifiable.attribution.memory import DEFAULT_MEMORY_BUDGET, ModelDims, plan_chunk_size
+from identifiable.models.protocol import TracedModel
+from identifiable.progress import task_bar, watching
 from identifiable.results import Result
 
 TextOrPair = str | tuple[str, str]
@@ -122,7 +124,7 @@ class HTAResult(
         }
 
 
-def model_dims(model: Any) -> ModelDims:
+def model_dims(model: TracedModel) -> ModelDims:
     """Sizes for the memory estimate; d_ff = 4d when the model does not say."""
     info = model.info
     d_ff = getattr(info, "intermediate_size", None) or 4 * info.hidden_size
@@ -130,7 +132,7 @@ def model_dims(model: Any) -> ModelDims:
 
 
 def _check_plan(
-    model: Any, n: int, probes: int | None, budget: int, chunk_size: int | None
+    model: TracedModel, n: int, probes: int | None, budget: int, chunk_size: int | None
 ) -> None:
     """The memory plan of `jacobian.jacobian_sq_norms`, decided from the formula before the
     embedding or any layer runs (a refusal costs the tokenisation only)."""
@@ -143,7 +145,7 @@ def _check_plan(
     plan_chunk_size(n, dims, itemsize, n * k, budget, chunk_size, what=what)
 
 
-def _itemsize(model: Any) -> int:
+def _itemsize(model: TracedModel) -> int:
     hf = getattr(model, "hf", None) or getattr(model, "hf_model", None)
     try:
         return int(next(hf.parameters()).element_size())  # type: ignore[union-attr]
@@ -151,17 +153,13 @@ def _itemsize(model: Any) -> int:
         return 4
 
 
-def special_mask(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
+def special_mask(model: TracedModel, input_ids: torch.Tensor) -> torch.Tensor:
     """`[n]` bool: positions whose id is one of the tokenizer's special tokens."""
     ids = getattr(model.tokenizer, "all_special_ids", None) or []
     return torch.isin(input_ids, torch.tensor(list(ids), dtype=input_ids.dtype))
 
 
-def _interactive() -> bool:
-    """A person is watching: stderr is a terminal, or the code runs in a Jupyter kernel."""
-    import sys
-
-    return bool(getattr(sys.stderr, "isatty", lambda: False)()) or "ipykernel" in sys.modules
+_interactive = watching  # a seam for the tests
 
 
 @contextmanager
@@ -169,25 +167,12 @@ def _progress_bar(enabled: bool, description: str) -> Iterator[ProgressFn | None
     if not enabled:
         yield None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        transient=True,
-    ) as bar:
-        task = bar.add_task(description, total=None)
-
-        def update(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        yield update
+    with task_bar(description) as bar:
+        yield bar.update
 
 
 def hidden_token_attribution(
-    model: Any,
+    model: TracedModel,
     text: TextOrPair,
     probes: int | None = None,
     *,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from identifiable.attribution.memory import DEFAULT_MEMORY_BUDGET, ModelDims, plan_chunk_size
-from identifiable.attribution.probes import ProbeBank
+from identifiable.attribution.random_probes import ProbeBank
 from identifiable.errors import IdentifiableError
 
 LayerFn = Callable[[torch.Tensor], torch.Tensor]
@@ -121,12 +121,7 @@ def jacobian_sq_norms(
         chunk = plan_chunk_size(n, dims, itemsize, total, memory_budget, chunk_size, what=what)
     with torch.no_grad():
         primal = f(e0)
-    if primal.dim() != 3 or primal.shape[1:] != (n, d) or primal.shape[0] < 2:
-        raise IdentifiableError(
-            f"the layer function must return [L+1, n, d] = [L+1, {n}, {d}] with L ≥ 1, "
-            f"got {tuple(primal.shape)}"
-        )
-    n_layers = primal.shape[0] - 1
+    n_layers = _layers_of(primal, n, d)
     if dims is None:
         dims = ModelDims.guess(n_layers, d)
         chunk = plan_chunk_size(n, dims, itemsize, total, memory_budget, chunk_size, what=what)
@@ -167,6 +162,16 @@ def jacobian_sq_norms(
         return JacobianNorms(s1, None, d, True, total, chunk)
     mean, var = _estimate(s1, s2, bank.k, d)  # type: ignore[arg-type]
     return JacobianNorms(mean, var, bank.k, False, total, chunk)
+
+
+def _layers_of(primal: torch.Tensor, n: int, d: int) -> int:
+    """L, from the layer function's output `[L+1, n, d]`; one line if it is not that."""
+    if primal.dim() != 3 or primal.shape[1:] != (n, d) or primal.shape[0] < 2:
+        raise IdentifiableError(
+            f"the layer function must return [L+1, n, d] = [L+1, {n}, {d}] with L ≥ 1, "
+            f"got {tuple(primal.shape)}"
+        )
+    return int(primal.shape[0]) - 1
 
 
 def _estimate(

@@ -18,12 +18,28 @@ import importlib
 import os
 import sys
 import warnings
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from typer._click import exceptions as click_exceptions
 
 from identifiable.errors import IdentifiableError
+
+
+def _click_class(name: str) -> type[Any]:
+    """Click's exception class `name`, found from typer's public `BadParameter`.
+
+    typer up to 0.2x raises the `click` package's exceptions; later releases vendor click
+    under a private module. Both make `typer.BadParameter` a subclass of click's
+    `UsageError` and `ClickException`, so their classes are read from its MRO rather
+    than imported from either place."""
+    for cls in typer.BadParameter.__mro__:
+        if cls.__name__ == name:
+            return cls
+    raise ImportError(f"typer {typer.__version__}: no click {name} above typer.BadParameter")
+
+
+UsageError = _click_class("UsageError")
+ClickException = _click_class("ClickException")
 
 COMMAND_MODULES = (
     "trace",
@@ -107,10 +123,10 @@ def check_utf8(argv: list[str]) -> None:
             ) from None
 
 
-def _usage(exc: click_exceptions.UsageError) -> None:
+def _usage(exc: Any) -> None:
     """At most three lines: usage, where to get help, what was wrong."""
     ctx = exc.ctx
-    if isinstance(exc, click_exceptions.NoArgsIsHelpError):
+    if type(exc).__name__ == "NoArgsIsHelpError":  # click >= 8.2: a bare `identifiable`
         message = "missing command."
     else:
         message = exc.format_message()
@@ -151,10 +167,10 @@ def _main(argv: list[str] | None) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    except click_exceptions.UsageError as exc:
+    except UsageError as exc:
         _usage(exc)
         sys.exit(2)
-    except click_exceptions.ClickException as exc:
+    except ClickException as exc:
         print(f"Error: {' '.join(exc.format_message().split())}", file=sys.stderr)
         sys.exit(2)
     except typer.Abort:

@@ -25,27 +25,38 @@ IDENTIFIABLE_WIDTH = 1e-3  # an interval narrower than this counts as an identif
 COLUMNS = ("layer", "head", "query", "key", "raw", "lower", "upper", "constrained")
 
 
+_TextArg = Annotated[str, typer.Argument(help="The text to analyse.")]
+
+_LayerArg = Annotated[
+    int | None, typer.Option("--layer", "-l", help="Layer, 1..L as printed (default all).")
+]
+
+_HeadArg = Annotated[int | None, typer.Option("--head", help="Head, 0..H-1 (default all).")]
+
+_RowArg = Annotated[int | None, typer.Option("--row", "-r", help="Only this query row, 0..n-1.")]
+
+_OutArg = Annotated[
+    Path | None, typer.Option("--out", "-o", help="Write the interval map here (Parquet).")
+]
+
+_TimeBudgetArg = Annotated[
+    float | None,
+    typer.Option("--time-budget", help="Seconds; refuse (with an estimate) maps that need more."),
+]
+
+_WorkersArg = Annotated[int, typer.Option("--workers", help="Processes, one head each.")]
+
+
 def certify(
-    text: Annotated[str, typer.Argument(help="The text to analyse.")],
+    text: _TextArg,
     pair: PairOption = None,
     model: ModelOption = "minilm",
-    layer: Annotated[
-        int | None, typer.Option("--layer", "-l", help="Layer, 1..L as printed (default all).")
-    ] = None,
-    head: Annotated[int | None, typer.Option("--head", help="Head, 0..H-1 (default all).")] = None,
-    row: Annotated[
-        int | None, typer.Option("--row", "-r", help="Only this query row, 0..n-1.")
-    ] = None,
-    out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Write the interval map here (Parquet).")
-    ] = None,
-    time_budget: Annotated[
-        float | None,
-        typer.Option(
-            "--time-budget", help="Seconds; refuse (with an estimate) maps that need more."
-        ),
-    ] = None,
-    workers: Annotated[int, typer.Option("--workers", help="Processes, one head each.")] = 1,
+    layer: _LayerArg = None,
+    head: _HeadArg = None,
+    row: _RowArg = None,
+    out: _OutArg = None,
+    time_budget: _TimeBudgetArg = None,
+    workers: _WorkersArg = 1,
     force: ForceOption = False,
     no_truncate: NoTruncateOption = False,
 ) -> None:
@@ -54,15 +65,7 @@ def certify(
     (the valid row closest to uniform). Prints a summary per head."""
     from identifiable.attention import constrained_attention, interval_map
 
-    if out is not None and out.suffix != ".parquet":
-        raise IdentifiableError(f"--out '{out}' must end in .parquet")
-    if workers < 1:
-        raise IdentifiableError(f"--workers {workers} must be at least 1")
-    if time_budget is not None and not time_budget > 0:  # NaN too: it would refuse nothing
-        raise IdentifiableError(
-            f"--time-budget {time_budget:g} must be a positive number of seconds"
-        )
-    check_writable(out, "--out", force=force)
+    _check_flags(out, workers, time_budget, force)
     m = load(model)
     tr = m.trace((text, pair) if pair is not None else text, truncate=not no_truncate)
     check_ranges(tr, layer, head, row)
@@ -117,6 +120,19 @@ def certify(
         df = pd.DataFrame(records)
         write_atomic(out, table_bytes(df)[1], "--out", force=force)
         console.print(f"wrote {len(df)} rows to {out}")
+
+
+def _check_flags(out: Path | None, workers: int, time_budget: float | None, force: bool) -> None:
+    """One line for a flag that cannot work, before the model loads."""
+    if out is not None and out.suffix != ".parquet":
+        raise IdentifiableError(f"--out '{out}' must end in .parquet")
+    if workers < 1:
+        raise IdentifiableError(f"--workers {workers} must be at least 1")
+    if time_budget is not None and not time_budget > 0:  # NaN too: it would refuse nothing
+        raise IdentifiableError(
+            f"--time-budget {time_budget:g} must be a positive number of seconds"
+        )
+    check_writable(out, "--out", force=force)
 
 
 def _span(values: Any) -> str:

@@ -20,37 +20,49 @@ from identifiable.cli.common import (
 )
 from identifiable.errors import IdentifiableError
 
+_TextArg = Annotated[str, typer.Argument(help="The text to analyse.")]
+
+_MethodArg = Annotated[
+    str,
+    typer.Option(
+        "--method",
+        help="attention, rollout, flow, effective-rollout, norm, globenc, alti, "
+        "value-zeroing, grad-input, erasure or hta (see docs/mixing.md).",
+    ),
+]
+
+_FlowBudgetArg = Annotated[
+    float | None,
+    typer.Option("--flow-budget", help="flow: seconds it may take (default 60)."),
+]
+
+_WorkersArg = Annotated[
+    int | None,
+    typer.Option("--workers", help="flow: processes that share the max-flow problems."),
+]
+
+_ProbesArg = Annotated[
+    int | None, typer.Option("--probes", "-k", help="hta: estimate with K probes per token.")
+]
+
+_SecondNormArg = Annotated[
+    bool | None,
+    typer.Option(
+        "--second-norm/--first-norm-only",
+        help="globenc: also decompose through the second layer norm (post-LN models).",
+    ),
+]
+
 
 def mixing(
-    text: Annotated[str, typer.Argument(help="The text to analyse.")],
-    method: Annotated[
-        str,
-        typer.Option(
-            "--method",
-            help="attention, rollout, flow, effective-rollout, norm, globenc, alti, "
-            "value-zeroing, grad-input, erasure or hta (see docs/mixing.md).",
-        ),
-    ] = "rollout",
+    text: _TextArg,
+    method: _MethodArg = "rollout",
     pair: PairOption = None,
     model: ModelOption = "minilm",
-    flow_budget: Annotated[
-        float | None,
-        typer.Option("--flow-budget", help="flow: seconds it may take (default 60)."),
-    ] = None,
-    workers: Annotated[
-        int | None,
-        typer.Option("--workers", help="flow: processes that share the max-flow problems."),
-    ] = None,
-    probes: Annotated[
-        int | None, typer.Option("--probes", "-k", help="hta: estimate with K probes per token.")
-    ] = None,
-    second_norm: Annotated[
-        bool | None,
-        typer.Option(
-            "--second-norm/--first-norm-only",
-            help="globenc: also decompose through the second layer norm (post-LN models).",
-        ),
-    ] = None,
+    flow_budget: _FlowBudgetArg = None,
+    workers: _WorkersArg = None,
+    probes: _ProbesArg = None,
+    second_norm: _SecondNormArg = None,
     no_truncate: NoTruncateOption = False,
     json_out: JsonOption = None,
     force: ForceOption = False,

@@ -54,52 +54,69 @@ def _parse_layers(text: str | None) -> list[int] | None:
         ) from None
 
 
+_CorpusArg = Annotated[
+    str,
+    typer.Option("--corpus", "-c", help="Corpus name or file for identifiable.corpus.load_corpus."),
+]
+
+_MaxTokensArg = Annotated[
+    int | None,
+    typer.Option("--max-tokens", "-n", help="Token cap (whole sequences). Default 8192."),
+]
+
+_QuickArg = Annotated[
+    bool, typer.Option("--quick", help="Small token budget (2048) for a fast look.")
+]
+
+_OutArg = Annotated[
+    Path,
+    typer.Option(
+        "--out",
+        "-o",
+        help="Folder for the CSV and Parquet tables: new or empty, or a tokens run of "
+        "ours with --force (written beside it and swapped in whole when done).",
+    ),
+]
+
+_CandidatesArg = Annotated[
+    str,
+    typer.Option("--candidates", help="Look-up candidates: sequence, corpus or vocabulary."),
+]
+
+_LayersArg = Annotated[
+    str | None,
+    typer.Option("--layers", help="Comma-separated layers 0..L (0 = e^0); default 1..L."),
+]
+
+_SeedArg = Annotated[
+    int, typer.Option("--seed", help="Seed of the split, shuffles and probe starts.")
+]
+
+_CacheDirArg = Annotated[
+    Path | None,
+    typer.Option(
+        "--cache-dir",
+        help="Cache extracted hidden states here (safetensors): a folder holding only "
+        "identifiable's cache files.",
+    ),
+]
+
+_BatchSizeArg = Annotated[
+    int, typer.Option("--batch-size", help=f"Sequences per forward pass, 1..{MAX_BATCH}.")
+]
+
+
 def tokens(
     model: ModelOption = "minilm",
-    corpus: Annotated[
-        str,
-        typer.Option(
-            "--corpus", "-c", help="Corpus name or file for identifiable.corpus.load_corpus."
-        ),
-    ] = "wikipedia-sample",
-    max_tokens: Annotated[
-        int | None,
-        typer.Option("--max-tokens", "-n", help="Token cap (whole sequences). Default 8192."),
-    ] = None,
-    quick: Annotated[
-        bool, typer.Option("--quick", help="Small token budget (2048) for a fast look.")
-    ] = False,
-    out: Annotated[
-        Path,
-        typer.Option(
-            "--out",
-            "-o",
-            help="Folder for the CSV and Parquet tables: new or empty, or a tokens run of "
-            "ours with --force (written beside it and swapped in whole when done).",
-        ),
-    ] = Path("out/tokens"),
-    candidates: Annotated[
-        str,
-        typer.Option("--candidates", help="Look-up candidates: sequence, corpus or vocabulary."),
-    ] = "sequence",
-    layers: Annotated[
-        str | None,
-        typer.Option("--layers", help="Comma-separated layers 0..L (0 = e^0); default 1..L."),
-    ] = None,
-    seed: Annotated[
-        int, typer.Option("--seed", help="Seed of the split, shuffles and probe starts.")
-    ] = 0,
-    cache_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--cache-dir",
-            help="Cache extracted hidden states here (safetensors): a folder holding only "
-            "identifiable's cache files.",
-        ),
-    ] = None,
-    batch_size: Annotated[
-        int, typer.Option("--batch-size", help=f"Sequences per forward pass, 1..{MAX_BATCH}.")
-    ] = 8,
+    corpus: _CorpusArg = "wikipedia-sample",
+    max_tokens: _MaxTokensArg = None,
+    quick: _QuickArg = False,
+    out: _OutArg = Path("out/tokens"),
+    candidates: _CandidatesArg = "sequence",
+    layers: _LayersArg = None,
+    seed: _SeedArg = 0,
+    cache_dir: _CacheDirArg = None,
+    batch_size: _BatchSizeArg = 8,
     max_corpus_mib: MaxCorpusOption = 256,
     max_line_kib: MaxLineOption = 1024,
     force: ForceOption = False,

@@ -62,15 +62,18 @@ def models(
 
 def _check_model(name: str, device: str) -> None:
     """`models --check`: which spec traces the model, and the verified error on a probe."""
-    from identifiable.models import load_model
+    from identifiable.models import Seq2SeqModel, load_model
     from identifiable.models.devices import resolve_device
     from identifiable.models.discover import _probe_ids
 
     resolve_device(device)  # a bad device fails before the model loads
-    m = load_model(name, device=device)
+    loaded = load_model(name, device=device)
+    m = loaded.encoder if isinstance(loaded, Seq2SeqModel) else loaded
     s = m.spec
     source = "discovered" if m.discovery is not None else "table"
     console.print(f"model: {name} (model type '{m.info.model_type}')")
+    if isinstance(loaded, Seq2SeqModel):
+        console.print(f"encoder–decoder spec: {loaded.spec.name}; checked below: its encoder")
     console.print(f"spec: {s.name} ({source})")
     console.print(f"  layers: {s.layers} ({m.info.n_layers})")
     fused = f", fused {s.fused}" if s.fused else ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -21,6 +21,9 @@ from identifiable.cli.common import (
     load,
 )
 from identifiable.errors import IdentifiableError
+
+if TYPE_CHECKING:
+    from identifiable.report.viewer_page import ViewerOptions
 
 # Finite bounds, so that what is computed from them (bytes, deadlines) stays finite:
 # 1e308 passed the isfinite checks and overflowed in int(max_mb * 1e6).
@@ -111,84 +114,145 @@ def _read_npy(path: Path) -> Any:
     return torch.from_numpy(np.array(arr))
 
 
+_TextArg = Annotated[
+    str | None,
+    typer.Argument(help="The text to look at (for an image model, give --image instead)."),
+]
+
+_ImageArg = Annotated[
+    Path | None,
+    typer.Option(
+        "--image",
+        help="For an image model (ViT, DeiT, CLIP's vision tower): the image file (PNG, "
+        "JPEG; resized by the model's image processor) or pixel values [C, H, W] as .npy. "
+        "The page shows the patch grid over the image.",
+    ),
+]
+
+_OutArg = Annotated[Path, typer.Option("--out", "-o", help="The HTML file to write.")]
+
+_LayerArg = Annotated[
+    int, typer.Option("--layer", "-l", help="Layer shown first, 1..L as printed.")
+]
+
+_HeadArg = Annotated[int, typer.Option("--head", help="Head shown first (0-based).")]
+
+_RowsArg = Annotated[
+    str | None,
+    typer.Option(
+        "--rows",
+        help="Query rows to certify first (a witness each), e.g. 0,5,9; the first is "
+        "shown on opening.",
+    ),
+]
+
+_MaxRowsArg = Annotated[
+    int, typer.Option("--max-rows", help="At most this many rows get a witness (an LP each).")
+]
+
+_IntervalSecondsArg = Annotated[
+    float,
+    typer.Option(
+        "--interval-seconds",
+        help="Time budget for the chosen head's interval bands and constrained attention; "
+        "rows left when it runs out are skipped, keeping those done spread over the text.",
+    ),
+]
+
+_CertifyArg = Annotated[
+    bool,
+    typer.Option(
+        "--certify/--no-certify",
+        help="Certify the chosen head: interval bands of every row (within "
+        "--interval-seconds), identifiable weights and constrained attention.",
+    ),
+]
+
+_IdentifiableBelowArg = Annotated[
+    float,
+    typer.Option(
+        "--identifiable-below",
+        help="Mark a weight identifiable when its interval is narrower than this.",
+    ),
+]
+
+_VariantArg = Annotated[
+    str, typer.Option("--variant", help="Effective attention: paper or row-stochastic.")
+]
+
+_MaxMbArg = Annotated[float, typer.Option("--max-mb", help="Page size limit in MB.")]
+
+_MixingArg = Annotated[
+    str | None,
+    typer.Option(
+        "--mixing",
+        help="Context-mixing methods to offer in place of the attention maps, e.g. "
+        "globenc,alti (see identifiable mixing).",
+    ),
+]
+
+
 def view(
-    text: Annotated[
-        str | None,
-        typer.Argument(help="The text to look at (for an image model, give --image instead)."),
-    ] = None,
-    image: Annotated[
-        Path | None,
-        typer.Option(
-            "--image",
-            help="For an image model (ViT, DeiT, CLIP's vision tower): the image file (PNG, "
-            "JPEG; resized by the model's image processor) or pixel values [C, H, W] as .npy. "
-            "The page shows the patch grid over the image.",
-        ),
-    ] = None,
+    text: _TextArg = None,
+    image: _ImageArg = None,
     pair: PairOption = None,
     model: ModelOption = "minilm",
-    out: Annotated[Path, typer.Option("--out", "-o", help="The HTML file to write.")] = Path(
-        "attention.html"
-    ),
-    layer: Annotated[
-        int, typer.Option("--layer", "-l", help="Layer shown first, 1..L as printed.")
-    ] = 1,
-    head: Annotated[int, typer.Option("--head", help="Head shown first (0-based).")] = 0,
-    rows: Annotated[
-        str | None,
-        typer.Option(
-            "--rows",
-            help="Query rows to certify first (a witness each), e.g. 0,5,9; the first is "
-            "shown on opening.",
-        ),
-    ] = None,
-    max_rows: Annotated[
-        int, typer.Option("--max-rows", help="At most this many rows get a witness (an LP each).")
-    ] = 16,
-    interval_seconds: Annotated[
-        float,
-        typer.Option(
-            "--interval-seconds",
-            help="Time budget for the chosen head's interval bands and constrained attention; "
-            "rows left when it runs out are skipped, keeping those done spread over the text.",
-        ),
-    ] = 30.0,
-    certify: Annotated[
-        bool,
-        typer.Option(
-            "--certify/--no-certify",
-            help="Certify the chosen head: interval bands of every row (within "
-            "--interval-seconds), identifiable weights and constrained attention.",
-        ),
-    ] = True,
-    identifiable_below: Annotated[
-        float,
-        typer.Option(
-            "--identifiable-below",
-            help="Mark a weight identifiable when its interval is narrower than this.",
-        ),
-    ] = 0.01,
-    variant: Annotated[
-        str, typer.Option("--variant", help="Effective attention: paper or row-stochastic.")
-    ] = "paper",
-    max_mb: Annotated[float, typer.Option("--max-mb", help="Page size limit in MB.")] = 9.0,
-    mixing: Annotated[
-        str | None,
-        typer.Option(
-            "--mixing",
-            help="Context-mixing methods to offer in place of the attention maps, e.g. "
-            "globenc,alti (see identifiable mixing).",
-        ),
-    ] = None,
+    out: _OutArg = Path("attention.html"),
+    layer: _LayerArg = 1,
+    head: _HeadArg = 0,
+    rows: _RowsArg = None,
+    max_rows: _MaxRowsArg = 16,
+    interval_seconds: _IntervalSecondsArg = 30.0,
+    certify: _CertifyArg = True,
+    identifiable_below: _IdentifiableBelowArg = 0.01,
+    variant: _VariantArg = "paper",
+    max_mb: _MaxMbArg = 9.0,
+    mixing: _MixingArg = None,
     force: ForceOption = False,
 ) -> None:
     """Write a self-contained page: raw, effective and null attention per head; for the
     chosen head, interval bands of every row, identifiable weights and constrained attention.
     For an image model (--image), a patch grid over the image in place of the tokens."""
-    from identifiable.mixing import get_method
     from identifiable.store.files import atomic_write_text
-    from identifiable.viewer import check_grid, image_rgb, mixing_maps, viewer_html_for_trace
+    from identifiable.viewer_compute import mixing_maps, viewer_html_for_trace
 
+    _check_inputs(text, image, pair, out, force)
+    options = _options(
+        layer=layer - 1,
+        head=head,
+        rows=rows,
+        max_rows=max_rows,
+        max_mb=max_mb,
+        interval_seconds=interval_seconds,
+        certify=certify,
+        identifiable_below=identifiable_below,
+        variant=variant,
+        mixing=mixing,
+    )
+    check_model_name(model)
+    picture = None if image is None else _read_image(image)
+    m = load(model, images=True)
+    source: Any = picture if picture is not None else (text, pair) if pair is not None else text
+    trace, picture_rgb = _trace(m, model, source, picture)
+    if not 1 <= layer <= trace.n_layers:
+        # The CLI numbers layers 1..L everywhere, as `identifiable trace` prints them.
+        raise IdentifiableError(
+            f"layer {layer} is out of range: valid layers are 1..{trace.n_layers}"
+        )
+    with err_console.status(
+        "computing effective attention" + (" and interval bands …" if certify else " …")
+    ):
+        maps = mixing_maps(m, source, options.mixing)
+        html = viewer_html_for_trace(trace, options, mixing=maps, image=picture_rgb)
+    check_writable(out, "--out", force=force)  # a file made while we computed is not replaced
+    atomic_write_text(out, html)
+    console.print(f"wrote {out} ({len(html.encode()) / 1e6:.2f} MB, {trace.n_tokens} tokens)")
+
+
+def _check_inputs(
+    text: str | None, image: Path | None, pair: str | None, out: Path, force: bool
+) -> None:
+    """One text or one image, and an output file we may write: one line otherwise."""
     if text is not None and image is not None:
         raise IdentifiableError(
             "give either a TEXT (text models) or --image FILE (image models), not both"
@@ -208,30 +272,53 @@ def view(
     if out.exists() and out.is_dir():
         raise IdentifiableError(f"--out {out} is a folder; give a file name such as attention.html")
     check_writable(out, "--out", force=force)
-    if max_rows < 1:
-        raise IdentifiableError(f"--max-rows must be at least 1, got {max_rows}")
+
+
+def _options(
+    *,
+    rows: str | None,
+    max_mb: float,
+    mixing: str | None,
+    **given: Any,
+) -> ViewerOptions:
+    """The page's `ViewerOptions` from the flags, each checked with the flag's name before
+    the model loads (an unknown --mixing method too)."""
+    from identifiable.mixing import get_method
+    from identifiable.report.viewer_page import ViewerOptions
+
+    if given["max_rows"] < 1:
+        raise IdentifiableError(f"--max-rows must be at least 1, got {given['max_rows']}")
     if not (math.isfinite(max_mb) and 1 <= max_mb <= MAX_PAGE_MB):
         raise IdentifiableError(
             f"--max-mb must be a number of MB between 1 and {MAX_PAGE_MB:.0f}, got {max_mb:g}"
         )
-    if not (math.isfinite(interval_seconds) and 0 <= interval_seconds <= MAX_INTERVAL_S):
+    seconds = given["interval_seconds"]
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_INTERVAL_S):
         raise IdentifiableError(
             f"--interval-seconds must be a number of seconds between 0 and "
-            f"{MAX_INTERVAL_S:.0f} (11 days), got {interval_seconds:g}"
+            f"{MAX_INTERVAL_S:.0f} (11 days), got {seconds:g}"
         )
-    if head < 0:
-        raise IdentifiableError(f"--head must be 0 or more, got {head}")
-    if not (math.isfinite(identifiable_below) and 0 < identifiable_below < 1):
+    if given["head"] < 0:
+        raise IdentifiableError(f"--head must be 0 or more, got {given['head']}")
+    below = given["identifiable_below"]
+    if not (math.isfinite(below) and 0 < below < 1):
         raise IdentifiableError(
             "--identifiable-below must be an interval width between 0 and 1 (exclusive), "
-            f"such as 0.01; got {identifiable_below}"
+            f"such as 0.01; got {below}"
         )
-    methods = [v.strip() for v in (mixing or "").split(",") if v.strip()]
+    methods = tuple(v.strip() for v in (mixing or "").split(",") if v.strip())
     for name in methods:  # an unknown method fails before the model loads
         get_method(name)
-    check_model_name(model)
-    picture = None if image is None else _read_image(image)
-    m = load(model, images=True)
+    return ViewerOptions(
+        rows=tuple(_rows(rows) or ()), max_bytes=int(max_mb * 1e6), mixing=methods, **given
+    )
+
+
+def _trace(m: Any, model: str, source: Any, picture: Any) -> tuple[Any, Any]:
+    """The trace of `source`, and the picture as the model saw it (image models), after
+    checking that the input suits the model."""
+    from identifiable.viewer_compute import check_grid, image_rgb
+
     modality = getattr(m, "modality", "text")
     if picture is not None and modality != "image":
         raise IdentifiableError(
@@ -249,38 +336,12 @@ def view(
             "(preprocessor_config.json): save one there, or give pixel values [C, H, W] "
             "as --image FILE.npy"
         )
-    source: Any = picture if picture is not None else (text, pair) if pair is not None else text
     trace = m.trace(source)
     picture_rgb = None
     if picture is not None:
         check_grid(m, trace.tokens)
         picture_rgb = image_rgb(m, picture)
-    if not 1 <= layer <= trace.n_layers:
-        # The CLI numbers layers 1..L everywhere, as `identifiable trace` prints them.
-        raise IdentifiableError(
-            f"layer {layer} is out of range: valid layers are 1..{trace.n_layers}"
-        )
-    with err_console.status(
-        "computing effective attention" + (" and interval bands …" if certify else " …")
-    ):
-        maps = mixing_maps(m, source, methods)
-        html = viewer_html_for_trace(
-            trace,
-            layer=layer - 1,
-            head=head,
-            rows=_rows(rows),
-            max_rows=max_rows,
-            variant=variant,
-            max_bytes=int(max_mb * 1e6),
-            interval_seconds=interval_seconds,
-            mixing=maps,
-            certify=certify,
-            identifiable_below=identifiable_below,
-            image=picture_rgb,
-        )
-    check_writable(out, "--out", force=force)  # a file made while we computed is not replaced
-    atomic_write_text(out, html)
-    console.print(f"wrote {out} ({len(html.encode()) / 1e6:.2f} MB, {trace.n_tokens} tokens)")
+    return trace, picture_rgb
 
 
 def _is_tensor(x: Any) -> bool:

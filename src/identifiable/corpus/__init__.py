@@ -68,7 +68,14 @@ Lower-level pieces: `load_documents` (Documents of paragraphs of sentences),
 `token_lengths`, `bucket_by_length`.
 """
 
-from identifiable.corpus.core import CORPUS_VERSION, UNITS, Corpus, load_corpus, load_documents
+from identifiable.corpus.core import (
+    CORPUS_VERSION,
+    UNITS,
+    Corpus,
+    load_corpus,
+    load_documents,
+    resolve_corpus,
+)
 from identifiable.corpus.document import Document
 from identifiable.corpus.fileio import DEFAULT_LIMITS, ReadLimits, read_limits
 from identifiable.corpus.lengths import (
@@ -101,6 +108,7 @@ __all__ = [
     "make_pairs",
     "parse_wiki_dump",
     "read_limits",
+    "resolve_corpus",
     "split_sentences",
     "token_lengths",
     "tokenizer_fingerprint",

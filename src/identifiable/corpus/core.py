@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -24,8 +24,9 @@ from identifiable.corpus.lengths import (
 from identifiable.corpus.pairs import iter_pairs_with_lengths
 from identifiable.corpus.sources import WIKIPEDIA_SAMPLE, SourceData, read_source
 from identifiable.errors import IdentifiableError
+from identifiable.progress import status, watching
 
-__all__ = ["CORPUS_VERSION", "UNITS", "Corpus", "load_corpus", "load_documents"]
+__all__ = ["CORPUS_VERSION", "UNITS", "Corpus", "load_corpus", "load_documents", "resolve_corpus"]
 
 # Bump when cleaning, splitting or pairing changes, so caches keyed on fingerprints expire.
 CORPUS_VERSION = 1
@@ -110,14 +111,8 @@ def _tokenizing(progress: bool | None, name: str) -> AbstractContextManager[Any]
     """A spinner with elapsed time on stderr while texts are tokenised (10–15 s for the
     default corpus); `progress=None` shows it only when a person is watching (a terminal
     or Jupyter), False never."""
-    import sys
-
-    watching = bool(getattr(sys.stderr, "isatty", lambda: False)()) or "ipykernel" in sys.modules
-    if not (progress or (progress is None and watching)):
-        return nullcontext()
-    from rich.console import Console
-
-    return Console(stderr=True).status(f"tokenising corpus {name!r} …")
+    shown = bool(progress or (progress is None and watching()))
+    return status(f"tokenising corpus {name!r} …", enabled=shown)
 
 
 def _cached_pairs(
@@ -172,6 +167,39 @@ def _select_by_length(
     return items
 
 
+def _corpus(name: str, unit: str, items: list[Item], spec: dict[str, Any]) -> Corpus:
+    """The Corpus of `items`, fingerprinted by its `spec`; one line if nothing is left."""
+    if not items:
+        raise IdentifiableError(
+            f"corpus {name!r} yielded no {unit}s with these options; relax "
+            "max_tokens/min_tokens/buckets or use another unit or source"
+        )
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    return Corpus(name, unit, tuple(items), digest, spec)
+
+
+def _built_pairs(
+    data: SourceData,
+    tokenizer: Any,
+    bounds: tuple[int, int],
+    seed: int,
+    limit: int | None,
+    progress: bool | None,
+) -> tuple[list[Item], list[int]]:
+    """Pairs of consecutive text within `bounds` tokens, and their lengths: all of them
+    (cached per source), or only the first `limit` (built lazily, no more than that)."""
+    if limit is None:
+        with _tokenizing(progress, data.name):
+            found = _cached_pairs(data, tokenizer, bounds, seed)
+    else:
+        lazy = iter_pairs_with_lengths(
+            data.documents, tokenizer, min_tokens=bounds[0], max_tokens=bounds[1], seed=seed
+        )
+        with _tokenizing(progress, data.name):
+            found = tuple(islice(lazy, limit))
+    return [(a, b) for a, b, _ in found], [n for _, _, n in found]
+
+
 def load_corpus(
     source: str | Path = WIKIPEDIA_SAMPLE,
     *,
@@ -211,12 +239,11 @@ def load_corpus(
         "buckets": buckets,
     }
     _check_options(unit, tokenizer, counted, per_bucket, pair_fields)
-    pair_key = tuple(pair_fields) if pair_fields is not None else None
     data = read_source(
         source,
         fmt=format,
         field=field,
-        pair_fields=pair_key,
+        pair_fields=tuple(pair_fields) if pair_fields is not None else None,
         split=split,
         config=config,
         max_bytes=max_bytes,
@@ -235,23 +262,18 @@ def load_corpus(
                 f"pair_fields yields pairs; use unit='pair' (got {unit!r}) or field=…"
             )
         unit, items = "pair", list(data.pairs)
-    elif (unit or "") == "pair":
+    elif unit == "pair":
         bounds = (min_tokens or 12, max_tokens or 128)
         spec["pair_tokens"] = list(bounds)
         uses_seed, min_tokens, max_tokens = True, None, None  # every pair is within bounds
-        if shuffle or buckets is not None or limit is None:
-            with _tokenizing(progress, data.name):
-                found = _cached_pairs(data, tokenizer, bounds, seed)
-        else:  # only the first `limit` pairs are needed: build no more than that
-            lazy = iter_pairs_with_lengths(
-                data.documents, tokenizer, min_tokens=bounds[0], max_tokens=bounds[1], seed=seed
-            )
-            with _tokenizing(progress, data.name):
-                found = tuple(islice(lazy, limit))
-        items, lengths = [(a, b) for a, b, _ in found], [n for _, _, n in found]
+        everything = shuffle or buckets is not None or limit is None
+        items, lengths = _built_pairs(
+            data, tokenizer, bounds, seed, None if everything else limit, progress
+        )
     else:
         unit = unit or ("sentence" if data.kind == "wiki" else "document")
         items = _units(data.documents, unit)
+    assert unit is not None  # every branch above chose one
     spec["unit"] = unit
     counts_tokens = bool(max_tokens or min_tokens or buckets is not None)
     if counts_tokens or "pair_tokens" in spec:
@@ -263,12 +285,33 @@ def load_corpus(
             )
     if shuffle:
         random.Random(f"shuffle:{seed}").shuffle(items)
-    items = items[:limit] if limit is not None else items
     spec |= {"shuffle": shuffle, "limit": limit, "seed": seed if uses_seed else None}
-    if not items:
-        raise IdentifiableError(
-            f"corpus {data.name!r} yielded no {unit}s with these options; relax "
-            "max_tokens/min_tokens/buckets or use another unit or source"
+    return _corpus(data.name, unit, items[:limit] if limit is not None else items, spec)
+
+
+def resolve_corpus(
+    corpus: Any, tokenizer: Any, *, max_tokens: int = 128, shuffle: bool = False, seed: int = 0
+) -> Corpus | Iterable[Item]:
+    """The one corpus resolver of the experiments: a corpus name or path becomes the
+    paper's data, pairs of consecutive text of at most `max_tokens` tokens
+    (`load_corpus(name, unit="pair", ...)`, shuffled under `seed` when `shuffle`); any
+    other iterable of texts or `(text, text)` pairs is returned as given (a one-shot
+    iterator stays unread).
+
+    Raises:
+        IdentifiableError: `corpus` is None or bytes.
+    """
+    if isinstance(corpus, str | Path):
+        return load_corpus(
+            str(corpus),
+            unit="pair",
+            tokenizer=tokenizer,
+            max_tokens=max_tokens,
+            shuffle=shuffle,
+            seed=seed,
         )
-    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-    return Corpus(data.name, unit, tuple(items), digest, spec)
+    if corpus is None or isinstance(corpus, bytes):
+        raise IdentifiableError(
+            "corpus must be an iterable of texts (str) or text pairs (str, str)"
+        )
+    return corpus

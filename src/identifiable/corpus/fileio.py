@@ -23,10 +23,10 @@ import hashlib
 import io
 import lzma
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from identifiable.errors import IdentifiableError
 
@@ -42,7 +42,11 @@ __all__ = [
     "read_text",
 ]
 
-_OPENERS = {".bz2": bz2.open, ".gz": gzip.open, ".xz": lzma.open}
+_OPENERS: dict[str, Callable[[Path, str], Any]] = {
+    ".bz2": bz2.open,
+    ".gz": gzip.open,
+    ".xz": lzma.open,
+}
 _CHUNK = 1 << 20
 # What a damaged archive raises while inflating; all mean "unreadable file".
 CORRUPT_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, lzma.LZMAError, zlib.error)
@@ -110,7 +114,8 @@ def too_big(path: Path, limits: ReadLimits) -> IdentifiableError:
 def open_binary(path: Path) -> BinaryIO:
     """Open `path` for reading bytes, decompressing `.bz2`, `.gz` and `.xz` by suffix."""
     opener = _OPENERS.get(path.suffix.lower())
-    return opener(path, "rb") if opener else open(path, "rb")  # type: ignore[return-value]
+    stream: BinaryIO = opener(path, "rb") if opener else open(path, "rb")  # noqa: SIM115
+    return stream
 
 
 class _Bounded(io.RawIOBase):

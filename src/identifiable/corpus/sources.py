@@ -12,7 +12,7 @@ import hashlib
 import importlib.util
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -289,7 +289,7 @@ def read_source(
     *,
     fmt: str = "auto",
     field: str = "text",
-    pair_fields: tuple[str, str] | None = None,
+    pair_fields: Sequence[str] | None = None,
     split: str = "train",
     config: str | None = None,
     max_bytes: int | None = None,
@@ -308,16 +308,16 @@ def read_source(
     limits = current_limits(max_bytes, max_line_bytes)
     if fmt not in FORMATS:
         raise IdentifiableError(f"unknown corpus format {fmt!r}; use one of {', '.join(FORMATS)}")
+    fields: tuple[str, str] | None = None
     if pair_fields is not None:
-        pair_fields = tuple(pair_fields)  # type: ignore[assignment]
-        if len(pair_fields) != 2 or not all(isinstance(k, str) for k in pair_fields):
+        given = tuple(pair_fields)
+        if len(given) != 2 or not all(isinstance(k, str) for k in given):
             raise IdentifiableError(
                 "pair_fields must be two field names, e.g. ('premise', 'hypothesis')"
             )
+        fields = (given[0], given[1])
     if isinstance(source, str) and source.startswith("hf:"):
-        return _read_hf(
-            source[3:], field=field, pair_fields=pair_fields, split=split, config=config
-        )
+        return _read_hf(source[3:], field=field, pair_fields=fields, split=split, config=config)
     path = wikipedia_sample_path() if source == WIKIPEDIA_SAMPLE else Path(source).expanduser()
     if not path.exists():
         raise IdentifiableError(f"corpus source {str(source)!r} not found; pass {_KNOWN}")
@@ -332,4 +332,4 @@ def read_source(
             f"cannot read corpus file {path}: {exc}; check its permissions"
         ) from exc
     name = WIKIPEDIA_SAMPLE if source == WIKIPEDIA_SAMPLE else path.name
-    return _read_cached(str(path.resolve()), digest, name, fmt, field, pair_fields, limits)
+    return _read_cached(str(path.resolve()), digest, name, fmt, field, fields, limits)

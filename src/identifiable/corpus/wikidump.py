@@ -18,6 +18,9 @@ from identifiable.errors import IdentifiableError
 
 __all__ = ["parse_wiki_dump"]
 
+# What a truncated or damaged dump raises while it is parsed.
+_READ_ERRORS: tuple[type[BaseException], ...] = (*CORRUPT_ERRORS, ET.ParseError, ValueError)
+
 _NAMESPACE_NAMES = (
     "talk user wikipedia project file image mediawiki template help category portal "
     "book draft module timedtext gadget special media"
@@ -97,7 +100,7 @@ def parse_wiki_dump(
                     documents.append(Document(title, tuple(clean_wikitext(markup))))
                     if max_documents is not None and len(documents) >= max_documents:
                         break
-    except (*CORRUPT_ERRORS, ET.ParseError, ValueError) as exc:
+    except _READ_ERRORS as exc:
         raise IdentifiableError(
             f"cannot read wiki dump {path}: {exc}. The file is truncated or corrupt; "
             "download it again or pass another file"

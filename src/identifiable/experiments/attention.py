@@ -40,6 +40,7 @@ from identifiable.attention.stats import (
 )
 from identifiable.errors import IdentifiableError
 from identifiable.experiments.pipeline import Advance, Item
+from identifiable.models.protocol import TracedModel
 from identifiable.models.trace import Trace
 
 TextOrPair = str | tuple[str, str]
@@ -103,7 +104,7 @@ class AttentionExperimentResult:
 
 
 def attention_experiment(
-    model: Any,
+    model: TracedModel,
     texts: Iterable[TextOrPair],
     *,
     variant: Variant = "paper",
@@ -205,23 +206,6 @@ def _one_sequence(
     )
 
 
-def default_texts(
-    tokenizer: Any, *, per_bucket: int = 25, pairs: int = 100, seed: int = 0
-) -> list[TextOrPair]:
-    """Wikipedia-sample sentences in four length buckets (≤16, ≤32, ≤64, ≤128 tokens)
-    plus Clark-style paragraph pairs of up to 128 tokens, all in the model's format."""
-    from identifiable.corpus import load_corpus
-
-    sentences = load_corpus(
-        unit="sentence", tokenizer=tokenizer, max_tokens=128,
-        buckets=[(4, 16), (17, 32), (33, 64), (65, 128)], per_bucket=per_bucket, seed=seed,
-    )  # fmt: skip
-    pair_corpus = load_corpus(
-        unit="pair", tokenizer=tokenizer, max_tokens=128, shuffle=True, seed=seed, limit=pairs
-    )
-    return [*sentences, *pair_corpus]
-
-
 def _atomic(path: Path, data: bytes) -> Path:
     from identifiable.store.files import atomic_write_bytes
 
@@ -246,7 +230,7 @@ def target_positions(tokens: Sequence[str], special: dict[str, str]) -> dict[str
 
 
 def attention_tables(
-    model: Any, shard: Sequence[Item], first: int, advance: Advance
+    model: TracedModel, shard: Sequence[Item], first: int, advance: Advance
 ) -> dict[str, pd.DataFrame]:
     """Per sequence: r(raw, effective) pooled and per layer, null dims, attention to targets.
 
@@ -255,7 +239,10 @@ def attention_tables(
     value = mean over query tokens of the summed weight on the target keys (docs/definitions.md#effective-attention);
     output_change (seq, length, layer, head, bias_free, biased): see `head_output_change`.
     """
-    by_length, by_layer, to_tokens, output_change = [], [], [], []
+    by_length: list[tuple[Any, ...]] = []
+    by_layer: list[tuple[Any, ...]] = []
+    to_tokens: list[tuple[Any, ...]] = []
+    output_change: list[tuple[Any, ...]] = []
     factors = None
     for k, tr in enumerate(model.trace_many(list(shard), batch_size=8)):
         seq = first + k

@@ -46,6 +46,8 @@ from identifiable.attribution.stats import (
 )
 from identifiable.errors import IdentifiableError
 from identifiable.experiments.pipeline import Advance, Item
+from identifiable.models.protocol import TracedModel
+from identifiable.progress import track
 
 DISTANCE_NORMALISATION = (
     "per token: summed contribution of the group's positions / number of those positions; "
@@ -259,7 +261,7 @@ def attribution_tables(results: Iterable[HTAResult], *, max_offset: int = 60) ->
 
 
 def run_attribution_experiment(
-    model: Any,
+    model: TracedModel,
     texts: Iterable[TextOrPair],
     *,
     probes: int | None = None,
@@ -281,10 +283,7 @@ def run_attribution_experiment(
             )
 
     stream: Iterable[HTAResult] = results()
-    if progress:
-        from rich.progress import track
-
-        stream = track(stream, total=len(texts_list), description="attribution", transient=True)
+    stream = track(stream, "attribution", enabled=progress, total=len(texts_list))
     tables = attribution_tables(stream, max_offset=max_offset)
     tables.meta.update({"model": model.info.name, "seed": seed})
     return tables
@@ -353,7 +352,12 @@ def reduce_attribution(
 
 
 def attribution_shard_tables(
-    model: Any, shard: Sequence[Item], first: int, probes: int | None, seed: int, advance: Advance
+    model: TracedModel,
+    shard: Sequence[Item],
+    first: int,
+    probes: int | None,
+    seed: int,
+    advance: Advance,
 ) -> dict[str, pd.DataFrame]:
     """Hidden Token Attribution of each sequence (probe seed `seed + s` for sequence s),
     reduced by `reduce_attribution`."""
@@ -370,7 +374,7 @@ def attribution_shard_tables(
 
 
 def items_in_length_range(
-    model: Any, items: Sequence[Item], min_tokens: int, max_tokens: int, count: int
+    model: TracedModel, items: Sequence[Item], min_tokens: int, max_tokens: int, count: int
 ) -> list[Item]:
     """The first `count` items whose token count n satisfies min_tokens ≤ n ≤ max_tokens.
 

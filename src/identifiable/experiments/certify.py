@@ -10,13 +10,13 @@ docs/certified_attention.md for the definitions.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from identifiable.attention import constrained_attention, interval_map
 from identifiable.experiments.pipeline import Advance, Item
+from identifiable.models.protocol import TracedModel
 
 ROW_COLUMNS = [
     "seq", "length", "layer", "head", "query", "keys", "null_dim", "width_max", "width_mean",
@@ -31,7 +31,7 @@ def sample_rows(n_rows: int, k: int, seed: int, seq: int, layer: int, head: int)
 
 
 def certify_tables(
-    model: Any,
+    model: TracedModel,
     shard: Sequence[Item],
     first: int,
     advance: Advance,

@@ -19,6 +19,7 @@ import pandas as pd
 
 from identifiable.errors import IdentifiableError
 from identifiable.experiments.pipeline import Item
+from identifiable.models.protocol import TracedModel
 
 # (table, value column, filter, metric name) of the per-layer curves compared
 CURVES: tuple[tuple[str, str, dict[str, str], str], ...] = (
@@ -40,7 +41,7 @@ CURVES: tuple[tuple[str, str, dict[str, str], str], ...] = (
 )
 
 
-def check_comparable(model: Any, label: str) -> None:
+def check_comparable(model: TracedModel, label: str) -> None:
     """One line for a model whose texts cannot be aligned with the others'."""
     if getattr(model, "modality", "text") != "text" or not hasattr(model, "spec"):
         raise IdentifiableError(
@@ -92,7 +93,7 @@ def align_texts(
     return chosen, pd.DataFrame(rows, columns=["item", "model", "tokens"])
 
 
-def _vocab_key(model: Any) -> tuple[Any, ...]:
+def _vocab_key(model: TracedModel) -> tuple[Any, ...]:
     tok = model.tokenizer
     return (type(tok).__name__, len(tok), getattr(tok, "name_or_path", ""))
 

@@ -16,13 +16,13 @@ group with the same sequences, so the intervals are paired and deterministic).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 import pandas as pd
 from scipy.stats import rankdata
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.protocol import TracedModel
 
 Item = str | tuple[str, str]
 Advance = Callable[[int], None]
@@ -66,7 +66,7 @@ def row_spearman(a: np.ndarray, b: np.ndarray, causal: bool) -> np.ndarray:
 
 
 def mixing_tables(
-    model: Any,
+    model: TracedModel,
     shard: Sequence[Item],
     first: int,
     advance: Advance,

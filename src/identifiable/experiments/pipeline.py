@@ -12,6 +12,7 @@ this package owns its stage function.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -25,6 +26,7 @@ import pandas as pd
 
 from identifiable.errors import IdentifiableError
 from identifiable.experiments.distributed import SINGLE, World, barrier, claims, work_order
+from identifiable.progress import progress_bars  # noqa: F401  (the run's bars; imported from here)
 from identifiable.store.cache import RunCache
 from identifiable.unicode import check_unicode
 
@@ -75,17 +77,20 @@ def resolve_model(model: Any, device: str = "cpu") -> Any:
     return model
 
 
-def resolve_corpus(
+def corpus_items(
     corpus: Any, model: Any, budget: Any, seed: int
 ) -> tuple[list[Item], dict[str, Any]]:
-    """Items (pairs formatted later as [CLS] a [SEP] b [SEP]) and a description for the settings."""
+    """The run's items, checked, and a description for its settings.
+
+    A corpus name or path goes through `corpus.resolve_corpus` (pairs formatted later as
+    [CLS] a [SEP] b [SEP], at most `budget.max_tokens` tokens, in the corpus's order);
+    given texts or pairs must be a non-empty list of valid Unicode text."""
+    from identifiable.corpus import Corpus, resolve_corpus
+
     _check_reads_text(model)
     if isinstance(corpus, str | Path):
-        from identifiable.corpus import load_corpus
-
-        c = load_corpus(
-            corpus, unit="pair", tokenizer=model.tokenizer, max_tokens=budget.max_tokens, seed=seed
-        )
+        c = resolve_corpus(corpus, model.tokenizer, max_tokens=budget.max_tokens, seed=seed)
+        assert isinstance(c, Corpus)  # a name always loads one
         return list(c), {
             "name": c.name,
             "unit": c.unit,
@@ -169,9 +174,8 @@ def _run_stages(
         cached = cache.load(stage.name, k)
         if cached is None:
             start = time.perf_counter()
-            tables = stage.compute(
-                stage.shards[k], k, lambda n, t=tasks[si]: progress.advance(t, n)
-            )
+            advance: Advance = functools.partial(progress.advance, tasks[si])
+            tables = stage.compute(stage.shards[k], k, advance)
             seconds[si] += time.perf_counter() - start
             cache.save(stage.name, k, tables, {"items": len(stage.shards[k])})
         else:
@@ -229,95 +233,3 @@ def summarised_truncations() -> Iterator[None]:
             TruncationWarning,
             stacklevel=3,
         )
-
-
-class _Quiet:
-    """Progress stand-in when bars are off."""
-
-    def add_task(self, *_: Any, **__: Any) -> int:
-        return 0
-
-    def advance(self, *_: Any) -> None:
-        pass
-
-    def update(self, *_: Any, **__: Any) -> None:
-        pass
-
-
-class _Lines:
-    """Progress for logs (stderr is not a terminal): one line per step, with rate and ETA,
-    at most one a second per task except the last, so batch-job logs show where a run is."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-        self.tasks: dict[int, dict[str, Any]] = {}
-
-    def add_task(self, label: str, total: float | None = None, **_: Any) -> int:
-        self.tasks[len(self.tasks)] = {
-            "label": label,
-            "total": total,
-            "done": 0.0,
-            "start": time.monotonic(),
-            "shown": -1.0,
-        }
-        return len(self.tasks) - 1
-
-    def advance(self, task: int, k: float = 1) -> None:
-        self.update(task, completed=self.tasks[task]["done"] + k)
-
-    def update(
-        self, task: int, *, completed: float | None = None, total: float | None = None
-    ) -> None:
-        t = self.tasks[task]
-        if total is not None:
-            t["total"] = total
-        if completed is None or (completed == t["done"] and t["shown"] >= 0):
-            return
-        t["done"] = completed
-        now = time.monotonic()
-        finished = t["total"] is not None and completed >= t["total"]
-        if not finished and now - t["shown"] < 1.0:
-            return
-        t["shown"] = now
-        elapsed = now - t["start"]
-        if t["total"]:
-            eta = elapsed / completed * (t["total"] - completed) if completed else float("nan")
-            line = (
-                f"{t['label']}: {completed:g}/{t['total']:g} "
-                f"({100 * completed / t['total']:.0f}%) elapsed {elapsed:.0f} s, eta {eta:.0f} s"
-            )
-        else:
-            line = f"{t['label']}: done in {elapsed:.0f} s"
-        print(line, file=self.stream, flush=True)
-
-
-@contextmanager
-def progress_bars(enabled: bool) -> Iterator[Any]:
-    """Progress of a run on stderr: rich bars on a terminal, one line per step in a log."""
-    if not enabled:
-        yield _Quiet()
-        return
-    import sys
-
-    if not sys.stderr.isatty():
-        yield _Lines(sys.stderr)
-        return
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        "eta",
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-    ) as bar:
-        yield bar

@@ -29,6 +29,7 @@ from identifiable.attention import effective_attention
 from identifiable.experiments.attribution import attribution_shard_tables, items_in_length_range
 from identifiable.experiments.stages import with_budget
 from identifiable.experiments.tokens import token_tables
+from identifiable.models.protocol import TracedModel
 
 NULL_GOAL = 0.5  # the median null fraction falls to at most half of the original's
 COSINE_GOAL = 0.98  # while held-out embedding cosine to the original stays at least this
@@ -47,7 +48,13 @@ class HeldOut:
 
 
 def held_out_texts(
-    model: Any, documents: Sequence[Any], *, pairs: int, sentences: int, seed: int, **options: Any
+    model: TracedModel,
+    documents: Sequence[Any],
+    *,
+    pairs: int,
+    sentences: int,
+    seed: int,
+    **options: Any,
 ) -> HeldOut:
     """Pairs longer than d_v (up to 128 tokens) and sentences of ≥ 6 words of `documents`."""
     from identifiable.corpus import make_pairs
@@ -61,7 +68,7 @@ def held_out_texts(
     return HeldOut(chosen, picked, **options)
 
 
-def null_rows(model: Any, pairs: Sequence[Any]) -> pd.DataFrame:
+def null_rows(model: TracedModel, pairs: Sequence[Any]) -> pd.DataFrame:
     """seq, n, layer (1-based), head, null_fraction: mean over the rows of one head."""
     rows = []
     d_v = model.info.head_dim
@@ -77,7 +84,9 @@ def null_rows(model: Any, pairs: Sequence[Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["seq", "n", "layer", "head", "null_fraction"])
 
 
-def sentence_embeddings(model: Any, sentences: Sequence[str], batch_size: int = 32) -> torch.Tensor:
+def sentence_embeddings(
+    model: TracedModel, sentences: Sequence[str], batch_size: int = 32
+) -> torch.Tensor:
     """`[S, d]` float64 unit mean-pooled last hidden states."""
     from identifiable.training.finetune import encode_batch, mean_pool
 
@@ -110,7 +119,9 @@ def fidelity(emb: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
     }
 
 
-def last_layer_tokens(model: Any, held: HeldOut, seed: int, cache_dir: Path) -> pd.DataFrame:
+def last_layer_tokens(
+    model: TracedModel, held: HeldOut, seed: int, cache_dir: Path
+) -> pd.DataFrame:
     """Fig. 2 rates at the last layer (probe, objective, rate, ci_low, ci_high)."""
     budget = with_budget(
         "quick",
@@ -127,7 +138,7 @@ def last_layer_tokens(model: Any, held: HeldOut, seed: int, cache_dir: Path) -> 
     return per[per["layer"] == n_layers][["probe", "objective", "rate", "ci_low", "ci_high"]]
 
 
-def last_layer_hta(model: Any, held: HeldOut, seed: int) -> dict[str, float]:
+def last_layer_hta(model: TracedModel, held: HeldOut, seed: int) -> dict[str, float]:
     """Median own share c_ii and P̃ (own input not the top contributor) at the last layer."""
     items = items_in_length_range(model, held.pairs, 60, 128, held.hta_pairs)
     own = attribution_shard_tables(model, items, 0, held.hta_probes, seed, lambda _: None)["own"]
@@ -140,7 +151,11 @@ def last_layer_hta(model: Any, held: HeldOut, seed: int) -> dict[str, float]:
 
 
 def evaluate_model(
-    model: Any, reference_embeddings: torch.Tensor | None, held: HeldOut, seed: int, cache_dir: Path
+    model: TracedModel,
+    reference_embeddings: torch.Tensor | None,
+    held: HeldOut,
+    seed: int,
+    cache_dir: Path,
 ) -> dict[str, Any]:
     """Every held-out measure of one model (the reference: the original's embeddings)."""
     emb = sentence_embeddings(model, held.sentences)

@@ -19,8 +19,10 @@ from typing import Any
 import pandas as pd
 import torch
 
+from identifiable.corpus import resolve_corpus
 from identifiable.errors import IdentifiableError
 from identifiable.experiments.pipeline import Advance, Item
+from identifiable.progress import task_bar
 from identifiable.results import Result
 from identifiable.tokens.cache import cache_paths, corpus_fingerprint, load_pairs, save_pairs
 from identifiable.tokens.evaluate import Candidates, Kind, evaluate_pairs
@@ -98,32 +100,6 @@ def _resolve_model(model: Any) -> Any:
     return model
 
 
-def resolve_corpus(corpus: Any, model: Any, *, seed: int = 0) -> Iterable[Any]:
-    """A corpus name becomes the paper's data: shuffled pairs of consecutive text, ≤ 128 tokens.
-
-    The paper feeds Wikipedia segments of up to 128 tokens as `[CLS] a [SEP] b [SEP]`;
-    `load_corpus(name, unit="pair", …)` builds such pairs with lengths spread over
-    12 … 128 tokens. They are shuffled under `seed` so that a token cap samples many
-    articles instead of the first few. Anything else is used as given.
-    """
-    if isinstance(corpus, str | Path):
-        from identifiable.corpus import load_corpus
-
-        return load_corpus(
-            str(corpus),
-            unit="pair",
-            tokenizer=model.tokenizer,
-            max_tokens=128,
-            shuffle=True,
-            seed=seed,
-        )
-    if corpus is None or isinstance(corpus, bytes):
-        raise IdentifiableError(
-            "corpus must be an iterable of texts (str) or text pairs (str, str)"
-        )
-    return corpus
-
-
 def vocabulary_matrix(model: Any) -> torch.Tensor:
     """The model's input word-embedding matrix `[V, d']` (candidates for `candidates="vocabulary"`)."""
     return model.vocabulary_embeddings()
@@ -182,16 +158,10 @@ def extract(
             return cached, info
     texts = model.trace_many(iter(corpus), batch_size=batch_size)
     dtype = STORAGE_DTYPES[storage]
-    if progress:
-        from rich.progress import Progress
-
-        with Progress(transient=True) as bar:
-            task = bar.add_task("extracting hidden states", total=max_tokens)
-            pairs = collect_token_pairs(
-                texts, max_tokens=max_tokens, dtype=dtype, on_tokens=lambda k: bar.advance(task, k)
-            )
-    else:
-        pairs = collect_token_pairs(texts, max_tokens=max_tokens, dtype=dtype)
+    with task_bar("extracting hidden states", max_tokens, enabled=progress) as bar:
+        pairs = collect_token_pairs(
+            texts, max_tokens=max_tokens, dtype=dtype, on_tokens=bar.advance
+        )
     if paths is not None and settings is not None:
         save_pairs(pairs, *paths, settings)
     return pairs, info
@@ -237,7 +207,9 @@ def token_identifiability(
         progress: show progress bars.
     """
     model = _resolve_model(model)
-    texts = resolve_corpus(corpus, model, seed=seed)
+    # The paper's segments of ≤ 128 tokens, shuffled under `seed` so that a token cap
+    # samples many articles instead of the first few.
+    texts = resolve_corpus(corpus, model.tokenizer, max_tokens=128, shuffle=True, seed=seed)
     t0 = time.perf_counter()
     pairs, source = extract(
         model,
@@ -293,12 +265,9 @@ def token_identifiability(
 def _evaluate_with_progress(pairs: TokenPairs, progress: bool, **kwargs: Any):
     if not progress:
         return evaluate_pairs(pairs, **kwargs)
-    from rich.progress import Progress
-
     n = len(kwargs.get("layers") or range(pairs.n_layers))
-    with Progress(transient=True) as bar:
-        task = bar.add_task("fitting probes", total=n)
-        return evaluate_pairs(pairs, on_layer=lambda _layer: bar.advance(task), **kwargs)
+    with task_bar("fitting probes", n) as bar:
+        return evaluate_pairs(pairs, on_layer=lambda _layer: bar.advance(), **kwargs)
 
 
 # ---- the reproduction stage (one shard: probes are fitted on all tokens at once) ----
@@ -366,7 +335,7 @@ def token_tables(
         seed=seed,
         probe_config=config,
         on_layer=lambda _layer: advance(1),
-        layers=[layer] if one else None,
+        layers=[layer] if layer is not None else None,
         select_layer=all_layers[-1],
         test_layers=all_layers,
         record_selection=not one or layer == all_layers[0],

@@ -29,6 +29,7 @@ from identifiable.mixing.rollout import (
     row_normalise,
     with_residual,
 )
+from identifiable.models.protocol import TracedModel
 
 TextOrPair = str | tuple[str, str]
 Computed = tuple[Tensor, Tensor | None, dict[str, Any]]
@@ -79,7 +80,7 @@ class _Inputs:
     """What the methods read, computed on first use and shared: one tracing pass captures
     both the `Trace` and (if asked) the normalisation inputs and outputs."""
 
-    def __init__(self, model: Any, text: TextOrPair, truncate: bool, blocks: bool) -> None:
+    def __init__(self, model: TracedModel, text: TextOrPair, truncate: bool, blocks: bool) -> None:
         self.model, self.text, self.truncate, self._want_blocks = model, text, truncate, blocks
         self._blocks: Any = None
 
@@ -143,7 +144,12 @@ class _Inputs:
 
 
 def context_mixing(
-    model: Any, text: TextOrPair, method: str = "rollout", *, truncate: bool = True, **options: Any
+    model: TracedModel,
+    text: TextOrPair,
+    method: str = "rollout",
+    *,
+    truncate: bool = True,
+    **options: Any,
 ) -> MixingResult:
     """How much each token mixes into each other token, per layer, by `method`.
 

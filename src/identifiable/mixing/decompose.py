@@ -64,30 +64,6 @@ def _project(norms: Sequence[NormParams], v: Tensor) -> Tensor:
     return v
 
 
-def projected_parts_by_key(
-    p: BlockPieces,
-    norms: Sequence[NormParams] = (),
-    scales: Sequence[Tensor] = (),
-    *,
-    residual: bool = True,
-) -> Tensor:
-    """The `parts` of `decomposition`, transposed to `[j, i, d]` (contiguous) and computed
-    faster in the dtype of p.f: every P is linear, so it is applied to the H·n transformed
-    values and the n residuals first, and the `[n, n, d]` result is formed once by one
-    batched product."""
-    f = _project(norms, p.f)
-    parts = torch.bmm(p.attn.to(f.dtype).permute(2, 1, 0), f.permute(1, 0, 2).contiguous())
-    if residual:
-        idx = torch.arange(parts.shape[0])
-        parts[idx, idx] += _project(norms, p.residual.to(f.dtype))
-    divisor = torch.ones(parts.shape[1], dtype=f.dtype)
-    for s in scales:
-        divisor = divisor * s.to(f.dtype).reshape(-1)
-    if scales:
-        parts /= divisor[None, :, None]
-    return parts
-
-
 def decomposition(
     p: BlockPieces,
     norms: Sequence[NormParams] = (),

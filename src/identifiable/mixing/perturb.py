@@ -31,13 +31,6 @@ def change_norms(clean: Tensor, perturbed: Tensor) -> Tensor:
     return (perturbed.double() - clean.double()[None]).norm(dim=-1)
 
 
-def scatter_columns(per_copy: Tensor, columns: Tensor, n: int) -> Tensor:
-    """`[B, L, n]` values of copies → `[L, n, n]` with copy b in column columns[b]."""
-    out = torch.zeros(per_copy.shape[1], per_copy.shape[2], n, dtype=per_copy.dtype)
-    out[:, :, columns.cpu()] = per_copy.permute(1, 2, 0).cpu()
-    return out
-
-
 def causal_mask_(maps: Tensor) -> Tensor:
     """Zero every entry j > i in place. In a causal model token j > i cannot reach token i;
     a perturbed copy's output for such i is the clean one up to kernel rounding, which

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import sys
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ import torch
 from identifiable.errors import IdentifiableError
 from identifiable.models.compat import dtype_of
 from identifiable.models.specs import ArchSpec
+from identifiable.progress import track
 from identifiable.unicode import check_unicode
 
 TextOrPair = str | tuple[str, str]
@@ -358,12 +359,7 @@ def many_items(
 
 
 def with_progress(items: Iterable[Any], enabled: bool) -> Iterable[Any]:
-    if not enabled:
-        return items
-    from rich.progress import track
-
-    total = len(items) if isinstance(items, Sized) else None
-    return track(items, description="tracing", total=total, transient=True)
+    return track(items, "tracing", enabled=enabled)
 
 
 def is_dataset(obj: Any) -> bool:

@@ -65,6 +65,9 @@ class TracedModel(Protocol):
     @property
     def fingerprint(self) -> str: ...
 
+    @property
+    def kv_head_of(self) -> torch.Tensor: ...
+
     def encode(self, text: ModelInput, *, truncate: bool = True) -> Encoding: ...
 
     def batch_inputs(self, encs: Sequence[Encoding]) -> dict[str, torch.Tensor]: ...
@@ -72,7 +75,12 @@ class TracedModel(Protocol):
     def trace(self, text: ModelInput, *, truncate: bool = True) -> Trace: ...
 
     def trace_many(
-        self, texts: Iterable[ModelInput] | Any, *, batch_size: int = 8, truncate: bool = True
+        self,
+        texts: Iterable[ModelInput] | Any,
+        *,
+        batch_size: int = 8,
+        truncate: bool = True,
+        progress: bool = False,
     ) -> Iterator[Trace]: ...
 
     def iter_layers(

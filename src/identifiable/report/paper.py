@@ -24,7 +24,3 @@ def paper_reference() -> dict[str, Any]:
 
 def paper_head_dim() -> int:
     return int(paper_reference()["model"]["head_dim"])
-
-
-def paper_layers() -> int:
-    return int(paper_reference()["model"]["layers"])

@@ -17,7 +17,7 @@ import io
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -92,11 +92,19 @@ def _explain(err: OSError, path: Path, hint: str = "choose another --out") -> Id
     return IdentifiableError(f"cannot write {path}: {err.strerror or err}")
 
 
-def atomic_write_bytes(
-    path: str | Path, data: bytes, *, parents: bool = True, hint: str = "choose another --out"
+def atomic_write_with(
+    path: str | Path,
+    write: Callable[[int, Path], None],
+    *,
+    parents: bool = True,
+    hint: str = "choose another --out",
 ) -> Path:
-    """Write `data` to `path` atomically (temp file in the same folder + rename).
+    """The one atomic writer: `write(fd, temporary)` fills a temporary file beside `path`,
+    which is then fsynced and renamed over `path`.
 
+    `write` may write through the open descriptor `fd` or reopen `temporary` by name (a
+    library that only saves to a path, such as safetensors). On any error the temporary
+    file is removed; an OS error becomes one line (disk full, permission, missing folder).
     `parents=False` refuses a missing folder instead of creating it (a user's file path);
     `hint` ends the one-line error with what to do.
     """
@@ -110,13 +118,14 @@ def atomic_write_bytes(
     try:
         try:
             os.fchmod(fd, _file_mode())
-            view = memoryview(data)
-            while view:
-                written = _raw_write(fd, view[:_CHUNK])
-                view = view[written:]
-            os.fsync(fd)
+            write(fd, Path(tmp))
         finally:
             os.close(fd)
+        synced = os.open(tmp, os.O_RDONLY)  # the file `write` left at that name
+        try:
+            os.fsync(synced)
+        finally:
+            os.close(synced)
         os.replace(tmp, path)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)
@@ -125,6 +134,20 @@ def atomic_write_bytes(
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def atomic_write_bytes(
+    path: str | Path, data: bytes, *, parents: bool = True, hint: str = "choose another --out"
+) -> Path:
+    """Write `data` to `path` atomically (see `atomic_write_with`)."""
+
+    def write(fd: int, _tmp: Path) -> None:
+        view = memoryview(data)
+        while view:
+            written = _raw_write(fd, view[:_CHUNK])
+            view = view[written:]
+
+    return atomic_write_with(path, write, parents=parents, hint=hint)
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:

@@ -9,24 +9,24 @@ On load the manifest must repeat exactly the expected settings; if it does not
 (a file copied or renamed by hand), `CacheMismatchError` is raised and nothing is
 reused. A data file whose sha256 differs from the manifest's, or that fails to
 parse, is corrupt: `load_pairs` warns and returns None, and the caller rebuilds.
-Both files are written atomically (temporary file + rename), data first, so a
-manifest only ever describes a complete data file.
+Both files are written by the store's one atomic writer (`store.files`: temporary
+file, fsync, rename; a full disk is one line), data first, so a manifest only ever
+describes a complete data file. The key and the corruption warning are the store's too
+(`store.cache.settings_key`, `store.cache.CacheCorruptWarning`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import tempfile
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from identifiable.errors import IdentifiableError
-from identifiable.store.files import atomic_write_text, sha256_file
+from identifiable.store.cache import CacheCorruptWarning, settings_key
+from identifiable.store.files import atomic_write_text, atomic_write_with, sha256_file
 from identifiable.tokens.extract import TokenPairs
 
 FORMAT_VERSION = 1
@@ -37,8 +37,15 @@ class CacheMismatchError(IdentifiableError):
     """A cache file describes different settings than the run asks for."""
 
 
-class CacheCorruptWarning(UserWarning):
-    """A cache file failed its checksum or could not be read; it is rebuilt."""
+__all__ = [
+    "CacheCorruptWarning",
+    "CacheMismatchError",
+    "cache_key",
+    "cache_paths",
+    "corpus_fingerprint",
+    "load_pairs",
+    "save_pairs",
+]
 
 
 def corpus_fingerprint(corpus: Iterable[Any]) -> str | None:
@@ -62,8 +69,8 @@ def corpus_fingerprint(corpus: Iterable[Any]) -> str | None:
 
 
 def cache_key(settings: dict[str, Any]) -> str:
-    blob = json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+    """The store's `settings_key`, cut to the 16 hex digits of the token cache's file names."""
+    return settings_key(settings)[:16]
 
 
 def cache_paths(cache_dir: str | Path, settings: dict[str, Any]) -> tuple[Path, Path]:
@@ -79,20 +86,14 @@ def save_pairs(
     from safetensors.torch import save_file
 
     tensors = {name: getattr(pairs, name).contiguous() for name in _TENSORS}
-    data_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{data_path.name}.", suffix=".tmp", dir=data_path.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={"n_truncated": str(pairs.n_truncated)})
-        digest = sha256_file(tmp)
-        os.replace(tmp, data_path)
-    except OSError as exc:
-        raise IdentifiableError(
-            f"cannot write the token cache {data_path}: {exc.strerror or exc}"
-        ) from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    digests: list[str] = []
+
+    def write(_fd: int, tmp: Path) -> None:  # safetensors saves to a path only
+        save_file(tensors, str(tmp), metadata={"n_truncated": str(pairs.n_truncated)})
+        digests.append(sha256_file(tmp))
+
+    atomic_write_with(data_path, write, hint="choose another cache directory")
+    digest = digests[0]
     manifest = {
         "format": FORMAT_VERSION,
         "settings": settings,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from weakref import WeakKeyDictionary
 
 from torch import Tensor, nn
@@ -23,9 +23,10 @@ from torch import Tensor, nn
 from identifiable.errors import IdentifiableError
 from identifiable.models.compat import ask_for_attention_weights
 from identifiable.models.hooks import HookSet, first_tensor, get_submodule
+from identifiable.models.protocol import TracedModel
 
 
-def as_model(model: Any) -> Any:
+def as_model(model: TracedModel) -> Any:
     """An identifiable `Model` for `model`: itself, or a wrapper of a Hugging Face (or peft)
     model built once per model and cached. Wrapping switches to eager attention where
     needed but leaves every module's train/eval mode as it was."""
@@ -35,7 +36,8 @@ def as_model(model: Any) -> Any:
         raise IdentifiableError(
             f"model must be an identifiable Model or a Hugging Face model, got {type(model).__name__}"
         )
-    hf = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    base_of = getattr(model, "get_base_model", None)  # peft
+    hf = base_of() if base_of is not None else model
     cached = _WRAPPERS.get(hf)
     if cached is not None:
         return cached
@@ -56,7 +58,7 @@ def as_model(model: Any) -> Any:
 _WRAPPERS: WeakKeyDictionary = WeakKeyDictionary()
 
 
-def value_columns(model: Any) -> slice | list[int]:
+def value_columns(model: TracedModel) -> slice | list[int]:
     """The output columns of the value module that hold W_V (fused QKV layouts sliced)."""
     from identifiable.models.model import value_columns as columns
 
@@ -68,13 +70,14 @@ def value_columns(model: Any) -> slice | list[int]:
 
 def _weight(module: nn.Module, layout: str) -> Tensor:
     """The module's weight in x @ W orientation, with active peft adapter deltas added."""
-    w = module.weight
+    w = cast(Tensor, module.weight)
     base = getattr(module, "base_layer", None)
-    if base is not None and hasattr(module, "get_delta_weight"):
+    delta = getattr(module, "get_delta_weight", None)
+    if base is not None and delta is not None:
         w = base.weight
         for name in getattr(module, "active_adapters", []):
             if name in getattr(module, "lora_A", {}):
-                w = w + module.get_delta_weight(name)
+                w = w + delta(name)
     return w if layout == "conv1d" else w.T
 
 
@@ -86,7 +89,7 @@ class Captured:
     attentions: list[Tensor] = field(default_factory=list)
 
 
-def check_supported(model: Any) -> None:
+def check_supported(model: TracedModel) -> None:
     """One line for a model whose penalty cannot be read from its forward pass."""
     spec = model.spec
     if spec.weight_layout == "heads" or spec.sequence_first or spec.block_output_at:
@@ -100,7 +103,7 @@ def check_supported(model: Any) -> None:
 
 
 @contextlib.contextmanager
-def capture(model: Any) -> Iterator[Captured]:
+def capture(model: TracedModel) -> Iterator[Captured]:
     """Record V and A of every layer run while the block runs (gradients kept); see
     `check_complete` for the counts."""
     check_supported(model)
@@ -140,7 +143,7 @@ def capture(model: Any) -> Iterator[Captured]:
         yield got
 
 
-def check_complete(model: Any, got: Captured) -> None:
+def check_complete(model: TracedModel, got: Captured) -> None:
     """One line when the capture did not see one full forward pass."""
     n_layers = model.info.n_layers
     if len(got.values) != n_layers or len(got.attentions) != n_layers:
@@ -151,7 +154,7 @@ def check_complete(model: Any, got: Captured) -> None:
         )
 
 
-def head_out_proj(model: Any, layer: int) -> Tensor:
+def head_out_proj(model: TracedModel, layer: int) -> Tensor:
     """`[H, d_v, d]` each head's slice H of W_O (differentiable, adapters included)."""
     info = model.info
     module = get_submodule(model.layers[layer], model.spec.out_proj)

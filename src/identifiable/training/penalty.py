@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.protocol import TracedModel
 from identifiable.training.capture import (
     Captured,
     as_model,
@@ -113,7 +114,9 @@ def model_inputs(model: Any, batch: Any) -> dict[str, Any]:
     )
 
 
-def select_heads(model: Any, layers: Sequence[int] | None, heads: Heads) -> dict[int, list[int]]:
+def select_heads(
+    model: TracedModel, layers: Sequence[int] | None, heads: Heads
+) -> dict[int, list[int]]:
     """{layer: heads} after checking every index against the model."""
     n_layers, n_heads = model.info.n_layers, model.info.n_heads
     chosen = list(range(n_layers)) if layers is None else [int(x) for x in layers]
@@ -130,7 +133,7 @@ def select_heads(model: Any, layers: Sequence[int] | None, heads: Heads) -> dict
 
 
 def penalty_from_capture(
-    model: Any,
+    model: TracedModel,
     got: Captured,
     attention_mask: Tensor | None,
     chosen: dict[int, list[int]],
@@ -178,7 +181,7 @@ def _real_first(mask: Tensor) -> tuple[Tensor | None, Tensor]:
     return torch.argsort((~mask).long(), dim=-1, stable=True), lengths
 
 
-def _layer_routes(model: Any, n: int, layers: list[int]) -> bool:
+def _layer_routes(model: TracedModel, n: int, layers: list[int]) -> bool:
     """Whether the chosen layers are causal; one line for key sets the penalty does not cover."""
     masks = model.key_mask(n)
     full, tril = torch.ones(n, n, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()
@@ -193,7 +196,7 @@ def _layer_routes(model: Any, n: int, layers: list[int]) -> bool:
 
 
 def _layer_sum(
-    model: Any,
+    model: TracedModel,
     got: Captured,
     layer: int,
     heads: list[int],

@@ -1,5 +1,5 @@
 // Offline attention viewer. Each viewer root (.idf-viewer) holds its own JSON data island,
-// written by identifiable.report.viewer; this script starts every root on the page that has
+// written by identifiable.report.viewer_page; this script starts every root on the page that has
 // not been started yet, and looks elements up only inside their own root, so several viewers
 // can share one page. Every input string is inserted with textContent, never as HTML.
 // Matrices are zlib-compressed uint8 codes, decoded on demand.

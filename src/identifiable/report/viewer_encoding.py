@@ -95,6 +95,14 @@ def dequantise(codes: np.ndarray, offset: float, step: float) -> np.ndarray:
     return offset + codes.astype(np.float64) * step
 
 
+def _scale(entry: dict[str, object], key: str) -> tuple[float, float]:
+    """The (offset, step) pair that `quantise` gave, as stored under `key`."""
+    pair = entry[key]
+    if not isinstance(pair, list | tuple) or len(pair) != 2:
+        raise ValueError(f"entry[{key!r}] is not an (offset, step) pair: {pair!r}")
+    return float(pair[0]), float(pair[1])
+
+
 def block_means(x: np.ndarray, f: int, causal: bool) -> np.ndarray:
     """`[m, m]` means of f×f blocks of `x` `[n, n]`, m = ceil(n / f); causal-masked entries
     (key after query) are left out of the means, and blocks that are all masked hold 0."""
@@ -138,8 +146,8 @@ def decode_head(entry: dict[str, object], n: int) -> tuple[np.ndarray, np.ndarra
     """Inverse of `encode_head` (what the page's script does), for tests: (raw, effective) `[m, m]`."""
     m = -(-n // int(entry["f"]))  # type: ignore[call-overload]
     data = np.frombuffer(zlib.decompress(base64.b64decode(str(entry["blob"]))), dtype=np.uint8)
-    r_off, r_step = entry["raw"]  # type: ignore[misc]
-    e_off, e_step = entry["eff"]  # type: ignore[misc]
+    r_off, r_step = _scale(entry, "raw")
+    e_off, e_step = _scale(entry, "eff")
     raw = dequantise(data[: m * m].reshape(m, m), r_off, r_step)
     eff = dequantise(data[m * m :].reshape(m, m), e_off, e_step)
     return raw, eff
@@ -282,7 +290,7 @@ def decode_map(entry: dict[str, object], n: int) -> np.ndarray:
     """Inverse of `encode_map`, for tests: `[m, m]`."""
     m = -(-n // int(entry["f"]))  # type: ignore[call-overload]
     data = np.frombuffer(zlib.decompress(base64.b64decode(str(entry["blob"]))), dtype=np.uint8)
-    off, step = entry["v"]  # type: ignore[misc]
+    off, step = _scale(entry, "v")
     return dequantise(data.reshape(m, m), off, step)
 
 
@@ -435,7 +443,7 @@ def decode_certified(entry: dict[str, object], n: int) -> dict[str, np.ndarray]:
     rows = np.array(entry["rows"], dtype=np.int64)
     data = zlib.decompress(base64.b64decode(str(entry["blob"])))
     codes = np.frombuffer(data, dtype="<u2" if entry["bits"] == 16 else np.uint8)
-    off, step = entry["q"]  # type: ignore[misc]
+    off, step = _scale(entry, "q")
     names = list(entry["arrays"])  # type: ignore[call-overload]
     values = dequantise(codes, off, step).reshape(len(names), rows.size, n)
     out = {"rows": rows} | {name: values[k] for k, name in enumerate(names)}

@@ -1,0 +1,180 @@
+"""The one progress helper: rich bars on stderr while a person watches, lines in a log.
+
+- `progress_bars(enabled)`: the bars of a run (many tasks, `add_task` / `advance` /
+  `update`); on a terminal rich bars, in a log one line per step at most once a second.
+- `task_bar(description, total, enabled=...)`: one transient bar for one computation,
+  with `advance(n)` and `update(done, total)`.
+- `track(items, description, enabled=...)`: items, with a transient bar while they are
+  consumed.
+- `status(text, enabled=...)`: a spinner with elapsed time, for work without a count.
+- `watching()`: a person is watching (stderr is a terminal, or a Jupyter kernel runs).
+
+Everything goes to stderr, so that stdout keeps only what a command prints as output.
+rich is imported when a bar is drawn.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def watching() -> bool:
+    """A person is watching: stderr is a terminal, or the code runs in a Jupyter kernel."""
+    return bool(getattr(sys.stderr, "isatty", lambda: False)()) or "ipykernel" in sys.modules
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+class _Bar:
+    """One task of a rich `Progress` (or nothing, when bars are off)."""
+
+    def __init__(self, progress: Any = None, task: Any = None) -> None:
+        self._progress, self._task = progress, task
+
+    def advance(self, n: float = 1) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task, n)
+
+    def update(self, done: float, total: float | None = None) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done, total=total)
+
+
+@contextmanager
+def task_bar(
+    description: str, total: float | None = None, *, enabled: bool = True
+) -> Iterator[_Bar]:
+    """A transient bar (description, bar, done/total, time left) while the block runs."""
+    if not enabled:
+        yield _Bar()
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        transient=True,
+        console=_console(),
+    ) as progress:
+        yield _Bar(progress, progress.add_task(description, total=total))
+
+
+def track(
+    items: Iterable[T], description: str, *, enabled: bool = True, total: int | None = None
+) -> Iterable[T]:
+    """`items`, with a transient bar while they are consumed (`total`: len(items) if sized)."""
+    if not enabled:
+        return items
+    from rich.progress import track as rich_track
+
+    if total is None and hasattr(items, "__len__"):
+        total = len(items)  # type: ignore[arg-type]
+    return rich_track(
+        items, description=description, total=total, transient=True, console=_console()
+    )
+
+
+def status(text: str, *, enabled: bool = True) -> AbstractContextManager[Any]:
+    """A spinner with `text` on stderr while the block runs."""
+    return _console().status(text) if enabled else nullcontext()
+
+
+class _Quiet:
+    """Progress stand-in when bars are off."""
+
+    def add_task(self, *_: Any, **__: Any) -> int:
+        return 0
+
+    def advance(self, *_: Any) -> None:
+        pass
+
+    def update(self, *_: Any, **__: Any) -> None:
+        pass
+
+
+class _Lines:
+    """Progress for logs (stderr is not a terminal): one line per step, with rate and ETA,
+    at most one a second per task except the last, so batch-job logs show where a run is."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.tasks: dict[int, dict[str, Any]] = {}
+
+    def add_task(self, label: str, total: float | None = None, **_: Any) -> int:
+        self.tasks[len(self.tasks)] = {
+            "label": label,
+            "total": total,
+            "done": 0.0,
+            "start": time.monotonic(),
+            "shown": -1.0,
+        }
+        return len(self.tasks) - 1
+
+    def advance(self, task: int, k: float = 1) -> None:
+        self.update(task, completed=self.tasks[task]["done"] + k)
+
+    def update(
+        self, task: int, *, completed: float | None = None, total: float | None = None
+    ) -> None:
+        t = self.tasks[task]
+        if total is not None:
+            t["total"] = total
+        if completed is None or (completed == t["done"] and t["shown"] >= 0):
+            return
+        t["done"] = completed
+        now = time.monotonic()
+        finished = t["total"] is not None and completed >= t["total"]
+        if not finished and now - t["shown"] < 1.0:
+            return
+        t["shown"] = now
+        elapsed = now - t["start"]
+        if t["total"]:
+            eta = elapsed / completed * (t["total"] - completed) if completed else float("nan")
+            line = (
+                f"{t['label']}: {completed:g}/{t['total']:g} "
+                f"({100 * completed / t['total']:.0f}%) elapsed {elapsed:.0f} s, eta {eta:.0f} s"
+            )
+        else:
+            line = f"{t['label']}: done in {elapsed:.0f} s"
+        print(line, file=self.stream, flush=True)
+
+
+@contextmanager
+def progress_bars(enabled: bool) -> Iterator[Any]:
+    """Progress of a run on stderr: rich bars on a terminal, one line per step in a log."""
+    if not enabled:
+        yield _Quiet()
+        return
+    if not sys.stderr.isatty():
+        yield _Lines(sys.stderr)
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        "eta",
+        TimeRemainingColumn(),
+        console=_console(),
+    ) as bar:
+        yield bar
