@@ -10,7 +10,9 @@ from typing import Any
 import torch
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.backends import AttentionChoice, EagerFallback, check_choice
 from identifiable.models.model import Model, Seq2SeqModel
+from identifiable.models.recompute import supported
 
 DEFAULT_MODEL = "minilm"
 
@@ -42,6 +44,7 @@ def load_model(
     dtype: torch.dtype | None = None,
     trust_remote_code: bool = False,
     device_map: str | dict[str, Any] | None = None,
+    attention: AttentionChoice = "auto",
 ) -> Model | Seq2SeqModel:
     """Load a model for tracing (an encoder–decoder model gives a `Seq2SeqModel`).
 
@@ -60,9 +63,13 @@ def load_model(
         device_map: passed to `from_pretrained` for models larger than one device
             (e.g. "auto", which needs the `accelerate` package); the model then stays
             where it is placed and `device` is not applied.
+        attention: "auto" (default): traces run on sdpa where the family's attention
+            goes through transformers' attention interface, with the maps recomputed
+            from the captured query and key and proved equal to eager's on a probe
+            (models/backends.py); other families run eager. "sdpa": the same, with a
+            warning where it falls back to eager. "eager": always eager attention.
 
-    Safetensors weights only; attention is always the eager implementation so that
-    attention probabilities are returned. A fine-tuned checkpoint of a task-head
+    Safetensors weights only. Encoder–decoder models trace eager. A fine-tuned checkpoint of a task-head
     model (`*ForSequenceClassification`, `*ForMaskedLM`, …) loads its base model.
     Without tokenizer files in the directory, the model traces token ids only.
     """
@@ -75,6 +82,7 @@ def load_model(
             f"load_model takes a model name, directory or hub id as a non-empty str, got "
             f"{type(name_or_path).__name__} {name_or_path!r}; e.g. load_model('minilm')"
         )
+    check_choice(attention)
     target = resolve_device(device)
     from transformers import AutoModel
     from transformers.utils import logging as hf_logging
@@ -104,7 +112,8 @@ def load_model(
         hf_model = AutoModel.from_pretrained(
             source,
             config=config,
-            attn_implementation="eager",
+            # None: transformers' default (sdpa where the class has it), recomputed maps
+            attn_implementation=None if attention != "eager" and supported() else "eager",
             use_safetensors=True,
             dtype=dtype,
             **({"device_map": device_map} if device_map is not None else {}),
@@ -114,7 +123,10 @@ def load_model(
         raise _load_error(name_or_path, local, exc) from None
     if device_map is None:
         hf_model.to(target)
-    model = Model.from_hf(hf_model, tokenizer, name=name_or_path)
+    with warnings.catch_warnings():
+        if attention == "auto":  # sdpa was our choice, not the caller's: eager needs no word
+            warnings.simplefilter("ignore", EagerFallback)
+        model = Model.from_hf(hf_model, tokenizer, name=name_or_path, attention=attention)
     if tokenizer is None and local and not _has_tokenizer_files(source):
         model.tokenizer = None  # Model looks beside the weights again and would find the stub
     return model
@@ -261,6 +273,16 @@ def _size(config: Any, key: str) -> int:
     return value
 
 
+def _positions(config: Any, key: str) -> int:
+    """A position count: `_size`, except that XLNet states "no limit" as -1."""
+    try:
+        if getattr(config, key, None) == -1:
+            return 0
+    except Exception:
+        return 0
+    return _size(config, key)
+
+
 def estimate_size(config: Any) -> tuple[int, int]:
     """(a lower bound on the parameter count, the layers) a config describes; sub-configs
     (CLIP's text and vision towers, an encoder-decoder's halves) are added."""
@@ -272,7 +294,7 @@ def estimate_size(config: Any) -> tuple[int, int]:
     expert_ff = _size(config, "moe_intermediate_size") or ff
     experts = max((_size(config, k) for k in _EXPERT_KEYS), default=0)
     per_layer = 2 * width * width + 2 * width * (expert_ff * experts if experts else ff)
-    positions = max(_size(config, "max_position_embeddings"), _size(config, "n_positions"))
+    positions = max(_positions(config, k) for k in ("max_position_embeddings", "n_positions"))
     params = layers * per_layer + (_size(config, "vocab_size") + positions) * width
     for value in vars(config).values():
         if hasattr(value, "to_dict") and hasattr(value, "model_type"):  # a sub-config
