@@ -237,7 +237,9 @@ def decoder_times(n: int, threads: int, repeats: int, config: dict | None = None
     return best
 
 
-def decoder_table(ns: list[int], threads: int, repeats: int = 2) -> None:
+def decoder_table(
+    ns: list[int], threads: int, repeats: int = 2, modes: tuple[str, ...] = DECODER_MODES
+) -> None:
     print(
         f"Llama-3-style reference, 2 layers, float32, {threads} thread(s); each cell a fresh "
         "process; peak = RSS above the loaded model (MB)"
@@ -249,10 +251,11 @@ def decoder_table(ns: list[int], threads: int, repeats: int = 2) -> None:
         "threads); memory: one fresh process per cell"
     )
     for n in ns:
-        rows = {mode: decoder_run(mode, n, threads) for mode in DECODER_MODES}
-        times = decoder_run("times", n, threads, repeats=repeats)
-        for mode in DECODER_MODES:
-            rows[mode]["seconds"] = times[mode]
+        rows = {mode: decoder_run(mode, n, threads) for mode in modes}
+        if modes == DECODER_MODES:  # else: each process's own single run
+            times = decoder_run("times", n, threads, repeats=repeats)
+            for mode in modes:
+                rows[mode]["seconds"] = times[mode]
         fwd = rows["forward"]
         for mode, r in rows.items():
             ratio = r["peak_above_model_mb"] / r["plan_mb"] if r["plan_mb"] else float("nan")
@@ -262,6 +265,8 @@ def decoder_table(ns: list[int], threads: int, repeats: int = 2) -> None:
                 f"{r['peak_above_model_mb'] / fwd['peak_above_model_mb']:6.2f} "
                 f"{r['maps_mb']:8.0f} {r['plan_mb']:10.0f} {ratio:12.2f}"
             )
+        if modes != DECODER_MODES:
+            continue
         extra = rows["sdpa"]["peak_above_model_mb"] / (
             1.5 * fwd["peak_above_model_mb"] + rows["sdpa"]["maps_mb"]
         )
@@ -299,6 +304,7 @@ def main() -> None:
     parser.add_argument("--compare", metavar="SRC", help="another checkout's src folder")
     parser.add_argument("--decoder", metavar="N,N", help="the decoder table at these n")
     parser.add_argument("--decoder-child", choices=(*DECODER_MODES, "times"))
+    parser.add_argument("--modes", help="decoder: only these (e.g. forward,head0), memory only")
     args = parser.parse_args()
     if args.decoder_child:
         import os
@@ -315,7 +321,8 @@ def main() -> None:
         print(json.dumps(got))
         return
     if args.decoder:
-        decoder_table([int(x) for x in args.decoder.split(",")], args.threads, args.repeats)
+        modes = tuple(args.modes.split(",")) if args.modes else DECODER_MODES
+        decoder_table([int(x) for x in args.decoder.split(",")], args.threads, args.repeats, modes)
         return
     if args.child:
         memory_child(args.child, args.memory_n, args.threads, args.dtype)

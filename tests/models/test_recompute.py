@@ -78,12 +78,12 @@ def test_attention_sdpa_switches_an_eager_model_and_falls_back_with_a_warning(be
 def test_a_wrong_recomputation_is_caught_by_the_probe(bert_tokenizer, monkeypatch):
     """The probe proof can fail: a recomputation that forgets the scaling differs from
     eager and the model falls back to eager with a warning."""
-    rows = recompute.AttentionCall.rows
+    real = recompute.AttentionCall.from_arguments
 
-    def unscaled(self, *args):
-        return rows(recompute.AttentionCall(**{**self.__dict__, "scaling": 1.0}), *args)
+    def unscaled(*args):
+        return recompute.AttentionCall(**{**real(*args).__dict__, "scaling": 1.0})
 
-    monkeypatch.setattr(recompute.AttentionCall, "rows", unscaled)
+    monkeypatch.setattr(recompute.AttentionCall, "from_arguments", unscaled)
     with pytest.warns(UserWarning, match="differ from eager's"):
         m = Model.from_hf(build_tiny_hf_model("llama", attn_implementation="sdpa"), bert_tokenizer)
     assert m.attention == "eager"

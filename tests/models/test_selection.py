@@ -41,6 +41,17 @@ def test_chosen_heads_and_layers_equal_the_full_trace(models, kind):
     torch.testing.assert_close(streamed[0][1].attentions, part.attentions)
 
 
+def test_analyses_of_chosen_heads_equal_the_full_trace(models):
+    from identifiable.attention import effective_attention
+
+    m = models["sdpa"]  # grouped-query: heads 3 and 1 read key/value heads 1 and 0
+    full, part = (
+        effective_attention(m.trace(TEXT)),
+        effective_attention(m.trace(TEXT, heads=[3, 1])),
+    )
+    torch.testing.assert_close(part.effective, full.effective[:, [3, 1]])
+
+
 def test_a_wrong_head_share_fails_verify(models):
     """verify() of a head selection can fail: the share of other heads does not reproduce."""
     m = models["sdpa"]

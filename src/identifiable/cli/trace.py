@@ -81,6 +81,13 @@ def _check_model(name: str, device: str) -> None:
         + ("causal" if s.causal else "bidirectional")
         + (f"; windows {m.windows}" if any(w is not None for w in m.windows) else "")
     )
+    if getattr(m, "attention", "eager") != "eager":
+        console.print(
+            f"  attention: {m.attention}, maps recomputed from Q and K (probe against eager: "
+            f"max |ΔA| {m.recompute_error:.1e})"
+        )
+    else:
+        console.print("  attention: eager (the model's own probabilities)")
     if m.discovery is not None:
         for line in m.discovery.tried:
             console.print(f"  tried {line}")

@@ -22,7 +22,7 @@ from identifiable.errors import IdentifiableError
 from identifiable.models.backends import running
 from identifiable.models.encoding import Encoding, InputEncoder
 from identifiable.models.hooks import HookSet
-from identifiable.models.recompute import fill_maps
+from identifiable.models.recompute import AttentionCall, fill_maps
 from identifiable.models.stack import TAPS, AttentionStack, Captured, Tap
 from identifiable.models.trace import Trace
 
@@ -99,10 +99,14 @@ class TraceBuilder:
         self.calls[tap] += 1
         i = layer - self.layers.start
         if tap == "maps":
+            # recomputed maps of a head-independent mask share one pattern: one head checked
+            one = isinstance(x, AttentionCall) and x.shared_mask
             for b, (n, k) in enumerate(self._sizes()):
                 fill_maps(x, b, self.heads, n, k, self.attentions[b][i])
                 self.stack.check_key_mask(
-                    self.attentions[b][i : i + 1], self.masks[b][i : i + 1], layer
+                    self.attentions[b][i : i + 1, :1] if one else self.attentions[b][i : i + 1],
+                    self.masks[b][i : i + 1],
+                    layer,
                 )
             return
         assert isinstance(x, torch.Tensor)

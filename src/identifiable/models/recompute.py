@@ -119,57 +119,85 @@ class AttentionCall:
     def n_heads(self) -> int:
         return int(self.query.shape[1])
 
+    @property
+    def shared_mask(self) -> bool:
+        """Every head sees the same keys (the mask has no head dimension)."""
+        return self.mask is None or self.mask.dim() != 4 or self.mask.shape[1] == 1
+
     def fill(
         self, b: int, heads: Sequence[int] | None, n: int, n_k: int, out: torch.Tensor
     ) -> None:
         """Write A of sequence `b`'s first n rows and n_k keys, for `heads` (None: all), into
-        `out` `[len(heads), n, n_k]` (any dtype and device), head by head in row chunks."""
-        chosen = range(self.n_heads) if heads is None else heads
+        `out` `[len(heads), n, n_k]` (any dtype and device), in row chunks of at most
+        `CHUNK_ELEMENTS` scores, head by head; each chunk's mask is built once for all heads
+        and the scores are formed in place in `out` where it has the working dtype."""
+        chosen = list(range(self.n_heads)) if heads is None else list(heads)
         step = max(1, CHUNK_ELEMENTS // max(n_k, 1))
-        for slot, h in enumerate(chosen):
-            for r0 in range(0, n, step):
-                r1 = min(n, r0 + step)
-                out[slot, r0:r1].copy_(self.rows(b, h, r0, r1, n_k))
+        for r0 in range(0, n, step):
+            r1 = min(n, r0 + step)
+            mask: tuple[int, torch.Tensor] | None = None
+            for slot, h in enumerate(chosen):
+                owner = -1 if self.shared_mask else h
+                if mask is None or mask[0] != owner:
+                    mask = (owner, self._mask_rows(b, max(owner, 0), r0, r1, n_k))
+                self._write(out[slot, r0:r1], b, h, r0, n_k, mask[1])
 
     def rows(self, b: int, h: int, r0: int, r1: int, n_k: int) -> torch.Tensor:
         """`[r1 − r0, n_k]` probabilities of head h, rows r0..r1−1, in float32 (or float64)."""
         work = torch.float32 if self.query.dtype in _HALF else self.query.dtype
+        out = torch.empty(r1 - r0, n_k, dtype=work, device=self.query.device)
+        self._write(out, b, h, r0, n_k, self._mask_rows(b, h, r0, r1, n_k))
+        return out
+
+    def _write(
+        self, target: torch.Tensor, b: int, h: int, r0: int, n_k: int, mask: torch.Tensor
+    ) -> None:
+        """Head h's probabilities of rows r0..r0+len(target)−1 into `target`; `mask`: the
+        rows' keys to drop (bool) or the additive mask (float)."""
+        work = torch.float32 if self.query.dtype in _HALF else self.query.dtype
         group = self.n_heads // int(self.key.shape[1])
-        q = self.query[b, h, r0:r1].to(work)
+        q = self.query[b, h, r0 : r0 + target.shape[0]].to(work)
         k = self.key[b, h // group, :n_k].to(work)
-        s = (q @ k.T) * self.scaling
+        direct = target.dtype == work and target.device == q.device and target.is_contiguous()
+        s = target if direct else torch.empty(target.shape, dtype=work, device=q.device)
+        torch.matmul(q, k.T, out=s)
+        s.mul_(self.scaling)
         if self.softcap is not None:
-            s = torch.tanh(s / self.softcap) * self.softcap
-        s = self._masked(s, b, h, r0, r1, n_k)
+            s.div_(self.softcap).tanh_().mul_(self.softcap)
+        if mask.dtype == torch.bool:
+            s.masked_fill_(mask, -math.inf)
+        else:
+            s.add_(mask.to(s))
         if self.sinks is not None:
             sink = self.sinks.reshape(-1)[h].to(s)
-            total = torch.logaddexp(torch.logsumexp(s, -1, keepdim=True), sink)
-            return torch.exp(s - total)
-        return torch.softmax(s, dim=-1)
+            s.sub_(torch.logaddexp(torch.logsumexp(s, -1, keepdim=True), sink)).exp_()
+        else:
+            s.sub_(s.amax(-1, keepdim=True)).exp_()
+            s.div_(s.sum(-1, keepdim=True))
+        if not direct:
+            target.copy_(s)
 
-    def _masked(self, s: torch.Tensor, b: int, h: int, r0: int, r1: int, n_k: int) -> torch.Tensor:
+    def _mask_rows(self, b: int, h: int, r0: int, r1: int, n_k: int) -> torch.Tensor:
+        """`[r1 − r0, n_k]`: the keys to drop (bool) or the additive mask (float)."""
         m = self.mask
         if m is not None and m.dim() == 4:
             part = m[b if m.shape[0] > 1 else 0, h if m.shape[1] > 1 else 0, r0:r1, :n_k]
-            if part.dtype == torch.bool:
-                return s.masked_fill(~part, -math.inf)
-            return s + part.to(s)
-        keep = torch.ones_like(s, dtype=torch.bool)
-        i = torch.arange(r0, r1, device=s.device)[:, None] + (
-            self.key.shape[2] - self.query.shape[2]
-        )
-        j = torch.arange(n_k, device=s.device)[None, :]
+            return ~part if part.dtype == torch.bool else part
+        device = self.query.device
+        i = torch.arange(r0, r1, device=device)[:, None] + (self.key.shape[2] - self.query.shape[2])
+        j = torch.arange(n_k, device=device)[None, :]
+        drop = torch.zeros(r1 - r0, n_k, dtype=torch.bool, device=device)
         if self.causal:
-            keep &= j <= i
+            drop |= j > i
         if self.window is not None:
             if not self.causal:
                 raise CannotRecompute("a bidirectional sliding window without a mask")
-            keep &= i - j < self.window
+            drop |= i - j >= self.window
         if m is not None and m.dim() == 2:
-            keep &= m[b, :n_k].bool()[None, :]
+            drop |= ~m[b, :n_k].bool()[None, :]
         elif m is not None:
             raise CannotRecompute(f"an attention mask of {m.dim()} dimensions")
-        return s.masked_fill(~keep, -math.inf)
+        return drop
 
 
 def fill_maps(
