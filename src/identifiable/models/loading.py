@@ -11,6 +11,7 @@ import torch
 
 from identifiable.errors import IdentifiableError
 from identifiable.models.backends import AttentionChoice, EagerFallback, check_choice
+from identifiable.models.budget import available_memory
 from identifiable.models.model import Model, Seq2SeqModel
 from identifiable.models.recompute import supported
 
@@ -343,65 +344,3 @@ def check_size(
 
 def _gb(n: int) -> str:
     return f"{n / 1e9:.3g} GB"
-
-
-def available_memory() -> int | None:
-    """Bytes this process may still allocate: the least of the system's available memory,
-    its cgroup's limit less its usage, and its address-space limit (RLIMIT_AS) less what it
-    has mapped; None where none of them can be read."""
-    import resource
-
-    found: list[int] = []
-    meminfo = _proc_fields("/proc/meminfo")
-    if "MemAvailable" in meminfo:
-        found.append(meminfo["MemAvailable"])
-    cgroup = _cgroup_room()
-    if cgroup is not None:
-        found.append(cgroup)
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft != resource.RLIM_INFINITY:
-        found.append(max(0, soft - _proc_fields("/proc/self/status").get("VmSize", 0)))
-    if not found:
-        try:
-            found.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-        except (ValueError, OSError, AttributeError):
-            return None
-    return min(found)
-
-
-def _proc_fields(path: str) -> dict[str, int]:
-    """`Name: 123 kB` lines of a /proc file, in bytes (empty where it cannot be read)."""
-    out: dict[str, int] = {}
-    try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            for line in f:
-                name, _, rest = line.partition(":")
-                parts = rest.split()
-                if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
-                    out[name] = int(parts[0]) << 10
-    except OSError:
-        pass
-    return out
-
-
-def _cgroup_room() -> int | None:
-    """The memory limit of this process's cgroup (v2, else v1) less its usage, or None."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    v2 = next((ln.split("::", 1)[1] for ln in lines if ln.startswith("0::")), None)
-    candidates = []
-    if v2 is not None:
-        base = Path("/sys/fs/cgroup") / v2.lstrip("/")
-        candidates.append((base / "memory.max", base / "memory.current"))
-    v1 = Path("/sys/fs/cgroup/memory")
-    candidates.append((v1 / "memory.limit_in_bytes", v1 / "memory.usage_in_bytes"))
-    for limit_file, usage_file in candidates:
-        try:
-            limit, usage = limit_file.read_text().strip(), usage_file.read_text().strip()
-        except OSError:
-            continue
-        if limit.isdigit() and usage.isdigit() and int(limit) < 1 << 60:  # v1: 2**63 = none
-            return max(0, int(limit) - int(usage))
-    return None

@@ -359,9 +359,7 @@ class Model:
                 cli=f"--memory-budget takes a positive number of MiB, got {memory_budget!r}",
             )
         if memory_budget is None:
-            from identifiable.models.loading import available_memory
-
-            memory_budget = available_memory()
+            memory_budget = budget.available_memory()
         need = self.memory_plan(n, n_layers, heads, streaming=streaming)
         budget.check(need, memory_budget, f"{what} ({n} tokens)")
 
