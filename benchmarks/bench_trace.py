@@ -15,7 +15,15 @@
    captured; before, HF's tuple of every layer's maps, a torch.stack copy and (bfloat16) a
    float32 copy were alive at once.
 
+4. Decoders (`--decoder N,N,…`, issue 22): the Llama-3-style reference (hidden 4096, 32
+   query and 8 key/value heads of width 128, d_ff 14336, 2 layers, random weights,
+   float32), each measurement in a fresh subprocess, side by side in one run: a plain
+   sdpa forward (no capture), the sdpa capture of all heads (maps recomputed), the
+   capture of heads=[0], and the eager capture; time and peak RSS above the loaded
+   model, and the pre-flight formula's estimate (models/budget.py) beside each.
+
     python benchmarks/bench_trace.py [--threads 1] [--repeats 5] [--compare ../main/src]
+    python benchmarks/bench_trace.py --decoder 512,1024 [--threads 1]
 """
 
 from __future__ import annotations
@@ -120,6 +128,172 @@ def memory_child(mode: str, n: int, threads: int, dtype: str = "float32") -> Non
     )
 
 
+LLAMA3 = {
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 2,
+    "vocab_size": 1024,  # the embedding's size does not change the trace
+    "max_position_embeddings": 8192,
+}
+DECODER_MODES = ("forward", "sdpa", "head0", "eager")
+
+
+def random_llama(config: dict, attention: str):
+    from transformers import AutoConfig, AutoModel
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model("llama", **config, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return AutoModel.from_config(cfg, attn_implementation=attention).eval()
+
+
+def decoder_child(mode: str, n: int, threads: int, config: dict | None = None) -> dict:
+    """One decoder measurement (run in a fresh process): peak RSS above the loaded model,
+    seconds, and the formula's estimate for the same trace."""
+    import gc
+    import threading
+
+    from identifiable.models import Model
+    from identifiable.models.backends import running
+
+    torch.set_num_threads(threads)
+    attention = "eager" if mode == "eager" else "sdpa"
+    model = Model.from_hf(random_llama(config or LLAMA3, attention), attention=attention)
+    ids = torch.randint(3, 1000, (n,), generator=torch.Generator().manual_seed(0))
+    heads = [0] if mode == "head0" else None
+    inputs = model.batch_inputs([model.encode_ids(ids)])
+
+    def run() -> object:
+        if mode == "forward":
+            with running(model.hf_model, "sdpa"), torch.no_grad():
+                return model.hf_model(**inputs).last_hidden_state
+        return model.trace(ids, heads=heads, memory_budget=1 << 50)
+
+    small = model.encode_ids(ids[:16])
+    with running(model.hf_model, "sdpa"), torch.no_grad():
+        model.hf_model(**model.batch_inputs([small]))
+    model.trace(ids[:16], heads=heads)  # warm up kernels and the shared W_O copy
+    plan = model.memory_plan(n, model.info.n_layers, heads)
+    gc.collect()
+    base, peak, done = _rss_now_mb(), [0.0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_now_mb())
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.perf_counter()
+    out = run()
+    seconds = time.perf_counter() - start
+    done.set()
+    sampler.join()
+    maps = out.attentions.numel() * 4 if hasattr(out, "attentions") else 0
+    return {
+        "mode": mode,
+        "n": n,
+        "seconds": seconds,
+        "peak_above_model_mb": peak[0] - base,
+        "maps_mb": maps / 2**20,
+        "plan_mb": (0 if mode == "forward" else plan.total) / 2**20,
+        "attention": model.attention,
+    }
+
+
+def decoder_times(n: int, threads: int, repeats: int, config: dict | None = None) -> dict:
+    """Run in a fresh process: the four modes interleaved in one process on one set of
+    weights (an sdpa and an eager `Model` over the same Hugging Face model), the fastest
+    of `repeats` each."""
+    from identifiable.models import Model
+    from identifiable.models.backends import running
+
+    torch.set_num_threads(threads)
+    hf = random_llama(config or LLAMA3, "sdpa")
+    sdpa, eager = Model.from_hf(hf, attention="sdpa"), Model.from_hf(hf, attention="eager")
+    ids = torch.randint(3, 1000, (n,), generator=torch.Generator().manual_seed(0))
+    inputs = sdpa.batch_inputs([sdpa.encode_ids(ids)])
+
+    def forward() -> None:
+        with running(hf, "sdpa"), torch.no_grad():
+            hf(**inputs)
+
+    calls = {
+        "forward": forward,
+        "sdpa": lambda: sdpa.trace(ids, memory_budget=1 << 50),
+        "head0": lambda: sdpa.trace(ids, heads=[0], memory_budget=1 << 50),
+        "eager": lambda: eager.trace(ids, memory_budget=1 << 50),
+    }
+    for call in calls.values():  # warm-up
+        call()
+    best = dict.fromkeys(calls, float("inf"))
+    for _ in range(repeats):
+        for mode, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            best[mode] = min(best[mode], time.perf_counter() - t0)
+    return best
+
+
+def decoder_table(
+    ns: list[int], threads: int, repeats: int = 2, modes: tuple[str, ...] = DECODER_MODES
+) -> None:
+    print(
+        f"Llama-3-style reference, 2 layers, float32, {threads} thread(s); each cell a fresh "
+        "process; peak = RSS above the loaded model (MB)"
+    )
+    head = f"{'n':>5} {'mode':8} {'time s':>8} {'× fwd':>6} {'peak MB':>8} {'× fwd':>6} "
+    print(head + f"{'maps MB':>8} {'formula MB':>10} {'meas/formula':>12}")
+    print(
+        f"time: the fastest of {repeats} interleaved runs in one process (same weights, same "
+        "threads); memory: one fresh process per cell"
+    )
+    for n in ns:
+        rows = {mode: decoder_run(mode, n, threads) for mode in modes}
+        if modes == DECODER_MODES:  # else: each process's own single run
+            times = decoder_run("times", n, threads, repeats=repeats)
+            for mode in modes:
+                rows[mode]["seconds"] = times[mode]
+        fwd = rows["forward"]
+        for mode, r in rows.items():
+            ratio = r["peak_above_model_mb"] / r["plan_mb"] if r["plan_mb"] else float("nan")
+            print(
+                f"{n:5d} {mode:8} {r['seconds']:8.2f} {r['seconds'] / fwd['seconds']:6.2f} "
+                f"{r['peak_above_model_mb']:8.0f} "
+                f"{r['peak_above_model_mb'] / fwd['peak_above_model_mb']:6.2f} "
+                f"{r['maps_mb']:8.0f} {r['plan_mb']:10.0f} {ratio:12.2f}"
+            )
+        if modes != DECODER_MODES:
+            continue
+        extra = rows["sdpa"]["peak_above_model_mb"] / (
+            1.5 * fwd["peak_above_model_mb"] + rows["sdpa"]["maps_mb"]
+        )
+        print(
+            f"      targets: sdpa time {rows['sdpa']['seconds'] / fwd['seconds']:.2f}× fwd "
+            f"(≤ 1.5); sdpa peak / (1.5·fwd + maps) {extra:.2f} (≤ 1); heads=[0] peak "
+            f"{rows['head0']['peak_above_model_mb'] / fwd['peak_above_model_mb']:.2f}× fwd "
+            f"(≤ 1.5 at n = 4096); eager/sdpa time "
+            f"{rows['eager']['seconds'] / rows['sdpa']['seconds']:.2f}, peak "
+            f"{rows['eager']['peak_above_model_mb'] / rows['sdpa']['peak_above_model_mb']:.2f}"
+        )
+
+
+def decoder_run(
+    mode: str, n: int, threads: int, config: dict | None = None, repeats: int = 2
+) -> dict:
+    import os
+
+    cmd = [sys.executable, __file__, "--decoder-child", mode, "--memory-n", str(n)]
+    cmd += ["--threads", str(threads), "--repeats", str(repeats)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if config is not None:
+        env["BENCH_DECODER_CONFIG"] = json.dumps(config)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=1)
@@ -128,7 +302,28 @@ def main() -> None:
     parser.add_argument("--child", choices=["full", "stream"])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--compare", metavar="SRC", help="another checkout's src folder")
+    parser.add_argument("--decoder", metavar="N,N", help="the decoder table at these n")
+    parser.add_argument("--decoder-child", choices=(*DECODER_MODES, "times"))
+    parser.add_argument("--modes", help="decoder: only these (e.g. forward,head0), memory only")
     args = parser.parse_args()
+    if args.decoder_child:
+        import os
+
+        config = (
+            json.loads(os.environ["BENCH_DECODER_CONFIG"])
+            if "BENCH_DECODER_CONFIG" in os.environ
+            else None
+        )
+        if args.decoder_child == "times":
+            got = decoder_times(args.memory_n, args.threads, args.repeats, config)
+        else:
+            got = decoder_child(args.decoder_child, args.memory_n, args.threads, config)
+        print(json.dumps(got))
+        return
+    if args.decoder:
+        modes = tuple(args.modes.split(",")) if args.modes else DECODER_MODES
+        decoder_table([int(x) for x in args.decoder.split(",")], args.threads, args.repeats, modes)
+        return
     if args.child:
         memory_child(args.child, args.memory_n, args.threads, args.dtype)
         return

@@ -84,10 +84,24 @@ def test_offline_hub_id(monkeypatch):
         load_model("some-org/some-model-that-is-not-cached")
 
 
-def test_sdpa_model_is_switched_to_eager(bert_tokenizer):
+def test_sdpa_model_is_traced_under_sdpa_or_switched_to_eager(bert_tokenizer):
+    """An sdpa BERT traces under sdpa (maps recomputed, proved on a probe) and rests on
+    eager; an sdpa Falcon, whose attention bypasses the interface, is switched with a warning."""
+    import warnings
+
     from conftest import build_tiny_hf_model
 
     hf = build_tiny_hf_model("bert", attn_implementation="sdpa")
-    with pytest.warns(UserWarning, match="switched the model from 'sdpa' to eager"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         m = Model.from_hf(hf, bert_tokenizer)
+    assert m.attention == "sdpa" and m.recompute_error < 1e-6
+    assert hf.config._attn_implementation == "eager"  # at rest: HTA and training need it
     m.trace("it still works").verify()
+    falcon = build_tiny_hf_model("falcon", attn_implementation="sdpa")
+    with pytest.warns(
+        UserWarning, match="cannot be recomputed under sdpa.*switched the model to eager"
+    ):
+        f = Model.from_hf(falcon, bert_tokenizer)
+    assert f.attention == "eager"
+    f.trace("it still works").verify()

@@ -84,6 +84,13 @@ def _check_model(name: str, device: str) -> None:
         + ("causal" if s.causal else "bidirectional")
         + (f"; windows {m.windows}" if any(w is not None for w in m.windows) else "")
     )
+    if getattr(m, "attention", "eager") != "eager":
+        console.print(
+            f"  attention: {m.attention}, maps recomputed from Q and K (probe against eager: "
+            f"max |ΔA| {m.recompute_error:.1e})"
+        )
+    else:
+        console.print("  attention: eager (the model's own probabilities)")
     if m.discovery is not None:
         for line in m.discovery.tried:
             console.print(f"  tried {line}")
@@ -105,6 +112,25 @@ TargetOption = Annotated[
 ]
 
 
+def _index_list(text: str | None, flag: str) -> list[int] | None:
+    """`--layers 1,2` (1-based as printed) / `--heads 0,3` as a list, or one line."""
+    from identifiable.errors import IdentifiableError
+
+    if text is None:
+        return None
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise IdentifiableError(
+            f"{flag} takes comma-separated integers, e.g. 0,3; got '{text}'"
+        ) from None
+    if flag == "--layers":
+        if any(v < 1 for v in values):
+            raise IdentifiableError(f"--layers counts from 1 as printed; got '{text}'")
+        return [v - 1 for v in values]
+    return values
+
+
 def trace(
     text: Annotated[
         str, typer.Argument(help="The text to trace (the source text of an encoder–decoder model).")
@@ -116,6 +142,21 @@ def trace(
     json_out: JsonOption = None,
     force: ForceOption = False,
     device: DeviceOption = "cpu",
+    layers: Annotated[
+        str | None,
+        typer.Option("--layers", help="Consecutive layers to trace, 1..L as printed, e.g. 2,3."),
+    ] = None,
+    heads: Annotated[
+        str | None, typer.Option("--heads", help="Heads to trace, 0..H-1, e.g. 0,5.")
+    ] = None,
+    memory_budget: Annotated[
+        int | None,
+        typer.Option(
+            "--memory-budget",
+            help="MiB the trace may use (default: the memory available); checked before "
+            "the forward pass from the formula in README 'Memory'.",
+        ),
+    ] = None,
 ) -> None:
     """Trace one forward pass and check that the captured pieces reproduce the model.
 
@@ -131,6 +172,11 @@ def trace(
     m = load(model, device=device)
     source = (text, pair) if pair is not None else text
     if isinstance(m, Seq2SeqModel):
+        if layers is not None or heads is not None or memory_budget is not None:
+            raise IdentifiableError(
+                "--layers, --heads and --memory-budget are for encoder-only and decoder-only "
+                "models; an encoder–decoder model traces all of its three attentions"
+            )
         s2s = m.trace(source, target, truncate=not no_truncate)
         parts = {"encoder": s2s.encoder, "decoder": s2s.decoder, "cross": s2s.cross}
         titles = {
@@ -145,7 +191,15 @@ def trace(
                 f"--target is for encoder–decoder models (T5, BART, …); '{model}' is "
                 f"{m.spec.name}: give a second text with --pair"
             )
-        tr = m.trace(source, truncate=not no_truncate)
+        if memory_budget is not None and memory_budget < 1:
+            raise IdentifiableError(f"--memory-budget must be at least 1 MiB, got {memory_budget}")
+        tr = m.trace(
+            source,
+            truncate=not no_truncate,
+            layers=_index_list(layers, "--layers"),
+            heads=_index_list(heads, "--heads"),
+            memory_budget=None if memory_budget is None else memory_budget * 1024**2,
+        )
         parts = {"": tr}
         titles = {"": f"{m.info.name}: {tr.n_tokens} tokens"}
     errors = {part: t.reconstruction_errors() for part, t in parts.items()}
@@ -156,8 +210,8 @@ def trace(
             table.add_column(col, justify="right")
         for layer, err in enumerate(errors[part].tolist()):
             table.add_row(
-                str(layer + 1),
-                str(t.n_heads),
+                str((t.layers[layer] if t.layers else layer) + 1),
+                str(t.n_heads) if t.heads is None else ",".join(map(str, t.heads)),
                 str(t.head_dim),
                 str(t.n_tokens),
                 str(t.n_keys),

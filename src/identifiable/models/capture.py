@@ -11,6 +11,7 @@ float32 copy of all of them is ever held: at any time the model holds one layer'
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -18,9 +19,11 @@ import torch
 from torch import nn
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.backends import running
 from identifiable.models.encoding import Encoding, InputEncoder
 from identifiable.models.hooks import HookSet
-from identifiable.models.stack import TAPS, AttentionStack, Tap
+from identifiable.models.recompute import AttentionCall, fill_maps
+from identifiable.models.stack import TAPS, AttentionStack, Captured, Tap
 from identifiable.models.trace import Trace
 
 
@@ -44,6 +47,11 @@ class TraceBuilder:
             a..b−1 holds hidden states [input of a, output of a, …, output of b−1].
         hidden: capture hidden states (False for cross-attention, which shares the
             decoder's: pass them to `traces`).
+        heads: the query heads kept (default all), checked by the caller. A trace of chosen
+            heads holds their maps, values and W_O rows only; its `attn_outputs` are
+            their share of the block output, Σ_{h ∈ heads} O_h W_O^h + b_O, from each
+            head's own output O_h as the model computed it (the output projection's input),
+            so `verify()` proves the chosen heads.
     Use as the sink of `stack.tap(hooks, builder, builder.taps, map_shape=builder.map_shape)`,
     run the model, then call `traces`.
     """
@@ -56,13 +64,21 @@ class TraceBuilder:
         *,
         layers: range | None = None,
         hidden: bool = True,
+        heads: Sequence[int] | None = None,
     ) -> None:
         self.stack, self.rows, self.keys = stack, list(rows), list(keys or rows)
         self.cross = keys is not None
         self.layers = range(stack.n_layers) if layers is None else layers
-        self.taps: tuple[Tap, ...] = TAPS if hidden else ("e", "maps", "block")
+        self.heads = (
+            None if heads is None or list(heads) == list(range(stack.n_heads)) else list(heads)
+        )
+        block: Tap = "block" if self.heads is None else "head_outputs"
+        self.taps: tuple[Tap, ...] = (
+            tuple(block if t == "block" else t for t in TAPS) if hidden else ("e", "maps", block)
+        )
         self.map_shape = (max(len(r) for r in self.rows), max(len(k) for k in self.keys))
-        n_l, n_h, d_v, d = len(self.layers), stack.n_heads, stack.head_dim, stack.hidden_size
+        n_l, d_v, d = len(self.layers), stack.head_dim, stack.hidden_size
+        n_h = stack.n_heads if self.heads is None else len(self.heads)
         sizes = [(len(r), len(k)) for r, k in zip(self.rows, self.keys, strict=True)]
         self.attentions = [torch.empty(n_l, n_h, n, k) for n, k in sizes]
         self.values = [torch.empty(n_l, n_h, k, d_v) for _, k in sizes]
@@ -73,7 +89,7 @@ class TraceBuilder:
         self.calls: dict[Tap, int] = dict.fromkeys(self.taps, 0)
         self.capture_dtype: torch.dtype | None = None
 
-    def __call__(self, tap: Tap, layer: int, x: torch.Tensor) -> None:
+    def __call__(self, tap: Tap, layer: int, x: Captured) -> None:
         """Receive one layer's tensor (batch-first) from a tap; keep it if it is ours."""
         if layer >= self.stack.n_layers:
             self.calls[tap] += 1  # more runs than the spec has layers: refused by `check`
@@ -82,20 +98,28 @@ class TraceBuilder:
             return
         self.calls[tap] += 1
         i = layer - self.layers.start
+        if tap == "maps":
+            # recomputed maps of a head-independent mask share one pattern: one head checked
+            one = isinstance(x, AttentionCall) and x.shared_mask
+            for b, (n, k) in enumerate(self._sizes()):
+                fill_maps(x, b, self.heads, n, k, self.attentions[b][i])
+                self.stack.check_key_mask(
+                    self.attentions[b][i : i + 1, :1] if one else self.attentions[b][i : i + 1],
+                    self.masks[b][i : i + 1],
+                    layer,
+                )
+            return
+        assert isinstance(x, torch.Tensor)
         if tap == "input":
             self._rows_into(self.hidden_states, 0, x)
         elif tap == "output":
             self._rows_into(self.hidden_states, i + 1, x)
         elif tap == "block":
             self._rows_into(self.attn_outputs, i, x)
+        elif tap == "head_outputs":
+            self._share(layer, i, x)
         elif tap == "e":
             self._values(layer, i, x)
-        else:
-            for b, (n, k) in enumerate(self._sizes()):
-                self.attentions[b][i].copy_(x[b, :, :n, :k])
-                self.stack.check_key_mask(
-                    self.attentions[b][i : i + 1], self.masks[b][i : i + 1], layer
-                )
 
     def _sizes(self) -> list[tuple[int, int]]:
         return [(len(r), len(k)) for r, k in zip(self.rows, self.keys, strict=True)]
@@ -114,9 +138,20 @@ class TraceBuilder:
             )
         if self.capture_dtype is None:
             self.capture_dtype = e.dtype
-        v = self.stack.values(layer, e)  # [B, H, n_k, d_v]
+        v = self.stack.values(layer, e, self.heads)  # [B, H or len(heads), n_k, d_v]
         for b, (_, k) in enumerate(self._sizes()):
             self.values[b][i].copy_(v[b, :, :k])
+
+    def _share(self, layer: int, i: int, x: torch.Tensor) -> None:
+        """The chosen heads' share of the block output, from their own outputs `x` `[B, n, H·d_v]`."""
+        assert self.heads is not None
+        w = self.stack.weights[layer]
+        h, d_v = self.stack.n_heads, self.stack.head_dim
+        w_o = w.w_o.reshape(h, d_v, -1)[self.heads].float()
+        for b, (n, _) in enumerate(self._sizes()):
+            o = x[b, :n].reshape(n, h, d_v)[:, self.heads].float()
+            share = torch.einsum("nhv,hvd->nd", o, w_o.to(o.device)) + w.b_o.float().to(o.device)
+            self.attn_outputs[b][i].copy_(share)
 
     def check(self) -> None:
         """Every kept layer captured once by every tap, or one line naming the spec."""
@@ -134,6 +169,10 @@ class TraceBuilder:
         kept = slice(None) if full else self._kept
         out_proj = self.stack.out_proj() if full else self.stack.out_proj()[kept]
         value_bias, out_bias = self.stack.value_bias()[kept], self.stack.out_bias()[kept]
+        kv_head_of = self.stack.kv_head_of
+        if self.heads is not None:
+            out_proj, value_bias = out_proj[:, self.heads], value_bias[:, self.heads]
+            kv_head_of = kv_head_of[self.heads]
         return [
             Trace(
                 tokens=list(rows.tokens),
@@ -146,7 +185,7 @@ class TraceBuilder:
                 hidden_states=hidden[b],
                 attn_outputs=self.attn_outputs[b],
                 is_causal=self.stack.spec.causal,
-                kv_head_of=self.stack.kv_head_of.clone(),
+                kv_head_of=kv_head_of.clone(),
                 special_tokens=dict(meta.special_tokens),
                 model_name=meta.model_name,
                 architecture=meta.architecture,
@@ -155,9 +194,15 @@ class TraceBuilder:
                 capture_dtype=str(self.capture_dtype or torch.float32).removeprefix("torch."),
                 key_tokens=list(self.keys[b].tokens) if self.cross else None,
                 key_input_ids=self.keys[b].input_ids.clone() if self.cross else None,
+                layers=None if full else list(self.layers),
+                heads=None if self.heads is None else list(self.heads),
             )
             for b, rows in enumerate(self.rows)
         ]
+
+
+class _Done(Exception):
+    """Ends a forward pass after the last layer a trace keeps."""
 
 
 def trace_batch(
@@ -166,10 +211,26 @@ def trace_batch(
     inputs: InputEncoder,
     encs: Sequence[Encoding],
     meta: TraceMeta,
+    *,
+    layers: range | None = None,
+    heads: Sequence[int] | None = None,
+    attention: str = "eager",
 ) -> list[Trace]:
-    """One forward pass of a batch (padded to the longest), captured as one `Trace` each."""
-    builder = TraceBuilder(stack, encs)
-    with HookSet() as hooks, torch.no_grad():
-        stack.tap(hooks, builder, builder.taps, map_shape=builder.map_shape)
-        hf_model(**inputs.batch(encs, hf_model))
+    """One forward pass of a batch (padded to the longest), captured as one `Trace` each,
+    under attention implementation `attention` (maps recomputed unless "eager"); the pass
+    ends after the last of `layers`."""
+    builder = TraceBuilder(stack, encs, layers=layers, heads=heads)
+    last = builder.layers.stop - 1
+
+    def sink(tap: Tap, layer: int, x: Captured) -> None:
+        builder(tap, layer, x)
+        if tap == "output" and layer == last and last + 1 < stack.n_layers:
+            raise _Done
+
+    with running(hf_model, attention), HookSet() as hooks, torch.no_grad():
+        stack.tap(
+            hooks, sink, builder.taps, map_shape=builder.map_shape, recompute=attention != "eager"
+        )
+        with contextlib.suppress(_Done):
+            hf_model(**inputs.batch(encs, hf_model))
     return builder.traces(meta)

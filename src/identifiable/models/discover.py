@@ -34,7 +34,7 @@ from identifiable.models.capture import TraceMeta, trace_batch
 from identifiable.models.encoding import InputEncoder, input_encoder, pair
 from identifiable.models.hooks import HookSet, first_tensor
 from identifiable.models.specs import ArchSpec, NormLayout, NormRule
-from identifiable.models.stack import AttentionStack, Tap, distinct, stack_of
+from identifiable.models.stack import AttentionStack, Captured, Tap, distinct, stack_of
 
 _VALUE_NAMES = ("v_proj", "value", "v", "v_lin", "value_proj", "wv", "v_linear")
 _FUSED_NAMES = ("qkv_proj", "query_key_value", "wqkv", "c_attn", "qkv", "in_proj", "qkv_linear")
@@ -398,7 +398,8 @@ def probe_norms(
             x = x[:, 0] if stack.spec.sequence_first else x[0]
         taps.setdefault(key, []).append(x.detach().double().cpu())
 
-    def sink(tap: Tap, layer: int, x: torch.Tensor) -> None:
+    def sink(tap: Tap, layer: int, x: Captured) -> None:
+        assert isinstance(x, torch.Tensor)  # no "maps" tap
         keep(tap, x[0])
 
     with HookSet() as hooks, torch.no_grad():

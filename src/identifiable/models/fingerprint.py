@@ -39,7 +39,7 @@ def tensor_digest(t: torch.Tensor) -> bytes:
         if part.device.type != "cpu":
             part = part.cpu()
         raw = part.contiguous().view(torch.uint8).numpy()
-        h.update(raw.data)
+        h.update(memoryview(raw))  # type: ignore[arg-type]  # numpy stubs: ndarray is a Buffer
     return h.digest()
 
 

@@ -73,6 +73,10 @@ class HookSet:
 
         self._undo.append(undo)
 
+    def on_remove(self, fn: Callable[[], None]) -> None:
+        """Run `fn` when the set is removed (after the hooks, in reverse order)."""
+        self._undo.append(fn)
+
     def remove(self) -> None:
         while self._handles:
             self._handles.pop().remove()

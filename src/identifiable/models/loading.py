@@ -10,7 +10,10 @@ from typing import Any
 import torch
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.backends import AttentionChoice, EagerFallback, check_choice
+from identifiable.models.budget import available_memory
 from identifiable.models.model import Model, Seq2SeqModel
+from identifiable.models.recompute import supported
 
 DEFAULT_MODEL = "minilm"
 
@@ -42,6 +45,7 @@ def load_model(
     dtype: torch.dtype | None = None,
     trust_remote_code: bool = False,
     device_map: str | dict[str, Any] | None = None,
+    attention: AttentionChoice = "auto",
 ) -> Model | Seq2SeqModel:
     """Load a model for tracing (an encoder–decoder model gives a `Seq2SeqModel`).
 
@@ -60,9 +64,13 @@ def load_model(
         device_map: passed to `from_pretrained` for models larger than one device
             (e.g. "auto", which needs the `accelerate` package); the model then stays
             where it is placed and `device` is not applied.
+        attention: "auto" (default): traces run on sdpa where the family's attention
+            goes through transformers' attention interface, with the maps recomputed
+            from the captured query and key and proved equal to eager's on a probe
+            (models/backends.py); other families run eager. "sdpa": the same, with a
+            warning where it falls back to eager. "eager": always eager attention.
 
-    Safetensors weights only; attention is always the eager implementation so that
-    attention probabilities are returned. A fine-tuned checkpoint of a task-head
+    Safetensors weights only. Encoder–decoder models trace eager. A fine-tuned checkpoint of a task-head
     model (`*ForSequenceClassification`, `*ForMaskedLM`, …) loads its base model.
     Without tokenizer files in the directory, the model traces token ids only.
     """
@@ -75,6 +83,7 @@ def load_model(
             f"load_model takes a model name, directory or hub id as a non-empty str, got "
             f"{type(name_or_path).__name__} {name_or_path!r}; e.g. load_model('minilm')"
         )
+    check_choice(attention)
     target = resolve_device(device)
     from transformers import AutoModel
     from transformers.utils import logging as hf_logging
@@ -104,7 +113,8 @@ def load_model(
         hf_model = AutoModel.from_pretrained(
             source,
             config=config,
-            attn_implementation="eager",
+            # None: transformers' default (sdpa where the class has it), recomputed maps
+            attn_implementation=None if attention != "eager" and supported() else "eager",
             use_safetensors=True,
             dtype=dtype,
             **({"device_map": device_map} if device_map is not None else {}),
@@ -114,7 +124,10 @@ def load_model(
         raise _load_error(name_or_path, local, exc) from None
     if device_map is None:
         hf_model.to(target)
-    model = Model.from_hf(hf_model, tokenizer, name=name_or_path)
+    with warnings.catch_warnings():
+        if attention == "auto":  # sdpa was our choice, not the caller's: eager needs no word
+            warnings.simplefilter("ignore", EagerFallback)
+        model = Model.from_hf(hf_model, tokenizer, name=name_or_path, attention=attention)
     if tokenizer is None and local and not _has_tokenizer_files(source):
         model.tokenizer = None  # Model looks beside the weights again and would find the stub
     return model
@@ -261,6 +274,16 @@ def _size(config: Any, key: str) -> int:
     return value
 
 
+def _positions(config: Any, key: str) -> int:
+    """A position count: `_size`, except that XLNet states "no limit" as -1."""
+    try:
+        if getattr(config, key, None) == -1:
+            return 0
+    except Exception:
+        return 0
+    return _size(config, key)
+
+
 def estimate_size(config: Any) -> tuple[int, int]:
     """(a lower bound on the parameter count, the layers) a config describes; sub-configs
     (CLIP's text and vision towers, an encoder-decoder's halves) are added."""
@@ -272,7 +295,7 @@ def estimate_size(config: Any) -> tuple[int, int]:
     expert_ff = _size(config, "moe_intermediate_size") or ff
     experts = max((_size(config, k) for k in _EXPERT_KEYS), default=0)
     per_layer = 2 * width * width + 2 * width * (expert_ff * experts if experts else ff)
-    positions = max(_size(config, "max_position_embeddings"), _size(config, "n_positions"))
+    positions = max(_positions(config, k) for k in ("max_position_embeddings", "n_positions"))
     params = layers * per_layer + (_size(config, "vocab_size") + positions) * width
     for value in vars(config).values():
         if hasattr(value, "to_dict") and hasattr(value, "model_type"):  # a sub-config
@@ -321,65 +344,3 @@ def check_size(
 
 def _gb(n: int) -> str:
     return f"{n / 1e9:.3g} GB"
-
-
-def available_memory() -> int | None:
-    """Bytes this process may still allocate: the least of the system's available memory,
-    its cgroup's limit less its usage, and its address-space limit (RLIMIT_AS) less what it
-    has mapped; None where none of them can be read."""
-    import resource
-
-    found: list[int] = []
-    meminfo = _proc_fields("/proc/meminfo")
-    if "MemAvailable" in meminfo:
-        found.append(meminfo["MemAvailable"])
-    cgroup = _cgroup_room()
-    if cgroup is not None:
-        found.append(cgroup)
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft != resource.RLIM_INFINITY:
-        found.append(max(0, soft - _proc_fields("/proc/self/status").get("VmSize", 0)))
-    if not found:
-        try:
-            found.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-        except (ValueError, OSError, AttributeError):
-            return None
-    return min(found)
-
-
-def _proc_fields(path: str) -> dict[str, int]:
-    """`Name: 123 kB` lines of a /proc file, in bytes (empty where it cannot be read)."""
-    out: dict[str, int] = {}
-    try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            for line in f:
-                name, _, rest = line.partition(":")
-                parts = rest.split()
-                if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
-                    out[name] = int(parts[0]) << 10
-    except OSError:
-        pass
-    return out
-
-
-def _cgroup_room() -> int | None:
-    """The memory limit of this process's cgroup (v2, else v1) less its usage, or None."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    v2 = next((ln.split("::", 1)[1] for ln in lines if ln.startswith("0::")), None)
-    candidates = []
-    if v2 is not None:
-        base = Path("/sys/fs/cgroup") / v2.lstrip("/")
-        candidates.append((base / "memory.max", base / "memory.current"))
-    v1 = Path("/sys/fs/cgroup/memory")
-    candidates.append((v1 / "memory.limit_in_bytes", v1 / "memory.usage_in_bytes"))
-    for limit_file, usage_file in candidates:
-        try:
-            limit, usage = limit_file.read_text().strip(), usage_file.read_text().strip()
-        except OSError:
-            continue
-        if limit.isdigit() and usage.isdigit() and int(limit) < 1 << 60:  # v1: 2**63 = none
-            return max(0, int(limit) - int(usage))
-    return None

@@ -20,10 +20,11 @@ import torch
 from torch import nn
 
 from identifiable.errors import IdentifiableError
-from identifiable.models import functional
+from identifiable.models import backends, budget, functional
+from identifiable.models.backends import AttentionChoice, check_choice, ensure_eager
 from identifiable.models.capture import TraceBuilder, TraceMeta, trace_batch
 from identifiable.models.compat import seq2seq_forward_options
-from identifiable.models.discover import Discovery, discover_spec
+from identifiable.models.discover import Discovery, discover_spec, probe_ids
 from identifiable.models.encoding import (
     Encoding,
     InputEncoder,
@@ -40,6 +41,7 @@ from identifiable.models.encoding import (
 from identifiable.models.fingerprint import model_fingerprint
 from identifiable.models.hooks import HookSet, get_submodule
 from identifiable.models.protocol import ModelInfo, TracedModel
+from identifiable.models.selection import indices, layer_range
 from identifiable.models.specs import (
     ArchSpec,
     Seq2SeqSpec,
@@ -96,7 +98,9 @@ class Model:
         name: str = "",
         spec: ArchSpec | None = None,
         image_processor: Any = None,
+        attention: AttentionChoice = "auto",
     ) -> None:
+        attention = check_choice(attention)
         if type(hf_model).__name__ in ("TransformerBridge", "HookedTransformer"):
             raise IdentifiableError(
                 "a TransformerLens model is not a Hugging Face model: trace it with "
@@ -104,7 +108,7 @@ class Model:
             )
         config: Any = hf_model.config
         self.task_model = hf_model
-        ensure_eager(hf_model)
+        loaded = backends.implementation(hf_model)
         hf_model.eval()
         base = base_model_of(hf_model)
         tokenizer = resolve_tokenizer(hf_model, tokenizer)
@@ -122,6 +126,7 @@ class Model:
         ):
             base = getattr(base, spec.tower)  # CLIP: the vision tower (images in)
         if spec is None:
+            ensure_eager(hf_model)  # discovery's probes read the attention modules' outputs
             self.discovery = discover_spec(base, tokenizer)
             spec = self.discovery.spec
         self.hf_model = base.eval()
@@ -130,6 +135,7 @@ class Model:
             base, self.stack.spec, tokenizer, name=name, image_processor=image_processor,
             source=hf_model,
         )  # fmt: skip
+        self.attention, self.recompute_error = self._capture_with(attention, loaded)
         self.info = _info(base.config, self.stack, name, self.inputs.max_positions)
         self.special_tokens = (
             {"cls": "[CLS]"}
@@ -141,6 +147,26 @@ class Model:
             }
         )
 
+    def _capture_with(self, attention: AttentionChoice, loaded: str) -> tuple[str, float | None]:
+        """(the implementation traces run under, the probe's |A_recomputed − A_eager|).
+
+        The model rests on eager attention between traces (backends.resting_eager)."""
+        impl = "eager" if self.discovery is not None else loaded
+        if self.discovery is None:
+            with backends.running(self.hf_model, loaded):
+                impl = backends.capture_implementation(self.hf_model, self.stack, attention)
+        backends.resting_eager(self.hf_model)
+        if impl == "eager":
+            return "eager", None
+        with backends.running(self.hf_model, impl):
+            ok, err, why = backends.prove(
+                self.hf_model, self.stack, self.inputs, probe_ids(self.hf_model)
+            )
+        if not ok:
+            warnings.warn(f"{why}: the model runs eager attention", UserWarning, stacklevel=4)
+            return "eager", err
+        return impl, err
+
     @classmethod
     def from_hf(
         cls,
@@ -150,8 +176,15 @@ class Model:
         name: str = "",
         spec: ArchSpec | None = None,
         image_processor: Any = None,
+        attention: AttentionChoice = "auto",
     ) -> Model | Seq2SeqModel:
-        """Wrap a model you loaded yourself (switched to eager attention if needed).
+        """Wrap a model you loaded yourself.
+
+        `attention` (models/backends.py): "auto" traces under the implementation the
+        model was loaded with where its maps can be recomputed from Q and K (sdpa, flash;
+        proved equal to eager's on a probe), else eager; "sdpa" also switches an eager
+        model to sdpa; "eager" always runs eager attention. `Model.attention` says which
+        one traces run under; between traces the model rests on eager.
 
         Task-head models (`AutoModelForMaskedLM`, `…ForSequenceClassification`, …)
         are traced through their base model. Without `tokenizer`, the one saved
@@ -161,7 +194,14 @@ class Model:
         """
         if spec is None and getattr(hf_model.config, "is_encoder_decoder", False):
             return Seq2SeqModel(hf_model, tokenizer, name=name)
-        return cls(hf_model, tokenizer, name=name, spec=spec, image_processor=image_processor)
+        return cls(
+            hf_model,
+            tokenizer,
+            name=name,
+            spec=spec,
+            image_processor=image_processor,
+            attention=attention,
+        )
 
     # ---- the parts, by their old names ----------------------------------------------
     @property
@@ -245,15 +285,83 @@ class Model:
         return self.inputs.batch(encs, self.hf_model)
 
     # ---- tracing -------------------------------------------------------------
-    def trace(self, text: ModelInput, *, truncate: bool = True) -> Trace:
+    def trace(
+        self,
+        text: ModelInput,
+        *,
+        truncate: bool = True,
+        layers: Sequence[int] | None = None,
+        heads: Sequence[int] | None = None,
+        memory_budget: int | None = None,
+    ) -> Trace:
         """One forward pass of one sequence, captured as a `Trace` (no padding).
 
         `text` is a text, a pair `(a, b)` (a tuple), token ids (list[int] or a
         1-D integer tensor, used as given) or a tokenizer's `BatchEncoding` of one
         sequence (padding positions dropped). A list of texts is refused: use a
         tuple for a pair and `trace_many` for many texts.
+
+        `layers`: consecutive layers to keep (default all; the pass stops after the
+        last); `heads`: query heads to keep (default all). Nothing outside the
+        selection is kept, and under recomputed attention (`Model.attention` not
+        "eager") no map outside it is ever computed. `trace.layers` / `trace.heads`
+        give the model's indices. `memory_budget`: bytes the trace may use (default:
+        the memory available now); a trace whose formula (README 'Memory',
+        models/budget.py) exceeds it is refused before the forward pass.
         """
-        return self._trace_batch([self.inputs.encode_any(text, truncate)])[0]
+        chosen = layer_range(indices(layers, self.stack.n_layers, "layers"), self.stack.n_layers)
+        kept = indices(heads, self.stack.n_heads, "heads")
+        enc = self.inputs.encode_any(text, truncate)
+        self.check_memory(len(enc), len(chosen), kept, memory_budget, "this trace")
+        return self._trace_batch([enc], layers=chosen, heads=kept)[0]
+
+    def memory_plan(
+        self, n: int, n_layers: int, heads: Sequence[int] | None, *, streaming: bool = False
+    ) -> budget.TracePlan:
+        """The bytes a trace of n tokens, `n_layers` layers and `heads` (None: all) takes
+        (models/budget.py, README 'Memory')."""
+        info = self.info
+        shape = budget.Shape(
+            info.n_heads, info.n_kv_heads, info.head_dim, info.hidden_size,
+            info.intermediate_size or 4 * info.hidden_size,
+            next(self.hf_model.parameters()).element_size(),
+        )  # fmt: skip
+        return budget.plan(
+            shape,
+            n,
+            n,
+            layers=n_layers,
+            heads=info.n_heads if heads is None else len(heads),
+            eager=self.attention == "eager",
+            streaming=streaming,
+            masked=any(w is not None for w in self.windows),
+            shared_out_proj=heads is None and self.stack.has_out_proj(),
+        )
+
+    def check_memory(
+        self,
+        n: int,
+        n_layers: int,
+        heads: Sequence[int] | None,
+        memory_budget: int | None,
+        what: str,
+        *,
+        streaming: bool = False,
+    ) -> None:
+        """Refuse in one line a trace over `memory_budget` bytes (None: available memory)."""
+        if memory_budget is not None and (
+            isinstance(memory_budget, bool)
+            or not isinstance(memory_budget, int)
+            or memory_budget < 1
+        ):
+            raise IdentifiableError(
+                f"memory_budget= takes a number of bytes ≥ 1, got {memory_budget!r}",
+                cli=f"--memory-budget takes a positive number of MiB, got {memory_budget!r}",
+            )
+        if memory_budget is None:
+            memory_budget = budget.available_memory()
+        need = self.memory_plan(n, n_layers, heads, streaming=streaming)
+        budget.check(need, memory_budget, f"{what} ({n} tokens)")
 
     def trace_many(
         self,
@@ -298,8 +406,17 @@ class Model:
         for i in range(len(encs)):
             yield out.pop(i)
 
-    def _trace_batch(self, encs: Sequence[Encoding]) -> list[Trace]:
-        return trace_batch(self.hf_model, self.stack, self.inputs, encs, self.meta)
+    def _trace_batch(
+        self,
+        encs: Sequence[Encoding],
+        *,
+        layers: range | None = None,
+        heads: Sequence[int] | None = None,
+    ) -> list[Trace]:
+        return trace_batch(
+            self.hf_model, self.stack, self.inputs, encs, self.meta,
+            layers=layers, heads=heads, attention=self.attention,
+        )  # fmt: skip
 
     def key_mask(self, n: int) -> torch.Tensor:
         """`[L, n, n]` bool: which keys each query row of each layer may attend to.
@@ -313,7 +430,13 @@ class Model:
         return self.stack.key_mask(n)
 
     def iter_layers(
-        self, text: ModelInput, *, truncate: bool = True
+        self,
+        text: ModelInput,
+        *,
+        truncate: bool = True,
+        layers: Sequence[int] | None = None,
+        heads: Sequence[int] | None = None,
+        memory_budget: int | None = None,
     ) -> Iterator[tuple[int, Trace]]:
         """Yield `(layer, trace)` one layer at a time, during a single forward pass.
 
@@ -325,11 +448,25 @@ class Model:
         of all L: for a 7B model (32 layers of 32 heads) at n = 4096 that is 2.1 GB
         per layer in float32 instead of 69 GB. Stopping early (break) ends the
         forward pass.
+
+        `layers` (any, yielded in the model's order; the pass ends after the last),
+        `heads` and `memory_budget` as for `trace` (the budget is checked before the
+        pass, from the streaming formula of README 'Memory').
         """
+        chosen = indices(layers, self.stack.n_layers, "layers")
+        kept = indices(heads, self.stack.n_heads, "heads")
         enc = self.inputs.encode_any(text, truncate)
+        self.check_memory(len(enc), 1, kept, memory_budget, "iter_layers", streaming=True)
+        impl = self.attention
+
+        def forward() -> Any:
+            with backends.running(self.hf_model, impl):
+                return self.hf_model(**self.batch_inputs([enc]))
+
         return stream_layers(
-            self.stack, enc, lambda: self.hf_model(**self.batch_inputs([enc])), self.meta
-        )
+            self.stack, enc, forward, self.meta, layers=chosen, heads=kept,
+            recompute=impl != "eager",
+        )  # fmt: skip
 
     def vocabulary_embeddings(self) -> torch.Tensor:
         """`[V, d_emb]` the word-embedding matrix (no position or segment part), float32 on the CPU."""
@@ -538,18 +675,3 @@ def _info(config: Any, stack: AttentionStack, name: str, max_positions: int) -> 
         is_causal=spec.causal,
         intermediate_size=int(getattr(config, spec.mlp_width, None) or 4 * stack.hidden_size),
     )
-
-
-def ensure_eager(hf_model: nn.Module) -> None:
-    """Switch the model to eager attention, which returns the attention probabilities."""
-    impl = getattr(hf_model.config, "_attn_implementation", "eager")
-    if impl == "eager":
-        return
-    try:
-        hf_model.set_attn_implementation("eager")  # type: ignore[operator]
-    except Exception as exc:
-        raise IdentifiableError(
-            f"the model uses '{impl}' attention, which returns no attention probabilities, and "
-            f"could not be switched to eager ({exc}); load it with attn_implementation='eager'."
-        ) from None
-    warnings.warn(f"switched the model from '{impl}' to eager attention", UserWarning, stacklevel=3)

@@ -24,21 +24,29 @@ import torch
 from torch import nn
 
 from identifiable.errors import IdentifiableError
+from identifiable.models import recompute as recomputed
 from identifiable.models.compat import adapt_spec, ask_for_attention_weights, window_config
 from identifiable.models.hooks import HookSet, first_tensor, get_submodule, hidden_input
+from identifiable.models.recompute import AttentionCall
 from identifiable.models.specs import ArchSpec
 
-Tap = Literal["input", "e", "maps", "block", "output"]
+Tap = Literal["input", "e", "maps", "block", "output", "head_outputs"]
 """What a tap captures, per layer, batch-first:
 
 - "input": the layer's hidden-state input `[B, n, d]` (layer 0's is e^0);
 - "e": E, the value projection's input `[B, n_k, d]`;
 - "maps": the attention probabilities A `[B, H, n, n_k]` (from the attention module);
 - "block": the attention block's output `[B, n, d]` (after W_O and b_O);
-- "output": the layer's output `[B, n, d]`.
+- "output": the layer's output `[B, n, d]`;
+- "head_outputs" (not in `TAPS`): the output projection's input `[B, n, H·d_v]`, each
+  head's A (E W_V + 1 b_Vᵀ) side by side (what a trace of chosen heads verifies against).
+
+With `recompute=True`, "maps" hands over an `AttentionCall` (models/recompute.py) where the
+attention function returned no probabilities (sdpa, flash), for the sink to fill.
 """
 TAPS: tuple[Tap, ...] = ("input", "e", "maps", "block", "output")
-Sink = Callable[[Tap, int, torch.Tensor], None]
+Captured = torch.Tensor | AttentionCall
+Sink = Callable[[Tap, int, Captured], None]
 """Receives (tap, layer, tensor) during the forward pass, in the order the model runs."""
 
 HALF = (torch.float16, torch.bfloat16)
@@ -146,12 +154,20 @@ class AttentionStack:
         split = kv_rows.reshape(*kv_rows.shape[:-1], self.n_kv_heads, self.head_dim)
         return split[..., self.kv_head_of.to(split.device), :]
 
-    def values(self, layer: int, e: torch.Tensor) -> torch.Tensor:
-        """`[B, H, n_k, d_v]` E·W_V (bias-free, by the definition of T) from E `[B, n_k, d]`."""
+    def values(
+        self, layer: int, e: torch.Tensor, heads: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        """`[B, H, n_k, d_v]` E·W_V (bias-free, by the definition of T) from E `[B, n_k, d]`
+        (`heads`: only those query heads, `[B, len(heads), n_k, d_v]`)."""
         w_v = self.weights[layer].w_v
         # Half-precision models: E and W_V as the model holds them, multiplied in
         # float32, so T is exact for the captured operands (analyses use float64).
         work = torch.float32 if e.dtype in HALF else e.dtype
+        if heads is not None:  # only the chosen heads' columns of W_V
+            kv = self.kv_head_of[list(heads)]
+            cols = (kv[:, None] * self.head_dim + torch.arange(self.head_dim)).reshape(-1)
+            v = e.to(work) @ w_v[:, cols.to(w_v.device)].to(work)  # [B, n_k, S·d_v]
+            return v.unflatten(-1, (len(kv), self.head_dim)).permute(0, 2, 1, 3)
         v = e.to(work) @ w_v.to(work)  # [B, n_k, H_kv·d_v]
         return self.per_query_head(v).permute(0, 2, 1, 3)
 
@@ -162,6 +178,11 @@ class AttentionStack:
     def out_bias(self) -> torch.Tensor:
         """`[L, d]` float32 CPU b_O."""
         return torch.stack([w.b_o for w in self.weights]).float().cpu()
+
+    def has_out_proj(self) -> bool:
+        """Whether the shared W_O copy of `out_proj` exists and is current (no bytes to spend)."""
+        versions = tuple(w.w_o._version for w in self.weights)
+        return self._out_proj_cache is not None and self._out_proj_cache[0] == versions
 
     def out_proj(self) -> torch.Tensor:
         """`[L, H, d_v, d]` float32 CPU W_O, one tensor shared by every trace of this stack.
@@ -198,9 +219,14 @@ class AttentionStack:
         (`layer`: the index of the first layer given, for the message)."""
         if bool(mask.all()):
             return  # nothing lies outside (encoders): skip a full pass over the weights
-        outside = att.masked_fill(mask[:, None], 0)
-        if bool(outside.any()):
-            first = layer + int(outside.flatten(1).any(-1).nonzero()[0])
+        # head by head: one n×n_k temporary, never a copy of every head's maps
+        bad = [
+            i
+            for i in range(att.shape[0])
+            if any(bool(a.masked_fill(mask[i], 0).any()) for a in att[i])
+        ]
+        if bad:
+            first = layer + bad[0]
             raise IdentifiableError(
                 f"{self.prefix}layer {first} attends to keys outside the mask derived from "
                 f"the config (spec '{self.spec.name}': causal, windows); the spec does not "
@@ -219,6 +245,7 @@ class AttentionStack:
         taps: Collection[Tap] = TAPS,
         *,
         map_shape: tuple[int, int] | None = None,
+        recompute: bool = False,
     ) -> None:
         """Hook every run of every layer: each tap in `taps` hands `sink` its tensor.
 
@@ -228,10 +255,12 @@ class AttentionStack:
         numbers ≥ `n_layers`, for the sink to refuse (`check_calls`). `map_shape` is
         (rows, keys) of the padded batch: "maps" takes the 4-D tensor of that trailing
         shape from the attention module's output (the last one, after T5's position bias).
+        `recompute`: "maps" from the attention function's call (`recompute.watch`): its
+        probabilities where it returns them (eager), else what it received.
         """
         calls: dict[Tap, int] = dict.fromkeys(taps, 0)
 
-        def emit(what: Tap, x: torch.Tensor) -> None:
+        def emit(what: Tap, x: Captured) -> None:
             calls[what] += 1
             sink(what, calls[what] - 1, x)
 
@@ -241,6 +270,10 @@ class AttentionStack:
 
         def maps(m: nn.Module, a: Any, out: Any) -> None:
             emit("maps", self._maps_in(out, map_shape, calls["maps"]))
+
+        def called(m: nn.Module, out: Any, call: Callable[[], AttentionCall]) -> None:
+            weights = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+            emit("maps", weights if torch.is_tensor(weights) and weights.dim() == 4 else call())
 
         if "input" in taps:
             for mod in distinct(self.layers):
@@ -252,7 +285,10 @@ class AttentionStack:
         if "e" in taps:
             for mod in distinct(self.value_modules):
                 hooks.pre(mod, lambda m, a: emit("e", self.batch_first(a[0])))
-        if "maps" in taps:
+        if "maps" in taps and recompute:
+            for mod in distinct(self.attention_modules):
+                recomputed.watch(hooks, mod, called)
+        elif "maps" in taps:
             for mod in distinct(self.attention_modules):
                 hooks.post(mod, maps)
                 if (ask := ask_for_attention_weights(mod)) is not None:  # transformers 4.x
@@ -265,6 +301,14 @@ class AttentionStack:
                     )
                 else:
                     hooks.pre(mod, block_input)
+        if "head_outputs" in taps:
+            if self.spec.block_output_at is not None or self.spec.weight_layout == "heads":
+                raise IdentifiableError(
+                    f"{self.prefix}the '{self.spec.name}' spec has no output projection module "
+                    "whose input holds each head's output: trace all heads (heads=None)"
+                )
+            for mod in distinct(self.out_modules):
+                hooks.pre(mod, lambda m, a: emit("head_outputs", self.batch_first(a[0])))
         if "output" in taps:
             for mod in distinct(self.layers):
                 hooks.post(mod, lambda m, a, o: emit("output", self.batch_first(first_tensor(o))))

@@ -19,7 +19,7 @@ import torch
 from identifiable.models.capture import TraceBuilder, TraceMeta
 from identifiable.models.encoding import Encoding
 from identifiable.models.hooks import HookSet
-from identifiable.models.stack import AttentionStack, Tap
+from identifiable.models.stack import AttentionStack, Captured, Tap
 from identifiable.models.trace import Trace
 
 
@@ -28,16 +28,26 @@ class _StopForward(Exception):
 
 
 def stream_layers(
-    stack: AttentionStack, enc: Encoding, forward: Callable[[], Any], meta: TraceMeta
+    stack: AttentionStack,
+    enc: Encoding,
+    forward: Callable[[], Any],
+    meta: TraceMeta,
+    *,
+    layers: list[int] | None = None,
+    heads: list[int] | None = None,
+    recompute: bool = False,
 ) -> Iterator[tuple[int, Trace]]:
-    """Yield `(layer, one-layer trace)` while `forward()` runs the model on `enc`."""
+    """Yield `(layer, one-layer trace)` while `forward()` runs the model on `enc`, for
+    `layers` (default all; in the model's order) and `heads` (default all), checked by the
+    caller. The pass ends after the last chosen layer."""
+    chosen = sorted(range(stack.n_layers) if layers is None else layers)
     box: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
     stop = threading.Event()
 
     def worker() -> None:
         try:
             with torch.no_grad():
-                _run(stack, enc, forward, meta, box, stop)
+                _run(stack, enc, forward, meta, box, stop, chosen, heads, recompute)
             box.put(("done", None))
         except _StopForward:
             box.put(("done", None))
@@ -69,21 +79,33 @@ def _run(
     meta: TraceMeta,
     box: queue.Queue[tuple[str, Any]],
     stop: threading.Event,
+    chosen: list[int],
+    heads: list[int] | None,
+    recompute: bool,
 ) -> None:
-    """The forward pass, with one `TraceBuilder` per layer, each handed over when complete."""
-    current = [TraceBuilder(stack, [enc], layers=range(0, 1))]
+    """The forward pass, with one `TraceBuilder` per chosen layer, each handed over when
+    complete; the pass is ended after the last one."""
+    todo = list(chosen)
 
-    def sink(tap: Tap, layer: int, x: torch.Tensor) -> None:
+    def builder_for(layer: int) -> TraceBuilder:
+        return TraceBuilder(stack, [enc], layers=range(layer, layer + 1), heads=heads)
+
+    current = [builder_for(todo.pop(0))]
+
+    def sink(tap: Tap, layer: int, x: Captured) -> None:
         if tap == "input" and stop.is_set():
             raise _StopForward
         builder = current[0]
         builder(tap, layer, x)
         if tap == "output" and layer == builder.layers.start:
             box.put(("layer", (layer, builder.traces(meta)[0])))
-            if layer + 1 < stack.n_layers:
-                current[0] = TraceBuilder(stack, [enc], layers=range(layer + 1, layer + 2))
+            if todo:
+                current[0] = builder_for(todo.pop(0))
+            elif layer + 1 < stack.n_layers:
+                raise _StopForward  # nothing after the last chosen layer is needed
 
     with HookSet() as hooks:
-        stack.tap(hooks, sink, map_shape=(len(enc), len(enc)))
+        taps = current[0].taps
+        stack.tap(hooks, sink, taps, map_shape=(len(enc), len(enc)), recompute=recompute)
         forward()
     current[0].check()  # the last layer ran, and no layer ran more often than the spec says

@@ -77,6 +77,12 @@ class Trace(
             `[L, H, n, n_k]`, `values` `[L, H, n_k, d_v]` (E_enc·W_V) and
             `key_mask` `[L, n, n_k]` (docs/definitions.md#cross-attention).
         key_input_ids: `[n_k]` int64, the encoder's ids (cross-attention only).
+        layers: the model's layer of each trace layer, where the trace holds some of
+            them (`Model.trace(layers=...)`, `iter_layers`); None: all, from 0.
+        heads: the model's query head of each trace head, where the trace holds some
+            of them (`heads=`); None: all. Analyses number heads as the trace does
+            (0..len(heads)−1); `attn_outputs` is then those heads' share of the block
+            output (see `TraceBuilder`), which `verify()` reproduces.
     """
 
     tokens: list[str]
@@ -98,6 +104,8 @@ class Trace(
     capture_dtype: str = "float32"
     key_tokens: list[str] | None = None
     key_input_ids: torch.Tensor | None = None
+    layers: list[int] | None = None
+    heads: list[int] | None = None
 
     @classmethod
     def from_tensors(

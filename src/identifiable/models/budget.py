@@ -1,0 +1,174 @@
+"""Memory of a trace, known before it is spent: the formula README states, and the
+pre-flight refusal of `Model.trace` / `Model.iter_layers` (`memory_budget=`).
+
+Bytes, for n query rows and n_k keys, L_s chosen layers of H_s chosen heads (of H query
+and H_kv key/value heads of width d_h, d_v = d_h), model width d, MLP width d_ff, weights
+of s bytes each (float32: 4):
+
+    result    = 4·L_s·H_s·n·n_k  (maps, float32)
+              + 4·L_s·H_s·n_k·d_v + 4·(2·L_s + 1)·n·d  (values, hidden states, block outputs)
+              + L_s·n·n_k  (key masks, bool)
+              + 4·L_s·H_s·d_v·d  (W_O rows, unless the model's shared copy exists)
+    forward   = s·n·(6·d + 2·(H + 2·H_kv)·d_h + 3·d_ff)   one layer's activations
+              + eager only: (s + 4)·H·n·n_k  (one layer's scores beside their float32
+                softmax) + s·n·n_k (the additive mask)
+              + recomputed maps only: 8·CHUNK  (two float32 chunks of scores, CHUNK = 2^20) and
+                n·n_k where the model builds a boolean mask (windows, padding)
+    trace     = result + forward
+    iter_layers = 2 × result of one layer + forward   (a layer is built while the caller
+                holds the previous one)
+
+The constants (6·d, 2·(H + 2·H_kv)·d_h: hidden states, norms, Q/K/V before and after
+rotary, the attention output; 3·d_ff: the gated MLP's two projections and their product)
+were measured on random Llama-style models (tests/models/test_budget.py checks the whole
+formula against the measured peak within 25 %).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from identifiable.errors import IdentifiableError
+from identifiable.models.recompute import CHUNK_ELEMENTS
+
+
+@dataclass(frozen=True)
+class TracePlan:
+    """The bytes a trace will hold (`result`) and use on the way (`forward`)."""
+
+    result: int
+    forward: int
+
+    @property
+    def total(self) -> int:
+        return self.result + self.forward
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the formula needs of a model (`ModelInfo` plus the MLP width and weight bytes)."""
+
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    mlp_width: int
+    weight_bytes: int
+
+
+def plan(
+    shape: Shape,
+    n: int,
+    n_keys: int,
+    *,
+    layers: int,
+    heads: int,
+    eager: bool,
+    streaming: bool = False,
+    masked: bool = False,
+    shared_out_proj: bool = False,
+) -> TracePlan:
+    """The formula above (`layers`, `heads`: how many are chosen; `masked`: the model
+    builds a boolean mask, for windows or padding)."""
+    s, d, d_v = shape.weight_bytes, shape.hidden_size, shape.head_dim
+    kept = 1 if streaming else layers
+    result = (
+        4 * kept * heads * (n * n_keys + n_keys * d_v)
+        + 4 * (2 * kept + 1) * n * d
+        + kept * n * n_keys
+        + (0 if shared_out_proj else 4 * kept * heads * d_v * d)
+    )
+    if streaming:
+        result *= 2
+    qkv = (shape.n_heads + 2 * shape.n_kv_heads) * shape.head_dim
+    forward = s * n * (6 * d + 2 * qkv + 3 * shape.mlp_width)
+    if eager:
+        forward += (s + 4) * shape.n_heads * n * n_keys + s * n * n_keys
+    else:
+        forward += 8 * CHUNK_ELEMENTS + (n * n_keys if masked else 0)
+    return TracePlan(result, forward)
+
+
+def check(need: TracePlan, budget: int | None, what: str) -> None:
+    """Refuse, in one line naming `memory_budget=` (CLI: `--memory-budget`), a plan over
+    `budget` bytes (None: no limit known)."""
+    if budget is None or need.total <= budget:
+        return
+    text = (
+        f"{what} needs about {_gb(need.total)} ({_gb(need.result)} of results, "
+        f"{_gb(need.forward)} for the forward pass; formula in README 'Memory'), over the "
+        f"{_gb(budget)} of {{}}; choose fewer layers or heads ({{}}), stream layers with "
+        "iter_layers, shorten the input or raise the budget"
+    )
+    raise IdentifiableError(
+        text.format("memory_budget=", "layers=, heads="),
+        cli=text.format("--memory-budget", "--layers, --heads"),
+    )
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.3g} GB" if n >= 1e8 else f"{n / 1e6:.3g} MB"
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still allocate: the least of the system's available memory,
+    its cgroup's limit less its usage, and its address-space limit (RLIMIT_AS) less what it
+    has mapped; None where none of them can be read."""
+    import resource
+
+    found: list[int] = []
+    meminfo = _proc_fields("/proc/meminfo")
+    if "MemAvailable" in meminfo:
+        found.append(meminfo["MemAvailable"])
+    cgroup = _cgroup_room()
+    if cgroup is not None:
+        found.append(cgroup)
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        found.append(max(0, soft - _proc_fields("/proc/self/status").get("VmSize", 0)))
+    if not found:
+        try:
+            found.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            return None
+    return min(found)
+
+
+def _proc_fields(path: str) -> dict[str, int]:
+    """`Name: 123 kB` lines of a /proc file, in bytes (empty where it cannot be read)."""
+    out: dict[str, int] = {}
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                parts = rest.split()
+                if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+                    out[name] = int(parts[0]) << 10
+    except OSError:
+        pass
+    return out
+
+
+def _cgroup_room() -> int | None:
+    """The memory limit of this process's cgroup (v2, else v1) less its usage, or None."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    v2 = next((ln.split("::", 1)[1] for ln in lines if ln.startswith("0::")), None)
+    candidates = []
+    if v2 is not None:
+        base = Path("/sys/fs/cgroup") / v2.lstrip("/")
+        candidates.append((base / "memory.max", base / "memory.current"))
+    v1 = Path("/sys/fs/cgroup/memory")
+    candidates.append((v1 / "memory.limit_in_bytes", v1 / "memory.usage_in_bytes"))
+    for limit_file, usage_file in candidates:
+        try:
+            limit, usage = limit_file.read_text().strip(), usage_file.read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit() and usage.isdigit() and int(limit) < 1 << 60:  # v1: 2**63 = none
+            return max(0, int(limit) - int(usage))
+    return None

@@ -1,0 +1,62 @@
+"""`layers=` and `heads=` of `Model.trace` and `Model.iter_layers`, checked before any work.
+
+Python callers read the argument names (`layers=`), the CLI its flags (`--layers`); both
+get one line for an index out of range, a repeat, an empty or a non-integer selection.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable
+
+from identifiable.errors import IdentifiableError
+
+
+def _fail(python: str, cli: str, what: str) -> IdentifiableError:
+    return IdentifiableError(what.format(python), cli=what.format(cli))
+
+
+def indices(values: Iterable[int] | None, count: int, name: str) -> list[int] | None:
+    """The chosen indices in 0..count−1, as a list (None: all of them)."""
+    if values is None:
+        return None
+    python, cli = f"{name}=", f"--{name}"
+    if isinstance(values, int | str | bytes) or not hasattr(values, "__iter__"):
+        raise _fail(python, cli, "{} takes a list of integers, got " + repr(values)[:60])
+    out: list[int] = []
+    for v in values:
+        try:
+            if isinstance(v, bool):
+                raise TypeError
+            out.append(operator.index(v))
+        except TypeError:
+            raise _fail(
+                python, cli, "{} holds integers, got " + f"{type(v).__name__} {v!r}"[:60]
+            ) from None
+    if not out:
+        raise _fail(python, cli, "{} is empty: give at least one index, or leave it out for all")
+    if len(set(out)) != len(out):
+        raise _fail(python, cli, "{} repeats an index: " + str(out)[:80])
+    bad = [i for i in out if not 0 <= i < count]
+    if bad:
+        raise _fail(
+            python, cli, "{} " + f"holds {bad[0]}, out of range: valid indices are 0..{count - 1}"
+        )
+    return None if sorted(out) == list(range(count)) and name == "layers" else out
+
+
+def layer_range(layers: list[int] | None, count: int) -> range:
+    """A trace's layers must follow each other (its hidden states run from the input of
+    its first layer to the output of its last)."""
+    if layers is None:
+        return range(count)
+    chosen = sorted(layers)
+    if chosen != list(range(chosen[0], chosen[-1] + 1)) or chosen != layers:
+        raise _fail(
+            "layers=",
+            "--layers",
+            "trace {} takes consecutive layers in order, e.g. "
+            + f"{[chosen[0], chosen[0] + 1]} (a trace's hidden states run from the input of "
+            "its first layer to the output of its last); iter_layers streams any layers",
+        )
+    return range(chosen[0], chosen[-1] + 1)
