@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import torch
 import typer
 from rich.table import Table
 
@@ -72,6 +71,8 @@ def attention(
 
 
 def _overview(name: str, tr: Any, variant: str) -> dict:
+    import torch
+
     from identifiable.attention import compute_head_factors, iter_effective_attention
     from identifiable.attention.stats import pearson_from_sums, pearson_sums
 
