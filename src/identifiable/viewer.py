@@ -406,7 +406,7 @@ def certify_head(
 
     stopped = len(bands.done) < n or len(cons.done) < n
     note = (
-        f"Layer {layer + 1}, head {head}: interval bands for {covered(bands.done)}; "
+        f"Layer {layer}, head {head}: interval bands for {covered(bands.done)}; "
         f"constrained attention for {covered(cons.done)}"
         + (
             f" (spread over the text; stopped after {seconds:g} s: raise --interval-seconds "

@@ -165,7 +165,7 @@ def attention_intervals(
     a, seen, _, _, basis, null_dim = _row_problem(trace, layer, head, row, factors)
     aq, allowed, movable = row_problem(a[seen].numpy(), basis)
     chains = max(1, min(int(movable.sum()) // 16, 16))  # 16: fastest on 300-512 keys
-    where = f"layer {layer} (CLI layer {layer + 1}), head {head}, row {row}"
+    where = f"layer {layer}, head {head}, row {row}"
     sol = interval_simplex(aq, a[seen].numpy()[None], allowed, movable, chains_per_row=chains,
                            what=where)  # fmt: skip
     lo, hi = sol.lower[0], sol.upper[0]
@@ -243,7 +243,7 @@ def head_rows(
     rows = list(range(trace.n_tokens)) if rows is None else [int(r) for r in rows]
     for r in rows:
         trace.check_row(r)
-    where = f"layer {layer} (CLI layer {layer + 1}), head {head}"
+    where = f"layer {layer}, head {head}"
     att = trace.attentions[layer, head].double()
     values = trace.values[layer, head].double()
     out_proj = trace.out_proj[layer, head].double()

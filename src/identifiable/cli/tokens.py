@@ -84,7 +84,11 @@ def tokens(
     ] = "sequence",
     layers: Annotated[
         str | None,
-        typer.Option("--layers", help="Comma-separated layers 0..L (0 = e^0); default 1..L."),
+        typer.Option(
+            "--layers",
+            help="Comma-separated layers 0..L-1 (numbered from 0; -1 = the embeddings e^0); "
+            "default all.",
+        ),
     ] = None,
     seed: Annotated[
         int, typer.Option("--seed", help="Seed of the split, shuffles and probe starts.")

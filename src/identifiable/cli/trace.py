@@ -37,6 +37,7 @@ def models(
 ) -> None:
     """List the supported architectures and the embedded default model."""
     from identifiable.models import DEFAULT_MODEL, SPECS
+    from identifiable.models.specs import all_seq2seq_specs
 
     if check is not None:
         _check_model(check, device)
@@ -52,6 +53,14 @@ def models(
             "causal" if s.causal else "bidirectional",
             f"{s.norm}-LN",
             f"{s.layers}.N.{s.value}",
+        )
+    for s2 in all_seq2seq_specs():  # encoder-decoder families: three stacks each
+        table.add_row(
+            s2.name,
+            ", ".join(s2.model_types),
+            "encoder-decoder (bidirectional, causal, cross)",
+            f"{s2.encoder.norm}-LN",
+            f"{s2.encoder_stack}.{s2.encoder.layers}.N.{s2.encoder.value}",
         )
     console.print(table)
     console.print(
@@ -153,7 +162,7 @@ def trace(
             table.add_column(col, justify="right")
         for layer, err in enumerate(errors[part].tolist()):
             table.add_row(
-                str(layer + 1),
+                str(layer),
                 str(t.n_heads),
                 str(t.head_dim),
                 str(t.n_tokens),

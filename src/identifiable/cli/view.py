@@ -131,8 +131,8 @@ def view(
         "attention.html"
     ),
     layer: Annotated[
-        int, typer.Option("--layer", "-l", help="Layer shown first, 1..L as printed.")
-    ] = 1,
+        int, typer.Option("--layer", "-l", help="Layer shown first, 0..L-1 as printed.")
+    ] = 0,
     head: Annotated[int, typer.Option("--head", help="Head shown first (0-based).")] = 0,
     rows: Annotated[
         str | None,
@@ -255,10 +255,10 @@ def view(
     if picture is not None:
         check_grid(m, trace.tokens)
         picture_rgb = image_rgb(m, picture)
-    if not 1 <= layer <= trace.n_layers:
-        # The CLI numbers layers 1..L everywhere, as `identifiable trace` prints them.
+    if not 0 <= layer < trace.n_layers:
+        # Layers are numbered from 0 on every surface, as `identifiable trace` prints them.
         raise IdentifiableError(
-            f"layer {layer} is out of range: valid layers are 1..{trace.n_layers}"
+            f"--layer {layer} is out of range: valid layers are 0..{trace.n_layers - 1}"
         )
     with err_console.status(
         "computing effective attention" + (" and interval bands …" if certify else " …")
@@ -266,7 +266,7 @@ def view(
         maps = mixing_maps(m, source, methods)
         html = viewer_html_for_trace(
             trace,
-            layer=layer - 1,
+            layer=layer,
             head=head,
             rows=_rows(rows),
             max_rows=max_rows,
