@@ -39,7 +39,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--old-rows", type=int, default=8, help="0: run the old route on every row")
     p.add_argument("--repeats", type=int, default=3, help="timings: median of this many runs")
-    p.add_argument("--layer", type=int, default=3, help="1..6")
+    p.add_argument("--layer", type=int, default=2, help="0..5 (numbered from 0, as everywhere)")
     p.add_argument("--head", type=int, default=0)
     p.add_argument("--check-heads", type=int, default=2)
     p.add_argument("--check-rows", type=int, default=8, help="≥ 8: the map takes key order")
@@ -78,7 +78,7 @@ def main() -> None:
     corpus = identifiable.load_corpus("wikipedia-sample", unit="pair", tokenizer=m.tokenizer,
                                       max_tokens=128)  # fmt: skip
     tr = next(t for t in (m.trace(item) for item in corpus) if t.n_tokens >= 120)
-    layer, head = args.layer - 1, args.head
+    layer, head = args.layer, args.head
     n = tr.n_tokens
     out: dict = {"threads": args.threads, "n": n, "layer": args.layer, "head": head}
 

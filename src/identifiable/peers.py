@@ -38,7 +38,7 @@ def register_inseq() -> tuple[str, ...]:
     `identifiable.models.Model` (which wraps inseq's own Hugging Face model, no copy) and
     returns scores in the layout inseq's "attention" method uses:
     `[batch, key, query, layer, head]` for effective attention and
-    `[batch, input token, hidden token, layer]` for HTA (layers 1..L).
+    `[batch, input token, hidden token, layer]` for HTA (layer l: the output of block l, from 0).
     Batches must be unpadded (one text, or texts of equal length).
     """
     if _REGISTERED:

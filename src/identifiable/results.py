@@ -66,14 +66,12 @@ class Result:
         _plot: defaults for `plot`: "fields" (tuple), "axes" (the dims drawn), a default
             coordinate per other dimension (e.g. {"layer": 0}), "kind" ("heatmap",
             "interval", "bars" or "layer_lines").
-        _dim_start: first coordinate of a dimension when it is not 0 (HTA layers start at 1).
         _summary: scalar attributes shown in `repr` and the HTML header.
     """
 
     _dims: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     _tables: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     _plot: ClassVar[Mapping[str, Any]] = {}
-    _dim_start: ClassVar[Mapping[str, int]] = {}
     _summary: ClassVar[tuple[str, ...]] = ()
     # How `result_files` (which this module imports) recognises a result without importing it.
     _is_result: ClassVar[bool] = True
@@ -84,7 +82,6 @@ class Result:
         dims: Mapping[str, tuple[str, ...]] | None = None,
         tables: Mapping[str, tuple[str, ...]] | None = None,
         plot: Mapping[str, Any] | None = None,
-        dim_start: Mapping[str, int] | None = None,
         summary: tuple[str, ...] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -93,8 +90,7 @@ class Result:
         super().__init_subclass__(**kwargs)
         from types import MappingProxyType
 
-        for attr, value in (("_dims", dims), ("_tables", tables), ("_plot", plot),
-                            ("_dim_start", dim_start)):  # fmt: skip
+        for attr, value in (("_dims", dims), ("_tables", tables), ("_plot", plot)):
             if value is not None:
                 setattr(cls, attr, MappingProxyType(dict(value)))
         if summary is not None:
@@ -147,7 +143,7 @@ class Result:
         values = getattr(self, attr, None) if attr else None
         if values is not None and not isinstance(values, str) and len(values) == size:
             return np.asarray([int(v) for v in values])
-        return np.arange(size) + int(self._dim_start.get(dim, 0))
+        return np.arange(size)  # every coordinate is numbered from 0 (README, 'Numbering')
 
     def _labels(self, dim: str, positions: Sequence[int]) -> list[str] | None:
         tokens = self._key_tokens if dim == "key" else self._tokens if dim in TOKEN_DIMS else None
@@ -402,10 +398,19 @@ class Result:
             (n for n in self._dims if tuple(self._dims[n]) == ("layer", "head", "query", "key")),
             None,
         )
-        if name is None or tuple(self._dims.get(name, ())) != ("layer", "head", "query", "key"):
+        shaped = [
+            n for n in self._dims if tuple(self._dims[n]) == ("layer", "head", "query", "key")
+        ]
+        if name is None:
+            raise IdentifiableError(
+                f"to_bertviz needs a [layer, head, query, key] array, and {type(self).__name__} "
+                f"has none (its arrays: {', '.join(self._dims)}); bertviz draws attention "
+                "heads: use an EffectiveAttention result (idf.effective_attention(trace))"
+            )
+        if name not in shaped:
             raise IdentifiableError(
                 f"to_bertviz needs a [layer, head, query, key] array; {type(self).__name__}"
-                f".{name} is not one"
+                f".{name} is not one (those that are: {', '.join(shaped) or 'none'})"
             )
         sel = {} if layers is None else {"layer": list(layers)}
         arr, _, _ = self._select(name, sel)

@@ -446,7 +446,7 @@ def _certify_note(
 
     stopped = len(bands) < n or len(constrained) < n
     return (
-        f"Layer {layer + 1}, head {head}: interval bands for {covered(bands)}; "
+        f"Layer {layer}, head {head}: interval bands for {covered(bands)}; "
         f"constrained attention for {covered(constrained)}"
         + (
             f" (spread over the text; stopped after {seconds:g} s: raise --interval-seconds "

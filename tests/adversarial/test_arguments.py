@@ -47,8 +47,8 @@ SPECIFIC = [
     # attention
     (["attention", "x", "--layer", "abc"], "Invalid value for '--layer'"),
     (
-        ["attention", "x", "--model", "{model}", "--layer", "0", "--head", "0"],
-        "valid layers are 1..2",
+        ["attention", "x", "--model", "{model}", "--layer", "-1", "--head", "0"],
+        "valid layers are 0..1",
     ),
     (["attention", "x", "--model", "{model}", "--layer", "3", "--head", "0"], "out of range"),
     (
@@ -78,7 +78,7 @@ SPECIFIC = [
     (["view", "x", "--model", "{model}", "--interval-seconds", "1e308"], "--interval-seconds"),
     (["view", "x", "--model", "{model}", "--interval-seconds", "-1"], "--interval-seconds"),
     (["view", "x", "--model", "{model}", "--interval-seconds", "1.5e6"], "between 0 and"),
-    (["view", "x", "--model", "{model}", "--layer", "9"], "valid layers are 1..2"),
+    (["view", "x", "--model", "{model}", "--layer", "9"], "valid layers are 0..1"),
     (["view", "x", "--model", "{model}", "--head", "-1"], "--head must be 0 or more"),
     (["view", "x", "--model", "{model}", "--out", "{ws}"], "is a folder"),
     (["view", "x", "--model", "{model}", "--out", "{ws}/missing/v.html"], "does not exist"),
@@ -110,7 +110,10 @@ SPECIFIC = [
     (["reproduce", "--model", "{model}", "--out", "."], "current directory"),
     (["reproduce", "--model", "{model}", "--out", "{ws}/../home", "--force"], "home directory"),
     (["reproduce", "--model", "{model}", "--out", "{ws}/a-file"], "is a file"),
-    (["reproduce", "--model", "{model}", "--out", "{ws}/busy"], "holds no identifiable run"),
+    (
+        ["reproduce", "--model", "{model}", "--out", "{ws}/busy"],
+        "holds no identifiable reproduce run",
+    ),
     (["reproduce", "--model", "{model}", "--out", "{ws}/busy", "--force"], "--force refused"),
     (["reproduce", "--model", "{model}", "--out", "{ws}/busy", "--resume"], "cannot resume"),
     (["reproduce", "--model", "{model}", "--out", "{ws}/r", "--resume", "--force"], "not both"),

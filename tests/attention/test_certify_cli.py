@@ -28,15 +28,16 @@ def _run(monkeypatch, capsys, model, *args: str) -> tuple[int, str, str]:
 def test_head_map_parquet_and_summary(monkeypatch, capsys, tiny_model, tmp_path):
     model = tiny_model("gpt2")
     out = tmp_path / "map.parquet"
-    code, stdout, stderr = _run(monkeypatch, capsys, model, TEXT_LONG, "--layer", "2",
+    code, stdout, stderr = _run(monkeypatch, capsys, model, TEXT_LONG, "--layer", "1",
                                 "--head", "1", "--out", str(out))  # fmt: skip
     assert code == 0, stderr
     assert "movable mass" in stdout and "L1 paper A_eff" in stdout
+    assert "…" not in stdout  # on 80 columns the values are whole; headers wrap instead
     df = pd.read_parquet(out)
     assert list(df.columns) == list(cli_certify.COLUMNS)
     n = model.trace(TEXT_LONG).n_tokens
     assert len(df) == n * (n + 1) // 2  # causal: row q has q + 1 keys
-    assert (df["key"] <= df["query"]).all() and set(df["layer"]) == {2}
+    assert (df["key"] <= df["query"]).all() and set(df["layer"]) == {1}
     assert (df["lower"] <= df["raw"] + 1e-9).all() and (df["raw"] <= df["upper"] + 1e-9).all()
     assert (df["lower"] <= df["constrained"] + 1e-9).all()
     assert (df["constrained"] <= df["upper"] + 1e-9).all()
@@ -49,7 +50,7 @@ def test_head_map_parquet_and_summary(monkeypatch, capsys, tiny_model, tmp_path)
     ("args", "message"),
     [
         (["--layer", "1", "--head", "9"], r"--head 9 is out of range: valid heads are 0\.\.3"),
-        (["--layer", "3", "--head", "0"], r"valid layers are 1\.\.2"),
+        (["--layer", "3", "--head", "0"], r"valid layers are 0\.\.1"),
         (["--layer", "1", "--head", "0", "--row", "500"], r"--row 500 is out of range"),
         # A small estimate is printed with two digits, not rounded to "0 s".
         (
@@ -84,7 +85,7 @@ def test_corrupt_trace_names_layer_and_head(monkeypatch, capsys, tiny_model, tmp
     code, _, stderr = _run(
         monkeypatch, capsys, model, TEXT_LONG, "--out", str(tmp_path / "m.parquet")
     )
-    assert code == 2 and "layer 1 (CLI layer 2), head 3, row 2" in stderr
+    assert code == 2 and "layer 1, head 3, row 2" in stderr
     assert "infeasible" in stderr and not list(tmp_path.iterdir())
 
 

@@ -150,9 +150,7 @@ def test_window_mask_is_respected():
 def test_corrupt_trace_and_ranges_name_layer_and_head():
     trace = synthetic_trace(n=8)
     trace.attentions[1, 2, 3, 0] = -0.5
-    with pytest.raises(
-        IdentifiableError, match=r"layer 1 \(CLI layer 2\), head 2, row 3.*infeasible"
-    ):
+    with pytest.raises(IdentifiableError, match=r"layer 1, head 2, row 3.*infeasible"):
         interval_map(trace)
     with pytest.raises(IdentifiableError, match=r"valid heads are 0\.\.2"):
         interval_map(trace, heads=[3])

@@ -34,17 +34,17 @@ def _invoke(monkeypatch, model, *args: str):
 
 def test_overview_and_row_view_with_json(monkeypatch, tiny_model, tmp_path):
     out = tmp_path / "a.json"
-    r = _invoke(monkeypatch, tiny_model("bert"), TEXT_LONG, "--layer", "2", "--head", "1",
+    r = _invoke(monkeypatch, tiny_model("bert"), TEXT_LONG, "--layer", "1", "--head", "1",
                 "--row", "3", "--json", str(out))  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "dim LN([T,1])" in r.output and "witness: moves" in r.output
     data = json.loads(out.read_text())
-    assert [x["layer"] for x in data["layers"]] == [1, 2]
+    assert [x["layer"] for x in data["layers"]] == [0, 1]
     n = data["n_tokens"]
     assert all(d == n - 16 for x in data["layers"] for d in x["dim"])
     assert 0 < data["pearson_r"] < 1
     head = data["head"]
-    assert head["layer"] == 2 and head["row"] == 3 and len(head["keys"]) == n
+    assert head["layer"] == 1 and head["row"] == 3 and len(head["keys"]) == n
     for key in head["keys"]:
         assert key["lower"] - 1e-9 <= key["raw"] <= key["upper"] + 1e-9
         assert key["lower"] - 1e-9 <= key["witness"] <= key["upper"] + 1e-9
@@ -64,7 +64,7 @@ def test_causal_early_row_has_no_witness(monkeypatch, tiny_model):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--layer", "0", "--head", "0"], r"--layer 0 is out of range: valid layers are 1\.\.2"),
+        (["--layer", "2", "--head", "0"], r"--layer 2 is out of range: valid layers are 0\.\.1"),
         (["--layer", "1", "--head", "4"], r"valid heads are 0\.\.3"),
         (["--layer", "1", "--head", "0", "--row", "999"], r"valid rows are 0\.\."),
         (["--head", "1"], "give --layer and --head together"),
@@ -90,5 +90,5 @@ def test_embedded_model_end_to_end(tmp_path):
     assert len(data["layers"]) == 6 and data["head"]["witness"]["exists"]
     bad = subprocess.run([*run, "hello", "--layer", "9", "--head", "0"],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert bad.returncode == 2 and "valid layers are 1..6" in bad.stderr
+    assert bad.returncode == 2 and "valid layers are 0..5" in bad.stderr
     assert "Traceback" not in bad.stderr and bad.stderr.strip().count("\n") == 0

@@ -95,7 +95,7 @@ def test_experiment_tables(tiny_model, arch, tmp_path):
     assert set(per_seq["category"]) == {"CLS", "SEP", "PUNCT"}
     row = per_seq[
         (per_seq["seq"] == 1)
-        & (per_seq["layer"] == 2)
+        & (per_seq["layer"] == 1)
         & (per_seq["head"] == 3)
         & (per_seq["category"] == "SEP")
     ]

@@ -50,11 +50,11 @@ def test_own_summary_matches_direct_computation(synthetic):
         for layer in (0, 1)
     ]
     s = t.own_summary.set_index("layer")
-    for layer in (1, 2):
+    for layer in (0, 1):  # tables number layers as the results do (block l, from 0)
         assert s.loc[layer, "n_tokens"] == 23
-        assert s.loc[layer, "median"] == pytest.approx(np.median(own[layer - 1]))
-        assert s.loc[layer, "q1"] == pytest.approx(np.quantile(own[layer - 1], 0.25))
-        assert s.loc[layer, "p_tilde"] == pytest.approx(not_top[layer - 1].mean())
+        assert s.loc[layer, "median"] == pytest.approx(np.median(own[layer]))
+        assert s.loc[layer, "q1"] == pytest.approx(np.quantile(own[layer], 0.25))
+        assert s.loc[layer, "p_tilde"] == pytest.approx(not_top[layer].mean())
     assert len(t.tokens) == 2 * 23 and set(t.tokens["sequence"]) == {0, 1}
 
 
@@ -77,7 +77,7 @@ def test_relative_position_table(synthetic):
     rp = t.relative_position
     assert 0 not in set(rp["offset"]) and rp["offset"].min() == -12 and rp["offset"].max() == 12
     np.testing.assert_allclose(rp.groupby("layer")["normalised"].max().to_numpy(), 1.0)
-    row = rp[(rp["layer"] == 1) & (rp["offset"] == 1)].iloc[0]
+    row = rp[(rp["layer"] == 0) & (rp["offset"] == 1)].iloc[0]
     expect = sum(float(torch.diagonal(r.contributions[0], offset=1).sum()) for r in results)
     assert row["total"] == pytest.approx(expect)
     assert row["n_pairs"] == 8 + 13
@@ -88,8 +88,8 @@ def test_special_table(synthetic):
     sp = t.special.set_index(["layer", "special_token"])
     cls = [float(r.contributions[0, 1:-1, 0].sum()) for r in results]
     both = [float(r.contributions[0, 1:-1][:, [0, -1]].sum()) for r in results]
-    assert sp.loc[(1, "[CLS]"), "share_percent"] == pytest.approx(100 * sum(cls) / 19)
-    assert sp.loc[(1, "any"), "share_percent"] == pytest.approx(100 * sum(both) / 19)
+    assert sp.loc[(0, "[CLS]"), "share_percent"] == pytest.approx(100 * sum(cls) / 19)
+    assert sp.loc[(0, "any"), "share_percent"] == pytest.approx(100 * sum(both) / 19)
     assert (t.special["queries"] == "non-special tokens").all()
 
 
@@ -115,7 +115,7 @@ def test_run_on_tiny_model(tiny_model):
     texts = ["A short sentence.", "Another, slightly longer sentence follows here."]
     t = run_attribution_experiment(tiny_model("bert"), texts, probes=2, seed=1)
     assert t.meta["n_sequences"] == 2 and t.meta["probes"] == [2]
-    assert set(t.own_summary["layer"]) == {1, 2}
+    assert set(t.own_summary["layer"]) == {0, 1}
     assert "own_stderr" in t.tokens and t.tokens["own_stderr"].notna().all()
     assert set(t.special["special_token"]) == {"[CLS]", "[SEP]", "any"}
 

@@ -82,9 +82,9 @@ def test_two_models_of_different_depth_side_by_side(tmp_path, models, corpus, ca
     curves = pd.read_csv(out / "tables" / "curves.csv")
     depth = curves.groupby("model")["relative_depth"].max()
     assert (depth == 1.0).all()  # the last layer of each model sits at relative depth 1
-    assert sorted(curves.groupby("model")["layer"].max()) == [2, 3]
+    assert sorted(curves.groupby("model")["layer"].max()) == [1, 2]  # numbered from 0
     diff = pd.read_csv(out / "tables" / "differences.csv")
-    assert set(diff["layer"]) == {1, 2, 3} and diff["difference"].notna().all()
+    assert set(diff["layer"]) == {0, 1, 2} and diff["difference"].notna().all()
     verdicts = pd.read_csv(out / "tables" / "verdicts.csv")
     assert len(verdicts) >= 5 and "differs" in verdicts
     counts = pd.read_csv(out / "tables" / "token_counts.csv")

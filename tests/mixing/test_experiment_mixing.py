@@ -48,12 +48,12 @@ def test_stage_table(tiny_model, arch):
     )
     t = tables["correlations"]
     assert list(t.columns) == CORRELATION_COLUMNS and ticks == [1, 1]
-    assert sorted(set(t["seq"])) == [10, 11] and sorted(set(t["layer"])) == [1, 2]
+    assert sorted(set(t["seq"])) == [10, 11] and sorted(set(t["layer"])) == [0, 1]
     # erasure is a reference: compared with hta only, never with itself
     assert set(t[t["method"] == "erasure"]["reference"]) == {"hta"}
     assert len(t) == 2 * 2 * (2 + 2 + 1)
     assert t["spearman"].between(-1, 1).all() and (t["rows"] > 0).all()
-    # one entry recomputed by hand: alti's rollout vs HTA, layer 2 of the first sequence
+    # one entry recomputed by hand: alti's rollout vs HTA, layer 1 of the first sequence
     alti = context_mixing(model, ITEMS[0], "alti").rolled[1].numpy()
     hta = context_mixing(model, ITEMS[0], "hta").layerwise[1].numpy()
     rhos = []
@@ -61,7 +61,7 @@ def test_stage_table(tiny_model, arch):
         k = i + 1 if arch == "gpt2" else alti.shape[0]
         if k >= 3:
             rhos.append(spearmanr(alti[i, :k], hta[i, :k]).statistic)
-    got = t.query("seq == 10 and layer == 2 and method == 'alti' and reference == 'hta'")
+    got = t.query("seq == 10 and layer == 1 and method == 'alti' and reference == 'hta'")
     assert float(got["spearman"].iloc[0]) == pytest.approx(np.nanmean(rhos), abs=1e-12)
     with pytest.raises(IdentifiableError, match="unknown mixing method"):
         mixing_tables(model, ITEMS, 0, ticks.append, methods=["nope"])

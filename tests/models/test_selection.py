@@ -122,7 +122,7 @@ def test_cli_trace_layers_and_heads(models, tmp_path, capsys, bert_tokenizer):
     models["sdpa"].hf_model.save_pretrained(folder)
     bert_tokenizer.save_pretrained(folder)
     rc, out, err = run(
-        ["trace", TEXT, "--model", str(folder), "--layers", "2", "--heads", "1,3"], capsys
+        ["trace", TEXT, "--model", str(folder), "--layers", "1", "--heads", "1,3"], capsys
     )
     assert rc == 0, err
     assert "1,3" in out and "passed" in out

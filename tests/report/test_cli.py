@@ -131,7 +131,7 @@ def test_view_cli(model_and_corpus: tuple[Path, Path], tmp_path: Path) -> None:
         "--out",
         str(out),
         "--layer",
-        "2",
+        "1",
         "--head",
         "3",
         "--max-rows",
@@ -143,7 +143,7 @@ def test_view_cli(model_and_corpus: tuple[Path, Path], tmp_path: Path) -> None:
     bad = cli("view", "x", "--model", str(model_dir), "--layer", "9", "--out", str(out), "--force")
     assert (
         bad.returncode == 2
-        and "valid layers are 1..2" in bad.stderr
+        and "valid layers are 0..1" in bad.stderr
         and "Traceback" not in bad.stderr
     )
     assert out.read_text("utf-8") == html  # a failed run leaves the previous page alone

@@ -301,11 +301,11 @@ def test_the_constrained_map_renders_on_the_shared_scale(tmp_path: Path, open_pa
     assert "constrained" in page.inner_text(P("hover"))
     # another head: the certified maps say which head they belong to
     page.locator("table.idf-grid td[data-layer='0'][data-head='0']").click()
-    expect(page.locator(P("head-status"))).to_contain_text("layer 1, head 0")
+    expect(page.locator(P("head-status"))).to_contain_text("layer 0, head 0")
     pale = cell_colour(page, "constrained", 4, 4, n)
     assert pale == [244, 246, 248]  # the placeholder's background
     page.locator("table.idf-grid td[data-layer='1'][data-head='2']").click()
-    expect(page.locator(P("head-status"))).to_contain_text("layer 2, head 2")
+    expect(page.locator(P("head-status"))).to_contain_text("layer 1, head 2")
     assert cell_colour(page, "constrained", 5, 2, n) == list(colour(1.7, 1.7))
     assert_clean(loaded)
 

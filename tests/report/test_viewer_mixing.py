@@ -101,12 +101,12 @@ def test_a_method_map_replaces_the_attention_maps_and_switches(
     assert abs(float(readout.split("globenc ")[1].split()[0]) - want) < 0.005
     # another layer: another map
     page.select_option(P("layer"), index=0)
-    expect(page.locator(P("head-status"))).to_contain_text("layer 1 · globenc")
+    expect(page.locator(P("head-status"))).to_contain_text("layer 0 · globenc")
     assert page.evaluate(PIXELS, P("map-mixing")) != layer1
     # another method: another map, same layer selector
     page.select_option(P("show"), "alti")
     expect(page.locator(P("caption-mixing"))).to_contain_text("alti")
-    expect(page.locator(P("head-status"))).to_contain_text("layer 1 · alti")
+    expect(page.locator(P("head-status"))).to_contain_text("layer 0 · alti")
     assert page.evaluate(PIXELS, P("map-mixing")) != layer1
     # back to attention: the three maps and the head selector return
     page.select_option(P("show"), "attention")

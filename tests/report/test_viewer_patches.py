@@ -437,16 +437,16 @@ def test_clicking_a_patch_shades_the_keys_by_every_map(
     assert [bg for _, bg in cls_cells.values()] != [bg for _, bg in raw_cells.values()]
     check_shading(cls_cells, tr.attentions[0, 0, 0].numpy(), raw_err, alpha=0.72)
     # another layer and head: their row
-    page.select_option(P("layer"), index=1)  # second layer (value "1", labelled "2")
+    page.select_option(P("layer"), index=1)  # second layer (value "1", labelled "1")
     page.select_option(P("head"), "3")
     expect(grid).to_have_attribute("data-head", "3")
     expect(grid).to_have_attribute("data-layer", "1")
     err13 = data["matrices"]["1,3"]["raw"][1] / 2
     check_shading(read_cells(page, n), tr.attentions[1, 3, 0].numpy(), err13, alpha=0.72)
-    # the certified maps belong to layer 1, head 0 only: the page says so and shades nothing
+    # the certified maps belong to layer 0, head 0 only: the page says so and shades nothing
     page.select_option(P("patch-map"), "width")
     expect(grid).to_have_attribute("data-map", "width")
-    assert "layer 1, head 0 only" in page.inner_text(P("patch-legend"))
+    assert "layer 0, head 0 only" in page.inner_text(P("patch-legend"))
     assert all(v is None for v, _ in read_cells(page, n).values())
     # hovering a key reads its value out
     page.select_option(P("patch-map"), "raw")

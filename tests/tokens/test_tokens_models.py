@@ -65,7 +65,7 @@ def test_pipeline_on_tiny_models(tiny_model, arch, tmp_path):
         probe_config=SMALL,
     )
     df = result.per_layer
-    assert sorted(set(df["layer"])) == [1, 2]
+    assert sorted(set(df["layer"])) == [0, 1]  # numbered from 0
     assert set(df["probe"]) == {"naive", "linear", "mlp"} and set(df["objective"]) == {"cos"}
     assert ((df["rate"] >= 0) & (df["rate"] <= 1)).all()
     assert result.settings["cache_hit"] is False and result.settings["n_tokens"] <= 600
@@ -89,7 +89,7 @@ def test_pipeline_on_tiny_models(tiny_model, arch, tmp_path):
 
 def test_pipeline_errors_on_a_real_model(tiny_model):
     model = tiny_model("bert")
-    with pytest.raises(IdentifiableError, match=r"valid layers are 0\.\.2"):
+    with pytest.raises(IdentifiableError, match=r"give layers 0\.\.1 \(numbered from 0\)"):
         token_identifiability(model, TEXTS, max_tokens=600, layers=[3], progress=False)
     with pytest.raises(IdentifiableError, match="too few tokens to split"):
         token_identifiability(model, TEXTS[:2], max_tokens=600, progress=False)
@@ -104,12 +104,12 @@ def test_embedded_model_quick_budget(minilm, tmp_path):
         minilm, "wikipedia-sample", max_tokens=2048, progress=False, probe_config=cfg
     )
     df = result.per_layer
-    assert len(df) == 6 * 6 and sorted(set(df["layer"])) == [1, 2, 3, 4, 5, 6]
+    assert len(df) == 6 * 6 and sorted(set(df["layer"])) == [0, 1, 2, 3, 4, 5]
     rates = result.rates()
-    # right after layer 1 every naive and linear probe identifies tokens (the MLPs here get
+    # right after layer 0 every naive and linear probe identifies tokens (the MLPs here get
     # only 200 steps from a random start: this test is about the pipeline, not their fit)
-    assert (rates.loc[1, [c for c in rates.columns if not c.startswith("mlp")]] > 0.97).all()
-    assert rates.loc[6, "naive_l2"] < 0.6  # …and naive look-up fails in the last layer
+    assert (rates.loc[0, [c for c in rates.columns if not c.startswith("mlp")]] > 0.97).all()
+    assert rates.loc[5, "naive_l2"] < 0.6  # …and naive look-up fails in the last layer
     for probe in ("naive", "linear"):  # the paper's finding: cosine at least as good as L2
         assert (rates[f"{probe}_cos"] >= rates[f"{probe}_l2"] - 0.01).all()
     cross = result.cross_layer
@@ -136,19 +136,20 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.integration
 def test_cli_writes_tables_and_prints_the_per_layer_table(tmp_path):
-    r = _cli("--max-tokens", "900", "--layers", "1,6", "--out", str(tmp_path))
+    r = _cli("--max-tokens", "900", "--layers", "0,5", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert "linear cos" in r.stdout and "shuffled-target control" in r.stdout
     for stem in ("per_layer", "cross_layer", "control"):
         assert (tmp_path / f"tokens_{stem}.csv").exists()
         assert (tmp_path / f"tokens_{stem}.parquet").exists()
-    assert set(pd.read_csv(tmp_path / "tokens_per_layer.csv")["layer"]) == {1, 6}
+    assert set(pd.read_csv(tmp_path / "tokens_per_layer.csv")["layer"]) == {0, 5}
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--layers", "1,x"], "comma-separated integers"),
+        (["--layers", "0,6", "--max-tokens", "900"], "--layers: 6 is not a layer of this model"),
         (["--quick", "--max-tokens", "10"], "either --max-tokens or --quick"),
     ],
 )

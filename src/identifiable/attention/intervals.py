@@ -165,7 +165,7 @@ def attention_intervals(
     a, seen, _, _, basis, null_dim = _row_problem(trace, layer, head, row, factors)
     aq, allowed, movable = row_problem(a[seen].numpy(), basis)
     chains = max(1, min(int(movable.sum()) // 16, 16))  # 16: fastest on 300-512 keys
-    where = f"layer {layer} (CLI layer {layer + 1}), head {head}, row {row}"
+    where = f"layer {layer}, head {head}, row {row}"
     sol = interval_simplex(aq, a[seen].numpy()[None], allowed, movable, chains_per_row=chains,
                            what=where)  # fmt: skip
     lo, hi = sol.lower[0], sol.upper[0]
@@ -243,7 +243,7 @@ def head_rows(
     rows = list(range(trace.n_tokens)) if rows is None else [int(r) for r in rows]
     for r in rows:
         trace.check_row(r)
-    where = f"layer {layer} (CLI layer {layer + 1}), head {head}"
+    where = f"layer {layer}, head {head}"
     att = trace.attentions[layer, head].double()
     values = trace.values[layer, head].double()
     out_proj = trace.out_proj[layer, head].double()
@@ -467,7 +467,7 @@ def _solve_jobs(trace, jobs, row_list, key_mask, chains, pool_size, deadline, bu
 
     def tasks(job):
         lyr, h = job
-        what = f"layer {lyr} (CLI layer {lyr + 1}), head {h}"
+        what = f"layer {lyr}, head {h}"
         for chunk in _head_chunks(trace, lyr, h, row_list, key_mask):
             yield head_rows(trace, lyr, h, chunk, key_mask=key_mask), (chains, what, deadline)
 
@@ -546,7 +546,7 @@ def _check_budget(trace, job, rows, key_mask, n_rows, workers, budget, start) ->
     """
     mask = layer_key_mask(trace, job[0], key_mask)[rows]
     probe = rows[int(mask.sum(1).argmax())]
-    what = f"layer {job[0]} (CLI layer {job[0] + 1}), head {job[1]}"
+    what = f"layer {job[0]}, head {job[1]}"
     t0 = time.time()
     try:  # the probe may use the budget and half its 10 % slack, no more
         _solve_head((head_rows(trace, job[0], job[1], [probe], key_mask=key_mask), None, what,

@@ -27,7 +27,8 @@ TextOrPair = str | tuple[str, str]
 @dataclass
 class HTAResult(
     Result,
-    # query: the hidden token i, key: the input token j (layers 1..L, as in the paper)
+    # query: the hidden token i, key: the input token j; layer l is e^{l+1}, the output of
+    # block l (0-based, as every surface numbers layers), so tables join on `layer`
     dims={
         "contributions": ("layer", "query", "key"),
         "stderr": ("layer", "query", "key"),
@@ -36,14 +37,16 @@ class HTAResult(
         "input_ids": ("token",),
         "special": ("token",),
     },
-    dim_start={"layer": 1},
     plot={"fields": ("contributions",), "layer": -1},
     summary=("probes",),
 ):
-    """Contributions of every input token to every hidden token, layers 1..L.
+    """Contributions of every input token to every hidden token, at every layer's output.
+
+    Layer l (0-based) is the hidden state e^{l+1} that block l writes; the paper's layer l
+    is our layer l - 1.
 
     Attributes:
-        contributions: `[L, n, n]` c^l_{i,j} indexed [l-1, i, j]; rows sum to 1.
+        contributions: `[L, n, n]` c^{l+1}_{i,j} indexed [l, i, j]; rows sum to 1.
         stderr: `[L, n, n]` delta-method standard error of `contributions`
             (estimator only; None in exact mode).
         sq_norms: `[L, n, n]` ‖∂e^l_i/∂x_j‖_F² (exact, or the unbiased estimate).
@@ -94,7 +97,7 @@ class HTAResult(
         for layer in range(self.n_layers):
             layers.append(
                 {
-                    "layer": layer + 1,
+                    "layer": layer,
                     "median_own_contribution": float(own[layer].median()),
                     "tokens": [
                         {

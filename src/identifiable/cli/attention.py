@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import torch
 import typer
 from rich.table import Table
 
@@ -33,7 +32,7 @@ def attention(
     pair: PairOption = None,
     model: ModelOption = "minilm",
     layer: Annotated[
-        int | None, typer.Option("--layer", "-l", help="Layer, 1..L as printed.")
+        int | None, typer.Option("--layer", "-l", help="Layer, 0..L-1 as printed.")
     ] = None,
     head: Annotated[int | None, typer.Option("--head", help="Head, 0..H-1.")] = None,
     row: Annotated[
@@ -66,12 +65,14 @@ def attention(
     check_ranges(tr, layer, head, row)
     payload = _overview(m.info.name, tr, variant)
     if layer is not None and head is not None:
-        payload["head"] = _head_view(tr, layer - 1, head, row, variant)
+        payload["head"] = _head_view(tr, layer, head, row, variant)
     if json_out is not None:
         write_json(json_out, payload, force=force)
 
 
 def _overview(name: str, tr: Any, variant: str) -> dict:
+    import torch
+
     from identifiable.attention import compute_head_factors, iter_effective_attention
     from identifiable.attention.stats import pearson_from_sums, pearson_sums
 
@@ -88,10 +89,10 @@ def _overview(name: str, tr: Any, variant: str) -> dict:
         pooled = pooled + sums
         r = pearson_from_sums(sums)
         rank, dim, dim_s = (x[:, -1].tolist() for x in (le.rank, le.dim, le.dim_stochastic))
-        table.add_row(str(le.layer + 1), _span(rank), _span(dim), _span(dim_s), f"{r:.4f}")
+        table.add_row(str(le.layer), _span(rank), _span(dim), _span(dim_s), f"{r:.4f}")
         layers.append(
             {
-                "layer": le.layer + 1,
+                "layer": le.layer,
                 "rank": rank,
                 "dim": dim,
                 "dim_stochastic": dim_s,
@@ -131,10 +132,10 @@ def _head_view(tr: Any, layer: int, head: int, row: int | None, variant: str) ->
     )
 
     ns = null_space(tr)
-    out: dict[str, Any] = {"layer": layer + 1, "head": head}
+    out: dict[str, Any] = {"layer": layer, "head": head}
     if row is None:
         console.print(
-            f"layer {layer + 1}, head {head}: rank(T) = {int(ns.rank[layer, head, -1])}, "
+            f"layer {layer}, head {head}: rank(T) = {int(ns.rank[layer, head, -1])}, "
             f"dim LN(T) = {int(ns.dim[layer, head, -1])}, dim LN([T,1]) = {int(ns.dim_stochastic[layer, head, -1])}. "
             "Add --row R for each key's weights, intervals and a witness."
         )
@@ -145,7 +146,7 @@ def _head_view(tr: Any, layer: int, head: int, row: int | None, variant: str) ->
     w = witness(tr, layer, head, row)
     visible = tr.keys_seen(layer)[row].nonzero().flatten().tolist()  # causal, windowed: a subset
     table = Table(
-        title=f"layer {layer + 1}, head {head}, row {row} ({tr.tokens[row]!r}): {len(visible)} keys, dim LN([T,1]) = {iv.null_dim}"
+        title=f"layer {layer}, head {head}, row {row} ({tr.tokens[row]!r}): {len(visible)} keys, dim LN([T,1]) = {iv.null_dim}"
     )
     for col, just in (
         ("key", "right"),

@@ -83,7 +83,7 @@ def attribution(
             pairs[-1] += f" {100 * share:.0f}%"
         not_top = 1.0 - float(is_top[layer].float().mean())
         table.add_row(
-            str(layer + 1),
+            str(layer),
             f"{100 * float(own[layer].median()):.1f}%",
             f"{100 * not_top:.0f}%",
             "  ".join(pairs),

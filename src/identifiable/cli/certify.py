@@ -17,6 +17,7 @@ from identifiable.cli.common import (
     check_writable,
     console,
     load,
+    whole_values,
     write_atomic,
 )
 from identifiable.errors import IdentifiableError
@@ -28,7 +29,7 @@ COLUMNS = ("layer", "head", "query", "key", "raw", "lower", "upper", "constraine
 _TextArg = Annotated[str, typer.Argument(help="The text to analyse.")]
 
 _LayerArg = Annotated[
-    int | None, typer.Option("--layer", "-l", help="Layer, 1..L as printed (default all).")
+    int | None, typer.Option("--layer", "-l", help="Layer, 0..L-1 as printed (default all).")
 ]
 
 _HeadArg = Annotated[int | None, typer.Option("--head", help="Head, 0..H-1 (default all).")]
@@ -69,7 +70,7 @@ def certify(
     m = load(model)
     tr = m.trace((text, pair) if pair is not None else text, truncate=not no_truncate)
     check_ranges(tr, layer, head, row)
-    layers = [layer - 1] if layer is not None else None
+    layers = [layer] if layer is not None else None
     heads = [head] if head is not None else None
     rows = [row] if row is not None else None
     imap = interval_map(tr, layers=layers, heads=heads, rows=rows, workers=workers,
@@ -90,7 +91,7 @@ def certify(
             width = imap.width[li, hi]
             for ri, q in enumerate(imap.rows):
                 ks = keys[ri].nonzero().flatten().tolist()
-                records["layer"] += [lyr + 1] * len(ks)
+                records["layer"] += [lyr] * len(ks)
                 records["head"] += [hd] * len(ks)
                 records["query"] += [q] * len(ks)
                 records["key"] += ks
@@ -101,12 +102,12 @@ def certify(
             w = width[keys]
             nd = imap.null_dim[li, hi].double()
             table.add_row(
-                str(lyr + 1), str(hd), str(len(imap.rows)), _span(nd), f"{float(w.max()):.4f}",
+                str(lyr), str(hd), str(len(imap.rows)), _span(nd), f"{float(w.max()):.4f}",
                 f"{float(w.mean()):.4f}", f"{float((w < IDENTIFIABLE_WIDTH).double().mean()):.1%}",
                 f"{float(imap.movable_mass[li, hi].mean()):.4f}",
                 f"{float(c.l1_effective.mean()):.4f}", f"{float(c.l1_constrained.mean()):.4f}",
             )  # fmt: skip
-    console.print(table)
+    console.print(whole_values(table))
     console.print(
         "width: upper − lower per key; movable mass: Σ (raw − lower), a bound on the mass any "
         "valid row can move; L1: mean ‖row − raw‖₁ (paper A_eff is not a distribution; the "

@@ -15,6 +15,17 @@ from identifiable.seeds import SEED_MAX
 console = Console()
 err_console = Console(stderr=True)
 
+
+def whole_values(table: Any) -> Any:
+    """Give every column of a rich `Table` the width of its widest cell, so that a narrow
+    console wraps the headers instead of cutting numbers ("0.15…" on 80 columns)."""
+    for column in table.columns:
+        cells = [str(c) for c in column.cells]
+        if cells:
+            column.min_width = max(len(c) for c in cells)
+    return table
+
+
 ModelOption = Annotated[
     str,
     typer.Option(
@@ -125,9 +136,9 @@ class Interrupted(Exception):
 
 
 def check_ranges(tr: Any, layer: int | None, head: int | None, row: int | None) -> None:
-    """Refuse a CLI --layer (1..L), --head (0..H-1) or --row (0..n-1) outside the trace."""
+    """Refuse a CLI --layer (0..L-1), --head (0..H-1) or --row (0..n-1) outside the trace."""
     checks = (
-        ("layer", layer, 1, tr.n_layers),
+        ("layer", layer, 0, tr.n_layers - 1),
         ("head", head, 0, tr.n_heads - 1),
         ("row", row, 0, tr.n_tokens - 1),
     )

@@ -118,7 +118,7 @@ def mixing(
             total = float(row.sum())
             share = float(row[j]) / total if total > 0 else 0.0
             cells.append(f"{tok if j == i else f'{tok}←{result.tokens[j]}'} {100 * share:.0f}%")
-        table.add_row(str(layer + 1), "  ".join(cells))
+        table.add_row(str(layer), "  ".join(cells))
     console.print(table)
     if json_out is not None:
         write_json(json_out, result.to_dict(), force=force)

@@ -85,7 +85,11 @@ _CandidatesArg = Annotated[
 
 _LayersArg = Annotated[
     str | None,
-    typer.Option("--layers", help="Comma-separated layers 0..L (0 = e^0); default 1..L."),
+    typer.Option(
+        "--layers",
+        help="Comma-separated layers 0..L-1 (numbered from 0; -1 = the embeddings e^0); "
+        "default all.",
+    ),
 ]
 
 _SeedArg = Annotated[

@@ -37,6 +37,7 @@ def models(
 ) -> None:
     """List the supported architectures and the embedded default model."""
     from identifiable.models import DEFAULT_MODEL, SPECS
+    from identifiable.models.specs import all_seq2seq_specs
 
     if check is not None:
         _check_model(check, device)
@@ -52,6 +53,14 @@ def models(
             "causal" if s.causal else "bidirectional",
             f"{s.norm}-LN",
             f"{s.layers}.N.{s.value}",
+        )
+    for s2 in all_seq2seq_specs():  # encoder-decoder families: three stacks each
+        table.add_row(
+            s2.name,
+            ", ".join(s2.model_types),
+            "encoder-decoder (bidirectional, causal, cross)",
+            f"{s2.encoder.norm}-LN",
+            f"{s2.encoder_stack}.{s2.encoder.layers}.N.{s2.encoder.value}",
         )
     console.print(table)
     console.print(
@@ -113,7 +122,7 @@ TargetOption = Annotated[
 
 
 def _index_list(text: str | None, flag: str) -> list[int] | None:
-    """`--layers 1,2` (1-based as printed) / `--heads 0,3` as a list, or one line."""
+    """`--layers 1,2` / `--heads 0,3` (numbered from 0, as printed) as a list, or one line."""
     from identifiable.errors import IdentifiableError
 
     if text is None:
@@ -124,10 +133,6 @@ def _index_list(text: str | None, flag: str) -> list[int] | None:
         raise IdentifiableError(
             f"{flag} takes comma-separated integers, e.g. 0,3; got '{text}'"
         ) from None
-    if flag == "--layers":
-        if any(v < 1 for v in values):
-            raise IdentifiableError(f"--layers counts from 1 as printed; got '{text}'")
-        return [v - 1 for v in values]
     return values
 
 
@@ -144,7 +149,7 @@ def trace(
     device: DeviceOption = "cpu",
     layers: Annotated[
         str | None,
-        typer.Option("--layers", help="Consecutive layers to trace, 1..L as printed, e.g. 2,3."),
+        typer.Option("--layers", help="Consecutive layers to trace, 0..L-1 as printed, e.g. 1,2."),
     ] = None,
     heads: Annotated[
         str | None, typer.Option("--heads", help="Heads to trace, 0..H-1, e.g. 0,5.")
@@ -210,7 +215,7 @@ def trace(
             table.add_column(col, justify="right")
         for layer, err in enumerate(errors[part].tolist()):
             table.add_row(
-                str((t.layers[layer] if t.layers else layer) + 1),
+                str(t.layers[layer] if t.layers else layer),
                 str(t.n_heads) if t.heads is None else ",".join(map(str, t.heads)),
                 str(t.head_dim),
                 str(t.n_tokens),

@@ -132,7 +132,7 @@ _ImageArg = Annotated[
 _OutArg = Annotated[Path, typer.Option("--out", "-o", help="The HTML file to write.")]
 
 _LayerArg = Annotated[
-    int, typer.Option("--layer", "-l", help="Layer shown first, 1..L as printed.")
+    int, typer.Option("--layer", "-l", help="Layer shown first, 0..L-1 as printed.")
 ]
 
 _HeadArg = Annotated[int, typer.Option("--head", help="Head shown first (0-based).")]
@@ -198,7 +198,7 @@ def view(
     pair: PairOption = None,
     model: ModelOption = "minilm",
     out: _OutArg = Path("attention.html"),
-    layer: _LayerArg = 1,
+    layer: _LayerArg = 0,
     head: _HeadArg = 0,
     rows: _RowsArg = None,
     max_rows: _MaxRowsArg = 16,
@@ -218,7 +218,7 @@ def view(
 
     _check_inputs(text, image, pair, out, force)
     options = _options(
-        layer=layer - 1,
+        layer=layer,
         head=head,
         rows=rows,
         max_rows=max_rows,
@@ -234,10 +234,10 @@ def view(
     m = load(model, images=True)
     source: Any = picture if picture is not None else (text, pair) if pair is not None else text
     trace, picture_rgb = _trace(m, model, source, picture)
-    if not 1 <= layer <= trace.n_layers:
-        # The CLI numbers layers 1..L everywhere, as `identifiable trace` prints them.
+    if not 0 <= layer < trace.n_layers:
+        # Layers are numbered from 0 on every surface, as `identifiable trace` prints them.
         raise IdentifiableError(
-            f"layer {layer} is out of range: valid layers are 1..{trace.n_layers}"
+            f"--layer {layer} is out of range: valid layers are 0..{trace.n_layers - 1}"
         )
     with err_console.status(
         "computing effective attention" + (" and interval bands …" if certify else " …")

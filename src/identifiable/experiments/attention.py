@@ -9,7 +9,7 @@
 (b)/(c) per layer and head, the mean over query tokens of the summed raw and
     effective attention on [CLS], [SEP] and '.'/',' keys (or the model's own
     special tokens, named in `category`/`token`).
-Layers in the tables are numbered 1..L as in the paper; heads 0..H−1.
+Layers in the tables are numbered 0..L−1 (the paper's layer l is our l−1); heads 0..H−1.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def attention_experiment(
         "head_dim": info.head_dim,
         "variant": variant,
         "n_sequences": seq + 1,
-        "layers": "1..L (paper numbering); heads 0..H-1",
+        "layers": "0..L-1 (the paper's layer l is our l-1); heads 0..H-1",
         "pearson_entries": "all heads, query rows and keys"
         + ("; causally masked entries excluded" if info.is_causal else ""),
         "token_attention": "mean over query tokens of the summed weight on the category's keys; "
@@ -165,7 +165,7 @@ def _one_sequence(
     categories = token_categories(trace.tokens, trace.special_tokens)
     pooled = torch.zeros(6, dtype=torch.float64)
     for le in iter_effective_attention(trace, variant, factors=factors):
-        layer = le.layer + 1
+        layer = le.layer
         sums = pearson_sums(le.raw, le.effective, mask)
         pooled += sums
         corr.append(
@@ -259,7 +259,7 @@ def attention_tables(
             sums = pearson_sums(le.raw, le.effective, visible)  # float64, shared with Fig. 1
             pooled += sums
             dims.append(le.dim[:, -1].double())
-            by_layer.append((seq, n, le.layer + 1, pearson_from_sums(sums)))
+            by_layer.append((seq, n, le.layer, pearson_from_sums(sums)))
             change = head_output_change(
                 le.raw,
                 le.effective,
@@ -268,7 +268,7 @@ def attention_tables(
                 tr.out_proj[le.layer],
             )
             output_change.extend(
-                (seq, n, le.layer + 1, h, free, biased)
+                (seq, n, le.layer, h, free, biased)
                 for h, (free, biased) in enumerate(change.tolist())
             )
             for kind, mat in (("raw", le.raw), ("effective", le.effective)):
@@ -279,7 +279,7 @@ def attention_tables(
                     keys[pos] = True
                     values = attention_to(mat, keys)  # [H]
                     to_tokens.extend(
-                        (seq, le.layer + 1, h, kind, target, float(v)) for h, v in enumerate(values)
+                        (seq, le.layer, h, kind, target, float(v)) for h, v in enumerate(values)
                     )
         by_length.append((seq, n, pearson_from_sums(pooled), float(torch.cat(dims).mean())))
         advance(1)

@@ -1,6 +1,6 @@
 """Hidden Token Attribution over a corpus: tidy tables for paper Figs. 3 and 4.
 
-Tables (pandas DataFrames, layers numbered 1..L):
+Tables (pandas DataFrames, layers numbered 0..L-1 as on every surface; the paper's layer l is our l-1):
 - `tokens`: one row per (sequence, layer, token): own contribution c^l_{i,i}, top
   contributor, whether the own input is the top contributor, share from special tokens.
 - `own_summary` (Fig. 3a, 3b): per layer, the distribution of c^l_{i,i} (median,
@@ -124,7 +124,7 @@ class _Accumulator:
         own, top, is_top = own_contribution(c), top_contributor(c), own_is_top(c)
         special = r.special.bool()
         spec_share = special_share(c, special)
-        layer = torch.arange(1, big_l + 1).repeat_interleave(n)
+        layer = torch.arange(big_l).repeat_interleave(n)
         pos = torch.arange(n).repeat(big_l)
         frame = {
             "sequence": self.n_sequences,
@@ -182,7 +182,7 @@ class _Accumulator:
         total_pct = 100 * self.group_total / self.n_tokens
         rows = [
             {
-                "layer": layer + 1,
+                "layer": layer,
                 "group": label,
                 "per_position_percent": float(per_pos_pct[layer, g]),
                 "total_share_percent": float(total_pct[layer, g]),
@@ -202,7 +202,7 @@ class _Accumulator:
         peak = totals.max(-1, keepdim=True).values.clamp_min(1e-300)
         rows = [
             {
-                "layer": layer + 1,
+                "layer": layer,
                 "offset": offsets[k],
                 "total": float(totals[layer, col]),
                 "normalised": float(totals[layer, col] / peak[layer, 0]),
@@ -216,7 +216,7 @@ class _Accumulator:
     def _special(self) -> pd.DataFrame:
         rows = [
             {
-                "layer": layer + 1,
+                "layer": layer,
                 "special_token": tok,
                 "share_percent": 100 * float(v[layer]) / max(self.n_queries, 1),
                 "n_queries": self.n_queries,
@@ -331,7 +331,7 @@ def reduce_attribution(
         rows["own"] += [
             (
                 seq,
-                layer + 1,
+                layer,
                 i,
                 float(own[layer, i]),
                 bool(is_top[layer, i]),
@@ -341,13 +341,13 @@ def reduce_attribution(
             for i in range(n)
         ]
         rows["groups"] += [
-            (seq, layer + 1, label, float(per_pos[layer, g]), int(with_group[g]))
+            (seq, layer, label, float(per_pos[layer, g]), int(with_group[g]))
             for g, (label, _, _) in enumerate(DISTANCE_GROUPS)
         ]
         rows["offsets"] += [
-            (seq, layer + 1, off, float(totals[layer, off + 60])) for off in range(-span, span + 1)
+            (seq, layer, off, float(totals[layer, off + 60])) for off in range(-span, span + 1)
         ]
-        rows["specials"].append((seq, layer + 1, float(shares[layer].sum()), int(shares.shape[1])))
+        rows["specials"].append((seq, layer, float(shares[layer].sum()), int(shares.shape[1])))
     return rows
 
 

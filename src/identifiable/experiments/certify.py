@@ -42,7 +42,7 @@ def certify_tables(
 ) -> dict[str, pd.DataFrame]:
     """Per sequence, layer, head and sampled row: intervals, movable mass and movements.
 
-    Table "rows" (one line per sampled row; layers 1..L, heads and queries 0-based):
+    Table "rows" (one line per sampled row; layers, heads and queries 0-based):
     seq, length, layer, head, query, keys (the row's key-set size), null_dim
     (dim LN([T, 1])), width_max and width_mean (of the row's intervals over its keys),
     movable_mass (Σ raw − lower: a bound on the mass any valid row can move),
@@ -65,7 +65,7 @@ def certify_tables(
                     keys = imap.keys[0, i]
                     w = width[i][keys]
                     records.append((
-                        seq, n, layer + 1, head, q, int(keys.sum()), int(imap.null_dim[0, 0, i]),
+                        seq, n, layer, head, q, int(keys.sum()), int(imap.null_dim[0, 0, i]),
                         float(w.max()), float(w.mean()), float(mass[i]),
                         float(con.l1_effective[i]), float(con.l1_constrained[i]),
                         int(imap.lp_solved[0, 0, i]),

@@ -99,7 +99,10 @@ def _vocab_key(model: TracedModel) -> tuple[Any, ...]:
 
 
 def curves(tables: dict[str, pd.DataFrame], n_layers: int, label: str) -> pd.DataFrame:
-    """model, metric, layer, relative_depth, value: the per-layer curves of one model."""
+    """model, metric, layer, relative_depth, value: the per-layer curves of one model.
+
+    Layers are numbered from 0 (block l); relative_depth (l + 1) / L is the share of the
+    model's blocks a hidden state has passed, 1 at the last layer of every model."""
     rows = []
     for table, column, where, metric in CURVES:
         df = tables.get(table)
@@ -109,7 +112,8 @@ def curves(tables: dict[str, pd.DataFrame], n_layers: int, label: str) -> pd.Dat
             df = df[df[key] == value]
         by_layer = df.groupby("layer")[column].mean()
         rows += [
-            (label, metric, int(layer), layer / n_layers, float(v)) for layer, v in by_layer.items()
+            (label, metric, int(layer), (layer + 1) / n_layers, float(v))
+            for layer, v in by_layer.items()
         ]
     return pd.DataFrame(rows, columns=["model", "metric", "layer", "relative_depth", "value"])
 

@@ -6,7 +6,7 @@ method defines one, else its layer map) and the reference's map; for every row i
 receiving token) compute Spearman's ρ between the two rows over the tokens j the row can
 see (all j; j ≤ i in causal models); average over the rows where ρ is defined (a row with
 fewer than 3 visible tokens or a constant row has none). Table `correlations`: seq, length,
-layer (1-based), method, reference, spearman, rows.
+layer (0-based), method, reference, spearman, rows.
 
 Reduce (`reduce_mixing`): per layer, method and reference, the mean over sequences and a
 percentile-bootstrap 95 % interval over sequences (seeded; the same resamples for every
@@ -112,7 +112,7 @@ def mixing_tables(
                 for layer in range(rho.shape[0]):
                     defined = rho[layer][~np.isnan(rho[layer])]
                     mean = float(defined.mean()) if defined.size else float("nan")
-                    rows.append((seq, n, layer + 1, name, ref_name, mean, int(defined.size)))
+                    rows.append((seq, n, layer, name, ref_name, mean, int(defined.size)))
         advance(1)
     return {"correlations": pd.DataFrame(rows, columns=CORRELATION_COLUMNS)}
 

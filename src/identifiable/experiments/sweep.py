@@ -69,7 +69,7 @@ def held_out_texts(
 
 
 def null_rows(model: TracedModel, pairs: Sequence[Any]) -> pd.DataFrame:
-    """seq, n, layer (1-based), head, null_fraction: mean over the rows of one head."""
+    """seq, n, layer (0-based), head, null_fraction: mean over the rows of one head."""
     rows = []
     d_v = model.info.head_dim
     for seq, item in enumerate(pairs):
@@ -80,7 +80,7 @@ def null_rows(model: TracedModel, pairs: Sequence[Any]) -> pd.DataFrame:
         a = ea.raw.double()
         frac = ((a - ea.effective).square().sum(-1) / a.square().sum(-1)).mean(-1)  # [L, H]
         for layer, head in np.ndindex(*frac.shape):
-            rows.append((seq, tr.n_tokens, layer + 1, head, float(frac[layer, head])))
+            rows.append((seq, tr.n_tokens, layer, head, float(frac[layer, head])))
     return pd.DataFrame(rows, columns=["seq", "n", "layer", "head", "null_fraction"])
 
 

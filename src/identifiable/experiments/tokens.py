@@ -36,6 +36,34 @@ DEFAULT_CORPUS = "wikipedia-sample"
 
 TABLES = ("per_layer", "cross_layer", "control")
 
+# Tables number layers as every surface does (README, "Numbering"): the hidden state
+# e^{l+1}, written by block l, is layer l; the embeddings e^0 are layer -1. The probes work
+# on hidden-state indices (TokenPairs.layer(i) is e^i); the tables are relabelled here, at
+# the one place they leave this module, and `layers=` is translated on the way in.
+LAYER_COLUMNS = ("layer", "train_layer", "test_layer")
+
+
+def block_numbered(table: pd.DataFrame) -> pd.DataFrame:
+    """`table` with its hidden-state indices (e^i) relabelled as layers (i - 1)."""
+    present = {c: table[c] - 1 for c in LAYER_COLUMNS if c in table}
+    return table.assign(**present) if present else table
+
+
+def hidden_indices(layers: Sequence[int] | None, n_layers: int) -> list[int] | None:
+    """Layers as tables number them (-1..L-1) → hidden-state indices (0..L), checked."""
+    if layers is None:
+        return None
+    out = []
+    for layer in layers:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not -1 <= layer < n_layers:
+            valid = f"layers 0..{n_layers - 1} (numbered from 0), or -1 for the embeddings e^0"
+            raise IdentifiableError(
+                f"layers: {layer!r} is not a layer of this model; give {valid}",
+                cli=f"--layers: {layer!r} is not a layer of this model; give {valid}",
+            )
+        out.append(layer + 1)
+    return out
+
 
 def output_files(out_dir: str | Path) -> list[Path]:
     """The files `TokenIdentifiabilityResult.write(out_dir)` writes, so callers can check first."""
@@ -196,7 +224,8 @@ def token_identifiability(
         probes: probe kinds; every kind × objective is fitted at every layer.
         objectives: probe objectives ("l2", "cos").
         candidates: "sequence" (default), "corpus" or "vocabulary" (see `identifiable.tokens.evaluate`).
-        layers: hidden-state indices 0..L to probe (0 = e^0); default 1..L.
+        layers: the layers to probe, numbered from 0 (layer l reads e^{l+1}, the output of
+            block l; -1 is the embeddings e^0 itself); default every layer.
         cross_layer: (kind, objective) pairs also tested on every other layer.
         controls: (kind, objective) pairs refitted on shuffled targets.
         seed: seeds the split by sequence, subsampling, initialisation and shuffles.
@@ -228,7 +257,7 @@ def token_identifiability(
         probes=probes,
         objectives=objectives,
         candidates=candidates,
-        layers=layers,
+        layers=hidden_indices(layers, pairs.n_layers),
         cross_layer=cross_layer,
         controls=controls,
         seed=seed,
@@ -259,7 +288,13 @@ def token_identifiability(
         **source,
     }
     timings = {"extraction_s": t1 - t0, "probes_and_evaluation_s": t2 - t1, "total_s": t2 - t0}
-    return TokenIdentifiabilityResult(ev.per_layer, ev.cross_layer, ev.control, settings, timings)
+    return TokenIdentifiabilityResult(
+        block_numbered(ev.per_layer),
+        block_numbered(ev.cross_layer),
+        block_numbered(ev.control),
+        settings,
+        timings,
+    )
 
 
 def _evaluate_with_progress(pairs: TokenPairs, progress: bool, **kwargs: Any):
@@ -309,7 +344,7 @@ def token_tables(
     advance: Advance,
     layer: int | None = None,
 ) -> dict[str, pd.DataFrame]:
-    """Fig. 2 tables (layers 1-based): per_layer, cross_layer (two fitting regimes), control,
+    """Fig. 2 tables (layers numbered from 0, `block_numbered`): per_layer, cross_layer (two fitting regimes), control,
     fits (every probe's loss curve), grid (every hyperparameter tried on validation),
     counts (tokens, sequences and the split) and protocol (the probe settings, one row).
 
@@ -341,11 +376,14 @@ def token_tables(
         record_selection=not one or layer == all_layers[0],
     )
     tables = {
-        "per_layer": ev.per_layer.reset_index(drop=True),
-        "cross_layer": ev.cross_layer.reset_index(drop=True),
-        "control": ev.control.reset_index(drop=True),
-        "fits": ev.fits.reset_index(drop=True),
-        "grid": ev.grid.reset_index(drop=True),
+        name: block_numbered(table.reset_index(drop=True))
+        for name, table in (
+            ("per_layer", ev.per_layer),
+            ("cross_layer", ev.cross_layer),
+            ("control", ev.control),
+            ("fits", ev.fits),
+            ("grid", ev.grid),
+        )
     }
     if one and layer != all_layers[0]:
         return tables

@@ -280,7 +280,7 @@ def norm_chain(x: _Inputs, layer: int, second_norm: bool) -> tuple[list[Any], li
         return [], []
     first, second = x.norms[layer]
     if first is None or second is None:
-        raise IdentifiableError(f"layer {layer + 1} of this post-norm model has no layer norm")
+        raise IdentifiableError(f"layer {layer} of this post-norm model has no layer norm")
     cap = x.blocks
     chain = [first]
     scales = [first.scale(cap.first_in[layer]).squeeze(-1)]

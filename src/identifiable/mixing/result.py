@@ -65,7 +65,7 @@ class MixingResult(
         return self.rolled if self.rolled is not None else self.layerwise
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: tokens, options and both maps as nested lists (layers 1-based in `layers`)."""
+        """JSON-ready: tokens, options and both maps as nested lists (layers 0-based, as everywhere)."""
         return {
             "method": self.method,
             "model": self.model_name,

@@ -257,7 +257,7 @@ def identifiable_at_depth(per_layer: pd.DataFrame, control: pd.DataFrame) -> Ver
 
     The best distinct learned cosine probe (see `learned_probes`) must identify ≥ 80 % of
     test tokens at the last layer (the paper's lowest learned-cosine rate is 94 %; 80 %
-    leaves room for a smaller model and sample), be no higher there than at layer 1, and
+    leaves room for a smaller model and sample), be no higher there than at the first layer, and
     the shuffled-target control must be present and within 0.05 of chance at every layer.
     Supported when all hold; partly when the rate conditions hold but the control does
     not, or the last-layer rate is only ≥ 50 %; not supported otherwise.
@@ -291,7 +291,7 @@ def identifiable_at_depth(per_layer: pd.DataFrame, control: pd.DataFrame) -> Ver
     return Verdict(
         "fig2a_depth",
         status,
-        f"{status.capitalize()}: the best learned cosine probe identifies {first:.1%} of tokens at layer 1 and "
+        f"{status.capitalize()}: the best learned cosine probe identifies {first:.1%} of tokens at the first layer and "
         f"{last:.1%} at the last layer ({best_last} probe; paper: {paper['lin_cos'][0]:.0%} → {paper['lin_cos'][-1]:.0%}); "
         f"{ctrl_txt}.",
         numbers,
@@ -367,7 +367,7 @@ def own_contribution_falls(own: pd.DataFrame) -> Verdict:
     return Verdict(
         "fig3a",
         status,
-        f"{status.capitalize()}: the median contribution of a token's own input goes from {first:.1f}% at layer 1 "
+        f"{status.capitalize()}: the median contribution of a token's own input goes from {first:.1f}% at the first layer "
         f"to {last:.1f}% at the last layer, {rise_txt} (tolerance {MONOTONE_TOL:g} percentage point; "
         f"paper: {paper[0]:.1f}% → {paper[-1]:.1f}%, monotone).",
         {
@@ -381,7 +381,7 @@ def own_contribution_falls(own: pd.DataFrame) -> Verdict:
 
 def not_top_share(own: pd.DataFrame) -> tuple[pd.DataFrame, Verdict]:
     """Per layer, percent of tokens whose own input is not the top contributor; supported when it is
-    ≤ 5% at layer 1 and higher at the last layer."""
+    ≤ 5% at the first layer and higher at the last layer."""
     share = (100 * (1 - own.groupby("layer")["own_is_top"].mean())).rename("percent").reset_index()
     first, last = float(share["percent"].iloc[0]), float(share["percent"].iloc[-1])
     paper = paper_reference()["fig3b_percent_tokens_own_input_not_top_contributor"]
@@ -389,7 +389,7 @@ def not_top_share(own: pd.DataFrame) -> tuple[pd.DataFrame, Verdict]:
     return share, Verdict(
         "fig3b",
         status,
-        f"{status.capitalize()}: {first:.1f}% of tokens at layer 1 and {last:.1f}% at the last layer do not get their "
+        f"{status.capitalize()}: {first:.1f}% of tokens at the first layer and {last:.1f}% at the last layer do not get their "
         f"largest contribution from their own input (paper: {paper[0]:.0f}% → {paper[-1]:.1f}%).",
         {"percent_first": first, "percent_last": last},
     )
@@ -416,8 +416,8 @@ def neighbour_groups(groups: pd.DataFrame) -> pd.DataFrame:
 
 
 def neighbours_spread(groups: pd.DataFrame) -> Verdict:
-    """Supported when at layer 1 the nearest neighbours (distance 1) weigh more than those 11+ away,
-    and the 11+ group's share is larger at the last layer than at layer 1."""
+    """Supported when at the first layer the nearest neighbours (distance 1) weigh more than those 11+ away,
+    and the 11+ group's share is larger at the last layer than at the first layer."""
     g = groups.pivot(index="layer", columns="group", values="percent").sort_index()
     if "11+" not in g or g["11+"].isna().all():
         return Verdict("fig4a", NOT_TESTED, "Not tested: no sequence is longer than 11 tokens.")
@@ -427,7 +427,7 @@ def neighbours_spread(groups: pd.DataFrame) -> Verdict:
     return Verdict(
         "fig4a",
         status,
-        f"{status.capitalize()}: at layer 1 an input 1 position away weighs {near1:.1f}% against {far1:.1f}% for one "
+        f"{status.capitalize()}: at the first layer an input 1 position away weighs {near1:.1f}% against {far1:.1f}% for one "
         f"11+ away; at the last layer the far group has {far_last:.1f}% (paper: 10.0% vs 5.2% → 9.9%).",
         {"near_first": near1, "far_first": far1, "far_last": far_last},
     )
@@ -444,7 +444,7 @@ def relative_positions(offsets: pd.DataFrame, span: int = 60) -> pd.DataFrame:
 
 
 def peak_at_neighbours(positions: pd.DataFrame) -> Verdict:
-    """Supported when, at layer 1, the largest total contribution (self excluded) comes from offset ±1."""
+    """Supported when, at the first layer, the largest total contribution (self excluded) comes from offset ±1."""
     first = positions[positions["layer"] == positions["layer"].min()]
     if first.empty:
         return Verdict("fig4b", NOT_TESTED, "Not tested: sequences too short.")
@@ -453,7 +453,7 @@ def peak_at_neighbours(positions: pd.DataFrame) -> Verdict:
     return Verdict(
         "fig4b",
         status,
-        f"{status.capitalize()}: at layer 1 the largest contribution from other positions comes from offset {peak:+d} "
+        f"{status.capitalize()}: at the first layer the largest contribution from other positions comes from offset {peak:+d} "
         "(paper: a sharp peak at ±1, with heavier tails in deeper layers).",
         {"peak_offset_first_layer": peak},
     )

@@ -353,7 +353,7 @@ def _sections(
                     "fig4b_relative_position",
                     figures.fig4b_positions(
                         tables["fig4b_positions_summary"],
-                        sorted({1, (n_layers + 1) // 2, n_layers}),
+                        sorted({0, (n_layers + 1) // 2 - 1, n_layers - 1}),
                         name,
                     ),
                     "Fig. 4b. " + caption["attribution"],

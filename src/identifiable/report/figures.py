@@ -1,6 +1,6 @@
 """Matplotlib figures of the reproduction report, one function per paper figure.
 
-Each takes our tidy tables (columns named in its docstring; layers 1-based) and
+Each takes our tidy tables (columns named in its docstring; layers 0-based as on every surface) and
 the paper's reference values, and returns a Figure with our run on the left and
 the paper's BERT-base values on the right, labelled as such. Every plot against
 sequence length marks the head width d_v, where non-identifiability starts.
@@ -74,7 +74,7 @@ def _paper_title(ax: Axes, what: str) -> None:
 
 
 def _layer_axis(ax: Axes, n_layers: int) -> None:
-    ax.set_xticks(range(1, n_layers + 1))
+    ax.set_xticks(range(n_layers))
     ax.set_xlabel("layer")
 
 
@@ -150,9 +150,7 @@ def fig1bc_targets(to_tokens: pd.DataFrame, kind: str, n_layers: int, model: str
     ref = paper_reference()[key]
     for target, colour in TARGET_COLOURS.items():
         ys = ref[target]
-        ax_paper.plot(
-            range(1, len(ys) + 1), ys, "o-", ms=3, color=colour, label=_target_label(target)
-        )
+        ax_paper.plot(range(len(ys)), ys, "o-", ms=3, color=colour, label=_target_label(target))
     _layer_axis(ax_paper, len(ref["CLS"]))
     ax_paper.set(ylabel=f"layer mean of {label}")
     _paper_title(ax_paper, "Fig. 1b" if kind == "raw" else "Fig. 1c")
@@ -194,7 +192,7 @@ def fig2a_identifiability(rates: pd.DataFrame, n_layers: int, model: str) -> Fig
     for key_pair, key in PAPER_PROBE_KEYS.items():
         colour, ls = PROBE_STYLES[key_pair]
         ys = ref[key]
-        ax_paper.plot(range(1, len(ys) + 1), ys, ls, color=colour, marker="o", ms=3, label=key)
+        ax_paper.plot(range(len(ys)), ys, ls, color=colour, marker="o", ms=3, label=key)
     _layer_axis(ax_paper, len(ref["mlp_cos"]))
     ax_paper.set(ylabel="identifiability rate", ylim=(-0.02, 1.02))
     _paper_title(ax_paper, "Fig. 2a")
@@ -242,7 +240,7 @@ def fig2b_cross_layer(cross: pd.DataFrame, n_layers: int, model: str) -> Figure:
     ax_paper = axes[-1]
     ref = paper_reference()["fig2b_lin_cos_trained_on_layer_tested_on_all"]
     for key, ys in ref.items():
-        ax_paper.plot(range(1, len(ys) + 1), ys, "o-", ms=3, label=f"trained on layer {key[1:]}")
+        ax_paper.plot(range(len(ys)), ys, "o-", ms=3, label=f"trained on layer {int(key[1:]) - 1}")
     _layer_axis(ax_paper, len(next(iter(ref.values()))))
     ax_paper.set(xlabel="tested on layer", ylabel="identifiability rate")
     _paper_title(ax_paper, "Fig. 2b")
@@ -274,7 +272,7 @@ def fig3a_own(summary: pd.DataFrame, n_layers: int, model: str) -> Figure:
     _layer_axis(ax, n_layers)
     ax.legend(fontsize=7)
     ys = paper_reference()["fig3a_own_token_contribution_median_percent"]
-    ax_paper.plot(range(1, len(ys) + 1), ys, "o-", ms=3, color="#777", label="median")
+    ax_paper.plot(range(len(ys)), ys, "o-", ms=3, color="#777", label="median")
     _layer_axis(ax_paper, len(ys))
     ax_paper.set(ylabel="median own contribution (%)")
     _paper_title(ax_paper, "Fig. 3a")
@@ -296,7 +294,7 @@ def fig3b_not_top(summary: pd.DataFrame, model: str) -> Figure:
     )
     _layer_axis(ax, len(summary))
     ys = paper_reference()["fig3b_percent_tokens_own_input_not_top_contributor"]
-    ax_paper.bar(range(1, len(ys) + 1), ys, color="#999")
+    ax_paper.bar(range(len(ys)), ys, color="#999")
     _layer_axis(ax_paper, len(ys))
     ax_paper.set(ylabel="percent of tokens")
     _paper_title(ax_paper, "Fig. 3b")
@@ -327,7 +325,7 @@ def fig4a_groups(groups: pd.DataFrame, n_layers: int, model: str) -> Figure:
     for k, group in enumerate(GROUPS):
         ys = ref[group]
         ax_paper.plot(
-            range(1, len(ys) + 1), ys, "o-", ms=3, color=cmap(k / (len(GROUPS) - 1)), label=group
+            range(len(ys)), ys, "o-", ms=3, color=cmap(k / (len(GROUPS) - 1)), label=group
         )
     _layer_axis(ax_paper, len(ref["1"]))
     ax_paper.set(ylabel="relative contribution (%)")
@@ -354,7 +352,7 @@ def fig4b_positions(positions: pd.DataFrame, layers: list[int], model: str) -> F
     ax.set(
         xlabel="relative position of the contributing input (j − i)",
         ylabel="total contribution (max = 1)",
-        title=f"our run: {model}\n(the paper shows layers 1, 6 and 12 of BERT-base, without values to compare)",
+        title=f"our run: {model}\n(the paper shows BERT-base's layers 0, 5 and 11, without values to compare)",
     )
     ax.legend(fontsize=7.5)
     return fig

@@ -1,6 +1,6 @@
 """Report section "Which account of mixing tracks the gradients?": figure and computed claim.
 
-Both read only the summary table of the mixing experiment, columns: layer (1-based),
+Both read only the summary table of the mixing experiment, columns: layer (0-based),
 method, reference ("hta" or "erasure"), mean, ci_low, ci_high, n_sequences (mean
 row-wise Spearman ρ over sequences with its bootstrap 95 % interval).
 """

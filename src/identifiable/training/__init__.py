@@ -5,8 +5,9 @@
   gradients from the model's own forward pass.
 - `NullAttentionTrainer`, `NullFractionCallback` (identifiable.training.hf): the same
   inside `transformers.Trainer`.
-- `finetune` (identifiable.training.finetune): label-free self-distillation of a model
-  with the penalty, resumable, writing a Hugging Face checkpoint.
+- `training.finetune` holds the steps of label-free self-distillation with the penalty;
+  the resumable run that writes a Hugging Face checkpoint is `identifiable.finetune`
+  (identifiable/finetuning.py, a level above this package).
 """
 
 from __future__ import annotations
@@ -19,17 +20,13 @@ from identifiable.training.penalty import VARIANTS, PenaltyResult, null_attentio
 _LAZY = {
     "NullAttentionTrainer": "identifiable.training.hf",
     "NullFractionCallback": "identifiable.training.hf",
-    "finetune": "identifiable.training.finetune",
-    "FinetuneResult": "identifiable.training.finetune",
 }
 
 __all__ = [
     "VARIANTS",
-    "FinetuneResult",
     "NullAttentionTrainer",
     "NullFractionCallback",
     "PenaltyResult",
-    "finetune",
     "null_attention_penalty",
 ]
 

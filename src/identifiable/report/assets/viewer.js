@@ -174,7 +174,7 @@
         const c = certHere();
         if (!c) {
           placeholder(state.cert
-            ? "computed for layer " + (state.cert.layer + 1) + ", head " + state.cert.head + " only"
+            ? "computed for layer " + state.cert.layer + ", head " + state.cert.head + " only"
             : "not computed for this page");
         } else if (kind === "constrained" && !c.conRows.size) {
           placeholder("constrained attention not computed");
@@ -339,7 +339,7 @@
         : "Shade from white (dim 0) to dark (dim " + dmax + ").";
       D.null_dims.forEach((r, layer) => {
         const tr = el("tr");
-        tr.appendChild(el("th", layer + 1));
+        tr.appendChild(el("th", layer));
         r.forEach((v, k) => {
           const td = el("td", v);
           td.dataset.layer = layer;
@@ -347,7 +347,7 @@
           const t = dmax > 0 ? value(layer, k) / dmax : 0;
           td.style.background = "rgb(" + shade(t).join(",") + ")";
           td.style.color = t > 0.55 ? "#fff" : "#1d232b";
-          let title = "layer " + (layer + 1) + ", head " + k + ": null-space dim " + v;
+          let title = "layer " + layer + ", head " + k + ": null-space dim " + v;
           if (D.distance) title += ", ‖A − A_eff‖_F / ‖A‖_F = " + D.distance[layer][k].toFixed(4);
           if (omitted.has(layer + "," + k)) {
             td.classList.add("idf-absent");
@@ -374,7 +374,7 @@
       Object.keys(METHODS).forEach((name) => show.appendChild(new Option("mixing: " + name, name)));
       if (!Object.keys(METHODS).length) show.parentElement.hidden = true;
       show.addEventListener("change", () => setShow(show.value));
-      for (let l = 0; l < D.layers; l++) ls.appendChild(new Option(String(l + 1), String(l)));
+      for (let l = 0; l < D.layers; l++) ls.appendChild(new Option(String(l), String(l)));
       for (let k = 0; k < D.heads; k++) hs.appendChild(new Option(String(k), String(k)));
       ls.addEventListener("change", () => select(+ls.value, state.head));
       hs.addEventListener("change", () => select(state.layer, +hs.value));
@@ -425,9 +425,9 @@
       const c = certHere();
       state.scale = Math.max(state.mats ? state.mats.max : 0, c ? c.maxConstrained : 0) || 1;
       const dim = D.null_dims[layer][head];
-      const rerun = (PG ? "identifiable view --image FILE" : "identifiable view TEXT") + " --layer " + (layer + 1) + " --head " + head;
+      const rerun = (PG ? "identifiable view --image FILE" : "identifiable view TEXT") + " --layer " + layer + " --head " + head;
       const mats = state.mats;
-      let status = "layer " + (layer + 1) + ", head " + head + ": null-space dimension " + dim;
+      let status = "layer " + layer + ", head " + head + ": null-space dimension " + dim;
       if (D.distance) status += ", ‖A − A_eff‖_F / ‖A‖_F = " + D.distance[layer][head].toFixed(3);
       if (!mats) status += " · matrices not embedded (page size limit). Run: " + rerun;
       else {
@@ -436,7 +436,7 @@
       }
       if (state.show !== "attention") {
         const mix = state.mix;
-        status = "layer " + (layer + 1) + " · " + state.show + " (one map per layer: the head selector does not apply)";
+        status = "layer " + layer + " · " + state.show + " (one map per layer: the head selector does not apply)";
         if (!mix) status += " · map not embedded";
         else {
           status += " · colour scale ±" + mix.max.toFixed(3);
@@ -564,14 +564,14 @@
         const name = kind.slice(4);
         const mx = await mixingMap(name, state.layer);
         if (!mx) return { note: name + " map not embedded in this page" };
-        return { vals: rowOf(mx.mixing, mx, i), err: mx.err, f: mx.f, where: "layer " + (state.layer + 1) + " (one map per layer)" };
+        return { vals: rowOf(mx.mixing, mx, i), err: mx.err, f: mx.f, where: "layer " + state.layer + " (one map per layer)" };
       }
-      const where = "layer " + (state.layer + 1) + ", head " + state.head;
+      const where = "layer " + state.layer + ", head " + state.head;
       if (kind === "constrained" || kind === "width") {
         const c = certHere();
         if (!c) {
           return { note: state.cert
-            ? "intervals and constrained attention were computed for layer " + (state.cert.layer + 1) + ", head " + state.cert.head + " only"
+            ? "intervals and constrained attention were computed for layer " + state.cert.layer + ", head " + state.cert.head + " only"
             : "intervals and constrained attention were not computed for this page" };
         }
         const r = certRow(i);
@@ -694,7 +694,7 @@
       const i = state.row;
       const entry = D.intervals[state.layer + "," + state.head + "," + i] || null;
       const fromMap = certRow(i);
-      panel.appendChild(el("h3", "Layer " + (state.layer + 1) + ", head " + state.head + ", query " + i + " “" + D.tokens[i] + "”"));
+      panel.appendChild(el("h3", "Layer " + state.layer + ", head " + state.head + ", query " + i + " “" + D.tokens[i] + "”"));
       if (!entry && !fromMap) {
         panel.appendChild(el("p", "Intervals were not precomputed for this row.", "idf-missing"));
         if (D.interval_note) panel.appendChild(el("p", D.interval_note, "idf-note"));

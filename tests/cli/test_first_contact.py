@@ -1,0 +1,40 @@
+"""Small first-contact defects, each through the surface a user meets: `identifiable models`
+lists every family README names (encoder–decoder ones included), and `to_bertviz` on a
+result without attention heads says what to use instead."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from identifiable.attribution.api import HTAResult
+from identifiable.errors import IdentifiableError
+
+
+def test_models_lists_encoder_decoder_families(capsys) -> None:
+    from conftest import run_main
+
+    code, out, err = run_main(["models"], capsys)
+    assert code == 0, err
+    for family in ("t5", "bart", "mbart", "marian", "bert", "llama"):
+        assert family in out, family
+
+
+def _hta(n: int = 5) -> HTAResult:
+    c = torch.full((2, n, n), 1.0 / n, dtype=torch.float64)
+    return HTAResult(
+        contributions=c, stderr=None, sq_norms=c, sq_norms_stderr=None,
+        tokens=[f"t{i}" for i in range(n)], input_ids=torch.arange(n),
+        special=torch.zeros(n, dtype=torch.bool), probes=None, seed=0, n_jvps=0,
+        chunk_size=1, seconds=0.0,
+    )  # fmt: skip
+
+
+def test_to_bertviz_on_hta_names_what_to_use() -> None:
+    with pytest.raises(IdentifiableError) as err:
+        _hta().to_bertviz()
+    message = str(err.value)
+    assert "None" not in message and "HTAResult has none" in message
+    assert "effective_attention" in message
+    with pytest.raises(IdentifiableError, match="contributions is not one"):
+        _hta().to_bertviz("contributions")
