@@ -81,7 +81,7 @@ def reproduce(
         raise Interrupted("interrupted; rerun with --resume") from None
     s = result.summary
     console.print(
-        f"{s['supported']} of {s['claims_tested']} tested claims supported · "
+        f"{s['headline']} · "
         f"{result.timings['total_s']:.0f} s · report: {out / 'index.html'}"
     )
 
