@@ -81,8 +81,7 @@ def reproduce(
         raise Interrupted("interrupted; rerun with --resume") from None
     s = result.summary
     console.print(
-        f"{s['headline']} · "
-        f"{result.timings['total_s']:.0f} s · report: {out / 'index.html'}"
+        f"{s['headline']} · {result.timings['total_s']:.0f} s · report: {out / 'index.html'}"
     )
 
 

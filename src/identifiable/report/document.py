@@ -19,6 +19,7 @@ import pandas as pd
 from identifiable.report import certify_section, claims, figures, mixing_section, tokens_section
 from identifiable.report.files import write_figure
 from identifiable.report.html import Markup, h, page, png_img, table_html
+from identifiable.report.methods import first_value, methods_section
 from identifiable.report.paper import PAPER_LABEL
 from identifiable.store.files import atomic_write_text, write_table
 
@@ -133,10 +134,6 @@ def _tables(
     return tables, {"fig3b": v3b}
 
 
-def _first(df: pd.DataFrame, column: str, default: Any = "?") -> Any:
-    return df[column].iloc[0] if column in df and len(df) else default
-
-
 def _sample_captions(tables: dict[str, pd.DataFrame], d_v: int) -> dict[str, str]:
     """Sample sizes and estimator for each figure's caption (read from the tables)."""
     by_length = tables["fig1a_pearson_by_length"]
@@ -150,14 +147,14 @@ def _sample_captions(tables: dict[str, pd.DataFrame], d_v: int) -> dict[str, str
         else "no sequences."
     )
     tok = (
-        f"{_first(split, 'n_tokens')} tokens of {_first(split, 'n_sequences')} sequences, split by sequence into "
-        f"train {_first(split, 'train_sequences')} / validation {_first(split, 'val_sequences')} / test "
-        f"{_first(split, 'test_sequences')} sequences ({_first(split, 'test_tokens')} test tokens); rates on test "
+        f"{first_value(split, 'n_tokens')} tokens of {first_value(split, 'n_sequences')} sequences, split by sequence into "
+        f"train {first_value(split, 'train_sequences')} / validation {first_value(split, 'val_sequences')} / test "
+        f"{first_value(split, 'test_sequences')} sequences ({first_value(split, 'test_tokens')} test tokens); rates on test "
         "tokens only, candidates: the e^0 of the token's own sequence; bands: 95% Wilson intervals. "
         + tokens_section.fit_caption(tables["fig2a_identifiability"])
     )
-    probes = int(_first(est, "probes", -1))
-    err = _first(est, "median_rel_stderr_own", float("nan"))
+    probes = int(first_value(est, "probes", -1))
+    err = first_value(est, "median_rel_stderr_own", float("nan"))
     estimator = (
         "exact Jacobian norms"
         if probes < 0
@@ -165,9 +162,9 @@ def _sample_captions(tables: dict[str, pd.DataFrame], d_v: int) -> dict[str, str
         f"error of c_ii {err:.1%})"
     )
     hta = (
-        f"{_first(est, 'n_sequences')} sequences of {_first(est, 'min_length')}–{_first(est, 'max_length')} tokens "
-        f"({_first(est, 'n_tokens')} tokens per layer); {estimator}; error bars and bands: 95% bootstrap "
-        f"intervals over sequences ({_first(est, 'bootstrap_resamples')} resamples, seeded)."
+        f"{first_value(est, 'n_sequences')} sequences of {first_value(est, 'min_length')}–{first_value(est, 'max_length')} tokens "
+        f"({first_value(est, 'n_tokens')} tokens per layer); {estimator}; error bars and bands: 95% bootstrap "
+        f"intervals over sequences ({first_value(est, 'bootstrap_resamples')} resamples, seeded)."
     )
     return {"attention": att, "tokens": tok, "attribution": hta}
 
@@ -279,39 +276,7 @@ def _sections(
                 claims.identifiable_at_depth(fig2, tables["fig2a_control"]),
                 claims.cross_layer(tables["fig2b_cross_layer"], fig2),
             ],
-            [
-                (
-                    "fig2a_identifiability (rates and convergence record)",
-                    fig2[
-                        [
-                            c
-                            for c in (
-                                "layer",
-                                "probe",
-                                "objective",
-                                "rate",
-                                "ci_low",
-                                "ci_high",
-                                "optimizer",
-                                "mlp_width",
-                                "steps",
-                                "stopped",
-                                "converged",
-                                "fit_failure",
-                                "lr",
-                                "weight_decay",
-                                "ridge",
-                                "train_loss",
-                                "val_loss",
-                                "late_gain",
-                            )
-                            if c in fig2
-                        ]
-                    ],
-                ),
-                ("fig2a_grid (hyperparameters tried on validation)", tables["fig2a_grid"]),
-                *tokens_section.cross_matrices(tables["fig2b_cross_layer"]),
-            ],
+            tokens_section.tables(fig2, tables["fig2a_grid"], tables["fig2b_cross_layer"]),
         ),
         Section(
             "attribution",
@@ -455,80 +420,6 @@ def _beyond(tables: dict[str, pd.DataFrame], name: str, fig: Any) -> list[Sectio
     return out
 
 
-def _methods(tables: dict[str, pd.DataFrame], settings: dict[str, Any], d_v: int, d: int) -> Markup:
-    """The Methods section: splits, probe fitting, sample sizes, estimator, deviations."""
-    split, proto, est = tables["fig2_split"], tables["fig2_protocol"], tables["fig34_estimator"]
-    fig2 = tables["fig2a_identifiability"]
-    budget = settings.get("budget", {})
-    p = {c: _first(proto, c) for c in proto.columns} if len(proto) else {}
-    items = [
-        (
-            "Data",
-            f"Corpus {settings.get('corpus', {}).get('name', '?')}, formatted as [CLS] a [SEP] b [SEP] pairs of "
-            f"at most {budget.get('max_tokens', '?')} tokens, shuffled under seed {settings.get('seed', '?')}. "
-            f"Fig. 1 uses the first {budget.get('attention_sequences', '?')} pairs.",
-        ),
-        (
-            "Split (Fig. 2)",
-            f"{_first(split, 'n_tokens')} tokens of {_first(split, 'n_sequences')} sequences (cap "
-            f"{_first(split, 'token_cap')} tokens, raised to what the split needs for the model's width), split "
-            f"by sequence, never by token: train {_first(split, 'train_sequences')} sequences / "
-            f"{_first(split, 'train_tokens')} tokens, validation {_first(split, 'val_sequences')} / "
-            f"{_first(split, 'val_tokens')}, test {_first(split, 'test_sequences')} / {_first(split, 'test_tokens')}. "
-            "Every fitting choice uses the validation sequences; rates are measured on the test sequences only.",
-        ),
-        (
-            "Probe fitting (Fig. 2)",
-            tokens_section.probe_protocol(p)
-            + " "
-            + tokens_section.methods_counts(fig2)
-            + " Tests check on synthetic data that doubling the steps lowers the validation loss by at "
-            "most 1%, that linear-cos leaves its start and matches scipy's optimiser.",
-        ),
-        (
-            "Fig. 2b regimes",
-            "Converged: the Fig. 2a linear-cos probe. Closed form: least squares to unit-normalised targets with "
-            "the smallest ridge of the grid and no refinement. Both are shown because the transfer across layers "
-            "depends on the fitting regime; the verdict reports each.",
-        ),
-        (
-            "Attribution (Figs. 3-4)",
-            f"{_first(est, 'n_sequences')} pairs of {_first(est, 'min_length')}–{_first(est, 'max_length')} tokens "
-            f"(the first pairs of the corpus in the range {budget.get('attribution_min_tokens', '?')}–"
-            f"{budget.get('attribution_max_tokens', '?')} tokens); "
-            + (
-                "exact Jacobian norms."
-                if int(_first(est, "probes", -1)) < 0
-                else f"unbiased estimator of the squared Frobenius norms with {_first(est, 'probes')} random "
-                f"orthonormal probes per input token, median relative standard error of c_ii "
-                f"{_first(est, 'median_rel_stderr_own', float('nan')):.1%} (delta method). "
-            )
-            + f"Intervals: {_first(est, 'bootstrap_resamples')} bootstrap resamples of the sequences (seeded), "
-            "percentile 95% intervals.",
-        ),
-        (
-            "Deviations from the paper",
-            f"Model: {settings.get('model', '?')} instead of BERT-base (head width d_v = {d_v} instead of 64). "
-            "Sample sizes are the budget's (above), smaller than the paper's. The paper states neither the MLP "
-            "width nor its training schedule nor the normalisation of Fig. 4a; ours are given here. Fig. 2a's "
-            "quick-budget probes choose Adam hyperparameters once, on the deepest layer, to fit the time budget "
-            "(the protocol allows a choice per layer). Figs. 3-4 use the estimator where the paper's exact "
-            "computation is too slow for the budget." + tokens_section.narrow_mlp(fig2, d),
-        ),
-    ]
-    return h(
-        "section",
-        h("h2", "Methods"),
-        h("dl", [(h("dt", k), h("dd", v)) for k, v in items]),
-        h(
-            "details",
-            h("summary", "table fig2_protocol (probe settings)"),
-            table_html(proto, max_rows=4),
-        ),
-        id="methods",
-    )
-
-
 PIPELINE_CHECK = (
     "Pipeline check: this budget only proves that every stage runs end to end. Its samples are far "
     "too small for findings, so no claim is tested here: the sentences below show what the rules "
@@ -631,7 +522,7 @@ def write_report(
             json.dumps(summary, indent=2, default=_json_default, allow_nan=True),
         )
     )
-    methods = _methods(tables, settings, info.head_dim, info.hidden_size)
+    methods = methods_section(tables, settings, info.head_dim, info.hidden_size)
     files.append(
         atomic_write_text(out / "index.html", render_index(model, sections, summary, methods))
     )

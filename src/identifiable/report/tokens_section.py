@@ -147,3 +147,24 @@ def narrow_mlp(fig2: pd.DataFrame, d: int) -> str:
         f" The MLPs have {widths[0]} hidden units, fewer than the model's width d = {d}: they cannot "
         "represent the near-identity maps of early layers exactly."
     )
+
+
+FIT_COLUMNS = (
+    "layer", "probe", "objective", "rate", "ci_low", "ci_high", "optimizer", "mlp_width",
+    "steps", "stopped", "converged", "fit_failure", "lr", "weight_decay", "ridge",
+    "train_loss", "val_loss", "late_gain",
+)  # fmt: skip
+
+
+def tables(
+    fig2: pd.DataFrame, grid: pd.DataFrame, cross: pd.DataFrame
+) -> list[tuple[str, pd.DataFrame]]:
+    """The tables the Fig. 2 section shows: the fit table, the grid, the Fig. 2b matrices."""
+    return [
+        (
+            "fig2a_identifiability (rates and convergence record)",
+            fig2[[c for c in FIT_COLUMNS if c in fig2]],
+        ),
+        ("fig2a_grid (hyperparameters tried on validation)", grid),
+        *cross_matrices(cross),
+    ]
