@@ -128,3 +128,13 @@ def test_cosine_probe_agrees_with_scipy_on_the_same_objective_and_split() -> Non
     # early stopping (the default) stays within a point of the optimum here (n ≫ d)
     default = fit_probes(x, y, xv, yv, [COS])[COS]
     assert abs(_rate(pairs, split, default.probe(xt)) - rate_scipy) <= 0.01
+
+
+def test_cosine_probe_refines_from_a_fixed_ridge() -> None:
+    """A fixed ridge hands L-BFGS the transposed weights of a Cholesky solve (L-BFGS's
+    `grad.view(-1)` raised on them); the refinement must still run and leave its start."""
+    pairs = scaled_pairs(seed=2)
+    _, ((x, y), (xv, yv), _) = _data(pairs)
+    fit = fit_probes(x, y, xv, yv, [COS], config=ProbeConfig(ridge=1e-3))[COS]
+    assert fit.optimizer == "L-BFGS" and fit.steps > 0
+    assert fit.val_loss < 0.9 * fit.val_loss_start

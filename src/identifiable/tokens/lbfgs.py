@@ -8,7 +8,7 @@ strong-Wolfe line search runs `lbfgs_every` iterations between validation checks
 best state seen (the start included) is kept. Why a fit ends (`FitInfo.stopped`):
 - "patience": the best validation loss improved by less than a relative `cos_tol` over the
   last `cos_patience` checks (with `cos_patience=None` there is no early stopping: the fit
-  runs to the training optimum);
+  runs until L-BFGS stops moving, and still keeps the best validation state);
 - "converged": the optimiser stopped moving (the training loss changed by less than a
   relative 1e-7 between two checks);
 - "max steps": the iteration cap `cos_steps` (the record says whether it was still improving).
@@ -57,8 +57,10 @@ def refine_linear(
     assert start.weight is not None and start.bias is not None
     mean = x.mean(0)
     xc, xc_val = x - mean, x_val - mean
-    w = start.weight.detach().clone()
-    b = (start.bias + mean @ start.weight).detach().clone()
+    # contiguous copies: L-BFGS flattens gradients with view(-1), which fails on the
+    # transposed layout a Cholesky solve returns
+    w = start.weight.detach().clone(memory_format=torch.contiguous_format)
+    b = (start.bias + mean @ start.weight).detach().clone(memory_format=torch.contiguous_format)
     w.requires_grad_(True)
     b.requires_grad_(True)
 
