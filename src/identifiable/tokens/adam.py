@@ -18,6 +18,8 @@ would change angles). Everything random draws from generators seeded by the call
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -250,6 +252,24 @@ class Run:
         return train, self.best
 
 
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Run torch's CPU kernels on one intra-op thread, then restore the previous count.
+
+    An Adam step on a probe is a few dozen small kernels (256 × 384 by 384 × 512 on MiniLM).
+    On a shared 2-core machine a second OpenMP thread waits on a descheduled peer at every
+    kernel: measured side by side in one process under a load of 15, one step of the 512-wide
+    MLP took 20 ms on one thread and 121-243 ms on two (the 256-wide one: 13 ms against
+    90-167 ms). The large full-batch products of the linear fits keep every thread.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def fit_adam(
     kind: str,
     objective: Objective,
@@ -258,7 +278,20 @@ def fit_adam(
     seed: int,
     init: Probe | None = None,
 ) -> FitInfo:
-    """Grid selection on validation (`select_steps` each), then the winner trains to convergence."""
+    """Grid selection on validation (`select_steps` each), then the winner trains to convergence
+    (on one intra-op thread, see `one_thread`)."""
+    with one_thread():
+        return _fit_adam(kind, objective, data, cfg, seed, init)
+
+
+def _fit_adam(
+    kind: str,
+    objective: Objective,
+    data: Standardised,
+    cfg: ProbeConfig,
+    seed: int,
+    init: Probe | None,
+) -> FitInfo:
     grid = cfg.adam_grid()
     best_run: Run | None = None
     best_hp: tuple[float, float] = grid[0]

@@ -38,7 +38,8 @@ class ProbeConfig:
         lbfgs_history: L-BFGS memory (pairs of steps and gradient changes).
         cos_patience, cos_tol: the L-BFGS fit stops when its best validation loss improved
             by less than a relative `cos_tol` over the last `cos_patience` checks; None:
-            no early stopping (the fit runs to the optimum of the training loss).
+            no early stopping (the fit runs until L-BFGS stops moving; the kept state is
+            still the best one on validation).
         mlp_width: hidden width h of the MLP (one hidden ReLU layer); "auto" (default):
             max(512, d) for inputs of width d, so that the network can carry the
             near-identity maps of early layers (a narrower MLP cannot represent them).
@@ -77,7 +78,7 @@ class ProbeConfig:
     mlp_width: int | Literal["auto"] = "auto"
     mlp_skip: bool = False
     mlp_train_skip: bool = False
-    lr_grid: tuple[float, ...] = (1e-3, 3e-3)
+    lr_grid: tuple[float, ...] = (3e-3, 1e-2)
     weight_decay_grid: tuple[float, ...] = (0.0, 0.1)
     lr: float | None = None
     weight_decay: float | None = None
@@ -131,6 +132,7 @@ class Probe:
         )
         y = z @ self.weight if self.weight is not None else 0.0
         if self.hidden_in is not None:
+            assert self.hidden_bias is not None and self.hidden_out is not None
             y = y + torch.relu(z @ self.hidden_in + self.hidden_bias) @ self.hidden_out
         return y + self.bias if self.bias is not None else y  # type: ignore[return-value]
 
