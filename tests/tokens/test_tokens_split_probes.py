@@ -254,3 +254,25 @@ def test_adam_fits_run_on_one_thread_and_restore_the_count():
     finally:
         adam._fit_adam = real
         torch.set_num_threads(before)
+
+
+def test_lbfgs_refinement_runs_on_one_thread_and_restores_the_count():
+    from identifiable.tokens import lbfgs
+
+    seen: list[int] = []
+    real = lbfgs._refine
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    x, y, xv, yv = _linear_data()
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        lbfgs._refine = spy
+        fit_probes(x, y, xv, yv, [("linear", "cos")], config=ProbeConfig(cos_steps=10))
+        assert seen == [1] and torch.get_num_threads() == 2
+    finally:
+        lbfgs._refine = real
+        torch.set_num_threads(before)

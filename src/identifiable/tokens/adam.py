@@ -18,8 +18,6 @@ would change angles). Everything random draws from generators seeded by the call
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +30,7 @@ from identifiable.tokens.probes import (
     ProbeConfig,
     objective_loss,
 )
+from identifiable.tokens.threads import one_thread
 
 
 @dataclass(frozen=True)
@@ -250,24 +249,6 @@ class Run:
             rows = torch.arange(self.n)
             train = float(objective_loss(self.net(rows), self.net.data.y, self.objective))
         return train, self.best
-
-
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """Run torch's CPU kernels on one intra-op thread, then restore the previous count.
-
-    An Adam step on a probe is a few dozen small kernels (256 × 384 by 384 × 512 on MiniLM).
-    On a shared 2-core machine a second OpenMP thread waits on a descheduled peer at every
-    kernel: measured side by side in one process under a load of 15, one step of the 512-wide
-    MLP took 20 ms on one thread and 121-243 ms on two (the 256-wide one: 13 ms against
-    90-167 ms). The large full-batch products of the linear fits keep every thread.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def fit_adam(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from identifiable.tokens.probes import FitInfo, Objective, Probe, ProbeConfig, objective_loss
+from identifiable.tokens.threads import one_thread
 
 RELATIVE_IMPROVEMENT = 1e-4  # a real improvement of the validation loss, not rounding
 STALL = 1e-7  # relative change of the training loss below which the optimiser has stopped
@@ -33,6 +34,21 @@ def improved(current: float, best: float) -> bool:
 
 
 def refine_linear(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    x_val: torch.Tensor,
+    y_val: torch.Tensor,
+    objective: Objective,
+    start: Probe,
+    cfg: ProbeConfig,
+) -> FitInfo:
+    """Refine the linear probe `start` by full-batch L-BFGS on one intra-op thread
+    (`identifiable.tokens.threads.one_thread`); see `_refine`."""
+    with one_thread():
+        return _refine(x, y, x_val, y_val, objective, start, cfg)
+
+
+def _refine(
     x: torch.Tensor,
     y: torch.Tensor,
     x_val: torch.Tensor,
