@@ -108,26 +108,64 @@ def test_fig2a_cosine_claim_counts_a_copied_mlp_once() -> None:
     assert claims.cosine_beats_l2(l2_everywhere).status == claims.NOT_SUPPORTED
 
 
-def test_fig2a_depth_claim() -> None:
+def with_intervals(df: pd.DataFrame, half_width: float = 0.01) -> pd.DataFrame:
+    return df.assign(ci_low=df["rate"] - half_width, ci_high=df["rate"] + half_width)
+
+
+def test_fig2a_depth_claim_needs_a_fall_of_stated_size_and_a_high_last_layer() -> None:
     control = pd.DataFrame({"rate": [0.05], "chance": [0.04]})
-    ok = claims.identifiable_at_depth(per_layer([1, 0.9], [1, 0.8]), control)
-    assert ok.status == claims.SUPPORTED
-    low = claims.identifiable_at_depth(per_layer([1, 0.6], [1, 0.5]), control)
+    ok = claims.identifiable_at_depth(with_intervals(per_layer([1, 0.9], [1, 0.8])), control)
+    assert ok.status == claims.SUPPORTED and ok.numbers["fall"] == pytest.approx(0.1)
+    # no fall at all (the old rule, last ≤ first, passed this): only "stays high" holds
+    flat = claims.identifiable_at_depth(with_intervals(per_layer([0.95, 0.95], [1, 0.8])), control)
+    assert flat.status == claims.PARTLY and "fall of 0.0 points" in flat.sentence
+    # a fall smaller than the stated 3 points is no fall
+    small = claims.identifiable_at_depth(with_intervals(per_layer([1, 0.98], [1, 0.8])), control)
+    assert small.status == claims.PARTLY
+    # a 4-point fall whose intervals overlap is not enough either
+    wide = with_intervals(per_layer([1, 0.96], [1, 0.8]), half_width=0.03)
+    assert claims.identifiable_at_depth(wide, control).status == claims.PARTLY
+    low = claims.identifiable_at_depth(with_intervals(per_layer([1, 0.6], [1, 0.5])), control)
     assert low.status == claims.PARTLY
     leaky = pd.DataFrame({"rate": [0.5], "chance": [0.04]})
-    assert (
-        claims.identifiable_at_depth(per_layer([1, 0.9], [1, 0.8]), leaky).status == claims.PARTLY
-    )
-    no_control = claims.identifiable_at_depth(per_layer([1, 0.9], [1, 0.8]), pd.DataFrame())
+    good = with_intervals(per_layer([1, 0.9], [1, 0.8]))
+    assert claims.identifiable_at_depth(good, leaky).status == claims.PARTLY
+    no_control = claims.identifiable_at_depth(good, pd.DataFrame())
     assert (
         no_control.status == claims.PARTLY and "no shuffled-target control" in no_control.sentence
     )
-    lost = claims.identifiable_at_depth(per_layer([1, 0.3], [1, 0.2]), control)
+    lost = claims.identifiable_at_depth(with_intervals(per_layer([1, 0.3], [1, 0.2])), control)
     assert lost.status == claims.NOT_SUPPORTED
     # the MLP counts when it is a distinct probe: it alone can carry the last layer
-    mlp_carries = per_layer([1, 0.6], [1, 0.5], mlp=([1, 0.85], [1, 0.6]))
+    mlp_carries = with_intervals(per_layer([1, 0.6], [1, 0.5], mlp=([1, 0.85], [1, 0.6])))
     v = claims.identifiable_at_depth(mlp_carries, control)
     assert v.status == claims.SUPPORTED and v.numbers["best_probe_last_layer"] == "mlp"
+
+
+def test_fig2_verdicts_leave_out_unfinished_and_failed_fits() -> None:
+    control = pd.DataFrame({"rate": [0.05], "chance": [0.04]})
+    table = with_intervals(per_layer([1, 0.6], [1, 0.5], mlp=([1, 0.85], [1, 0.6])))
+    table = table.assign(converged=True, fit_failure=False)
+    capped = (table["probe"] == "mlp") & (table["layer"] == 2) & (table["objective"] == "cos")
+    unfinished = table.assign(converged=~capped)
+    v = claims.identifiable_at_depth(unfinished, control)
+    # without the capped MLP the linear probe's 60 % is the best: no longer supported
+    assert v.status == claims.PARTLY and v.numbers["fits_left_out"] == ["mlp-cos@2"]
+    assert "mlp-cos@2" in v.sentence
+    failed = table.assign(fit_failure=capped)
+    assert claims.identifiable_at_depth(failed, control).status == claims.PARTLY
+    # L2 ahead only at a left-out cell: the cosine verdict no longer counts that cell
+    l2_wins = per_layer([1, 0.9], [1, 0.8], mlp=([1, 0.7], [1, 0.8])).assign(
+        converged=True, fit_failure=False
+    )
+    assert claims.cosine_beats_l2(l2_wins).status == claims.PARTLY
+    mlp_cos_2 = (l2_wins["probe"] == "mlp") & (l2_wins["layer"] == 2)
+    dropped = claims.cosine_beats_l2(l2_wins.assign(converged=~mlp_cos_2))
+    assert dropped.status == claims.SUPPORTED and dropped.numbers["cells"] == 3
+    assert set(claims.usable_fits(l2_wins.assign(converged=~mlp_cos_2))[1]) == {
+        "mlp-cos@2",
+        "mlp-l2@2",
+    }
 
 
 def cross(rates: dict[str, float], layers: int = 3) -> pd.DataFrame:
@@ -143,18 +181,41 @@ def cross(rates: dict[str, float], layers: int = 3) -> pd.DataFrame:
     )
 
 
-def test_fig2b_reports_each_fitting_regime() -> None:
+def test_fig2b_threshold_is_the_papers_lowest_transfer_less_its_read_off() -> None:
+    assert claims.cross_min() == pytest.approx(0.655)  # 0.675 (layer 1 → 11) − 0.02
     both = claims.cross_layer(cross({"converged": 0.8, "closed form": 0.7}))
-    assert both.status == claims.SUPPORTED
+    assert both.status == claims.SUPPORTED and both.numbers["threshold"] == pytest.approx(0.655)
+    # 60 % everywhere passed the old 50 % floor; it is below the paper's worst
+    below = claims.cross_layer(cross({"converged": 0.6, "closed form": 0.6}))
+    assert below.status == claims.NOT_SUPPORTED and "65.5%" in below.sentence
     hinge = claims.cross_layer(cross({"converged": 0.2, "closed form": 0.7}))
     assert hinge.status == claims.PARTLY and "hinges on the fitting regime" in hinge.sentence
     assert hinge.numbers["min_off_diagonal_converged"] == pytest.approx(0.2)
-    assert claims.cross_layer(cross({"converged": 0.2, "closed form": 0.3})).status == (
-        claims.NOT_SUPPORTED
-    )
     single = cross({"converged": 0.9}).drop(columns="regime")  # tables without regimes
     assert claims.cross_layer(single).status == claims.SUPPORTED
     assert claims.cross_layer(cross({"converged": 0.9}, layers=1)).status == claims.NOT_TESTED
+
+
+def test_fig2b_leaves_out_probes_whose_fit_did_not_finish() -> None:
+    table = cross({"converged": 0.9, "closed form": 0.9})
+    table.loc[(table["regime"] == "converged") & (table["train_layer"] == 2), "rate"] = 0.1
+    fits = per_layer([1, 1, 1], [1, 1, 1]).assign(converged=True)
+    assert claims.cross_layer(table, fits).status == claims.PARTLY
+    unfinished = (fits["probe"] == "linear") & (fits["objective"] == "cos") & (fits["layer"] == 2)
+    v = claims.cross_layer(table, fits.assign(converged=~unfinished))
+    assert v.status == claims.SUPPORTED and v.numbers["train_layers_left_out"] == [2]
+
+
+def test_fig2b_matrix_is_shown_per_regime() -> None:
+    from identifiable.report.tokens_section import cross_matrices
+
+    tables = cross_matrices(cross({"converged": 0.8, "closed form": 0.7}))
+    assert [name.split(" (")[1].split(";")[0] for name, _ in tables] == [
+        "converged",
+        "closed form",
+    ]
+    matrix = tables[1][1].set_index("train_layer")
+    assert matrix.loc[1, "test 1"] == 1.0 and matrix.loc[1, "test 2"] == 0.7
 
 
 def own_table(medians: list[float], top: list[float] | None = None) -> pd.DataFrame:
@@ -180,15 +241,44 @@ def test_fig3a_requires_a_near_monotone_fall() -> None:
     assert flat.status == claims.NOT_SUPPORTED  # a fall within the tolerance is no fall
 
 
-def test_fig3b_not_top_share() -> None:
+def trends(statistic: str, first: float, last: float, lo: float, hi: float) -> pd.DataFrame:
+    """A fabricated `trends` row: the change last − first with its bootstrap interval."""
+    return pd.DataFrame(
+        [
+            {
+                "statistic": statistic,
+                "first_layer": 1,
+                "last_layer": 2,
+                "first": first,
+                "last": last,
+                "change": last - first,
+                "change_lo": lo,
+                "change_hi": hi,
+            }
+        ]
+    )
+
+
+def test_fig3b_needs_a_rise_of_stated_size_beyond_sampling_noise() -> None:
     rising = own_table([0.4, 0.2], top=[1.0, 1 / 3])
-    share, v = claims.not_top_share(rising)
+    share, v = claims.not_top_share(rising, trends("p_tilde", 0.0, 66.7, 40.0, 90.0))
     assert share["percent"].round(6).tolist() == [0.0, pytest.approx(66.666667)]
-    assert v.status == claims.SUPPORTED
+    assert v.status == claims.SUPPORTED and v.numbers["rise_lo"] == 40.0
+    # the same rise whose interval reaches zero is not beyond noise
+    _, v = claims.not_top_share(rising, trends("p_tilde", 0.0, 66.7, -2.0, 90.0))
+    assert v.status == claims.NOT_SUPPORTED
+    # 0 % → 0.1 % passed the old rule (any rise); a rise below 10 points is at most partly
+    tiny = own_table([0.4, 0.2] * 1, top=[1.0, 1.0])
+    _, v = claims.not_top_share(tiny, trends("p_tilde", 0.0, 0.1, 0.01, 0.3))
+    assert v.status == claims.PARTLY
     _, v = claims.not_top_share(own_table([0.4, 0.2], top=[1 / 3, 1 / 3]))
     assert v.status == claims.NOT_SUPPORTED  # no rise
-    _, v = claims.not_top_share(own_table([0.4, 0.2], top=[2 / 3, 0.0]))
+    _, v = claims.not_top_share(
+        own_table([0.4, 0.2], top=[2 / 3, 0.0]), trends("p_tilde", 33.3, 100.0, 20.0, 80.0)
+    )
     assert v.status == claims.PARTLY  # rises, but layer 1 already far above 5 %
+    _, v = claims.not_top_share(rising)  # no interval: at most partly
+    assert v.status == claims.PARTLY and "no bootstrap interval" in v.sentence
 
 
 def groups_table(percent: dict[int, dict[str, float]]) -> pd.DataFrame:
@@ -208,7 +298,7 @@ def test_fig4a_neighbours_spread() -> None:
     assert claims.neighbours_spread(inverted).status == claims.NOT_SUPPORTED
 
 
-def test_fig4b_peak_at_neighbours() -> None:
+def test_fig4b_needs_the_early_peak_and_heavier_tails_late() -> None:
     def positions(peak: int) -> pd.DataFrame:
         offsets = [o for o in range(-10, 11) if o != 0]
         return pd.DataFrame(
@@ -216,10 +306,51 @@ def test_fig4b_peak_at_neighbours() -> None:
             columns=["layer", "offset", "total"],
         )
 
-    assert claims.peak_at_neighbours(positions(-1)).status == claims.SUPPORTED
-    assert claims.peak_at_neighbours(positions(5)).status == claims.NOT_SUPPORTED
+    heavier = trends("tail_share", 4.0, 8.0, 2.0, 6.0)
+    v = claims.peak_at_neighbours(positions(-1), heavier)
+    assert v.status == claims.SUPPORTED and v.numbers["tail_last"] == 8.0
+    # the peak alone (the old rule) is no longer enough: tails that do not grow 1.5×
+    same_tails = trends("tail_share", 4.0, 5.0, 0.5, 1.5)
+    assert claims.peak_at_neighbours(positions(-1), same_tails).status == claims.PARTLY
+    # heavier tails within sampling noise
+    noisy = trends("tail_share", 4.0, 8.0, -1.0, 9.0)
+    assert claims.peak_at_neighbours(positions(1), noisy).status == claims.PARTLY
+    assert claims.peak_at_neighbours(positions(5), heavier).status == claims.PARTLY
+    assert claims.peak_at_neighbours(positions(5), same_tails).status == claims.NOT_SUPPORTED
+    assert claims.peak_at_neighbours(positions(-1)).status == claims.PARTLY  # tails unmeasured
     empty = pd.DataFrame(columns=["layer", "offset", "total"])
     assert claims.peak_at_neighbours(empty).status == claims.NOT_TESTED
+
+
+def test_trends_are_paired_bootstrap_changes_of_the_plotted_statistics() -> None:
+    from identifiable.experiments.attribution import bootstrap_summaries
+
+    rng = np.random.default_rng(0)
+    own_rows, offset_rows = [], []
+    for seq in range(12):
+        for layer, p_top in ((1, 1.0), (2, 0.6)):
+            for _tok in range(10):
+                own_rows.append((seq, layer, 0.3, bool(rng.random() < p_top)))
+            for o in range(-30, 31):
+                if o:
+                    decay = 0.5 if layer == 1 else 0.1
+                    offset_rows.append((seq, layer, o, float(np.exp(-decay * abs(o)))))
+    own = pd.DataFrame(own_rows, columns=["seq", "layer", "own", "own_is_top"])
+    offsets = pd.DataFrame(offset_rows, columns=["seq", "layer", "offset", "total"])
+    groups = pd.DataFrame(columns=["seq", "layer", "group", "per_position_sum", "tokens"])
+    t = bootstrap_summaries({"own": own, "groups": groups, "offsets": offsets}, resamples=300)
+    trend = t["trends"].set_index("statistic")
+    p = trend.loc["p_tilde"]
+    share, _ = claims.not_top_share(own)
+    assert p["first"] == pytest.approx(share["percent"].iloc[0])
+    assert p["last"] == pytest.approx(share["percent"].iloc[1])
+    assert p["change_lo"] < p["change"] < p["change_hi"] and p["change_lo"] > 0
+    tail = trend.loc["tail_share"]
+    far = offsets[offsets["offset"].abs() >= 11].groupby("layer")["total"].sum()
+    assert tail["last"] == pytest.approx(
+        100 * far[2] / offsets[offsets["layer"] == 2]["total"].sum()
+    )
+    assert tail["last"] > 1.5 * tail["first"] and tail["change_lo"] > 0
 
 
 def contributions(decay: list[float], n: int, gen: torch.Generator) -> torch.Tensor:
@@ -262,7 +393,7 @@ def test_attribution_aggregates_match_the_attribution_experiment() -> None:
     both = positions.merge(theirs_pos, on=["layer", "offset"])
     assert len(both) == len(positions) and np.allclose(both["total_x"], both["normalised"])
     assert 0 not in positions["offset"].tolist()
-    assert claims.peak_at_neighbours(positions).status == claims.SUPPORTED
+    assert claims.peak_at_neighbours(positions).status == claims.PARTLY  # tails need trends
     share, _ = claims.not_top_share(tables["own"])
     assert np.allclose(
         share["percent"].to_numpy() / 100,

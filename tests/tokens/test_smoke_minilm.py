@@ -45,6 +45,11 @@ def test_smoke_runs_on_minilm_and_a_failed_run_does_not_block_the_retry(
     assert split["n_tokens"] >= min_tokens_for(384)  # smoke's 400 tokens were raised
     fits = pd.read_csv(out / "tables" / "fig2a_fits.csv")
     assert {"linear", "mlp"} <= set(fits["probe"])
+    # smoke is a pipeline check: no claim count, no verdict badge presented as a finding
+    assert summary["pipeline_check"] and summary["claims_tested"] is None
+    page = (out / "index.html").read_text()
+    assert "Pipeline check" in page and "tested claims supported" not in page
+    assert 'class="badge ok"' not in page and 'class="badge no"' not in page
     assert run.summary["claims"]["fig2a_cos"]["status"] in {
         "supported",
         "partly supported",

@@ -154,3 +154,25 @@ def test_float16_storage_gives_the_same_rates_at_this_precision():
     a = evaluate_pairs(pairs, probes=["linear"], objectives=["l2"], **FAST).per_layer
     b = evaluate_pairs(half, probes=["linear"], objectives=["l2"], **FAST).per_layer
     assert (a["rate"] - b["rate"]).abs().max() < 0.02
+
+
+def test_fit_table_marks_unfinished_fits_and_mlps_below_the_naive_probe():
+    pairs = synthetic_pairs(n_seq=40, d=16, n_layers=1)
+    # two hidden units and 20 steps: the MLP cannot learn the identity of layer 0
+    starved = ProbeConfig(mlp_width=2, max_steps=20, select_steps=5, eval_every=5)
+    ev = evaluate_pairs(pairs, layers=[0], cross_layer=(), controls=(), probe_config=starved)
+    df = ev.per_layer.set_index(["probe", "objective"])
+    assert df.loc[("naive", "cos"), "rate"] == 1.0
+    mlp = df.loc[("mlp", "cos")]
+    assert mlp["rate"] < 1.0 and bool(mlp["fit_failure"]) and mlp["mlp_width"] == 2
+    assert mlp["stopped"] == "max steps" and not bool(mlp["converged"])
+    assert mlp["late_gain"] > 0.01 and mlp["optimizer"] == "Adam"
+    linear = df.loc[("linear", "cos")]
+    assert linear["optimizer"] == "L-BFGS" and not bool(linear["fit_failure"])
+    assert df.loc[("linear", "l2"), "stopped"] == "closed form"
+    # a well-fed MLP on a noisy layer (a loss floor, so early stopping ends it) is neither
+    noisy = synthetic_pairs(n_seq=40, d=16, n_layers=1, noise=0.3)
+    fed = ProbeConfig(mlp_width=64, max_steps=6000, select_steps=20)
+    ev = evaluate_pairs(noisy, layers=[1], cross_layer=(), controls=(), probe_config=fed)
+    mlp = ev.per_layer.set_index(["probe", "objective"]).loc[("mlp", "cos")]
+    assert bool(mlp["converged"]) and not bool(mlp["fit_failure"]), mlp

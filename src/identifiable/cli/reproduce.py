@@ -85,8 +85,7 @@ def reproduce(
         return
     s = result.summary
     console.print(
-        f"{s['supported']} of {s['claims_tested']} tested claims supported · "
-        f"{result.timings['total_s']:.0f} s · report: {out / 'index.html'}"
+        f"{s['headline']} · {result.timings['total_s']:.0f} s · report: {out / 'index.html'}"
     )
 
 

@@ -528,7 +528,64 @@ def bootstrap_summaries(
         "own_summary": pd.DataFrame(own_rows),
         "groups_summary": pd.DataFrame(group_rows),
         "offsets_summary": pd.DataFrame(offset_rows),
+        "trends": _trends(own, off, counts, slot),
     }
+
+
+TAIL_FROM = 11  # |j − i| from which an input counts in the tail of Fig. 4b (Fig. 4a's "11+")
+
+
+def _trends(
+    own: pd.DataFrame, off: pd.DataFrame, counts: np.ndarray, slot: dict[Any, int]
+) -> pd.DataFrame:
+    """First layer → last layer changes of the Fig. 3b and 4b statistics, each with a paired
+    95 % bootstrap interval over sequences (the same resamples as the other summaries).
+
+    Rows: statistic "p_tilde" (% of tokens whose own input is not their top contributor)
+    and "tail_share" (% of the contribution from other positions within ±60 that comes from
+    |j − i| ≥ 11); columns statistic, first_layer, last_layer, first, last, change
+    (last − first, percentage points), change_lo, change_hi.
+    """
+    n_seq = counts.shape[1]
+    ones = np.ones((1, n_seq))
+
+    def p_tilde(t: pd.DataFrame, w: np.ndarray) -> np.ndarray:
+        where = [slot[s] for s in t["seq"]]
+        k = np.bincount(where, weights=(~t["own_is_top"].astype(bool)).to_numpy(), minlength=n_seq)
+        return 100 * (w @ k) / (w @ np.bincount(where, minlength=n_seq))
+
+    def tail(t: pd.DataFrame, w: np.ndarray) -> np.ndarray:
+        where = [slot[s] for s in t["seq"]]
+        far = (t["offset"].abs() >= TAIL_FROM).to_numpy()
+        total = t["total"].to_numpy(dtype=float)
+        part = np.bincount(where, weights=total * far, minlength=n_seq)
+        return (
+            100
+            * (w @ part)
+            / np.maximum(w @ np.bincount(where, weights=total, minlength=n_seq), 1e-300)
+        )
+
+    rows = []
+    for name, table, stat in (("p_tilde", own, p_tilde), ("tail_share", off, tail)):
+        if table.empty:
+            continue
+        lo_layer, hi_layer = int(table["layer"].min()), int(table["layer"].max())
+        first, last = (table[table["layer"] == layer] for layer in (lo_layer, hi_layer))
+        point = float(stat(last, ones)[0] - stat(first, ones)[0])
+        lo, hi = _interval(stat(last, counts.astype(float)) - stat(first, counts.astype(float)))
+        rows.append(
+            {
+                "statistic": name,
+                "first_layer": lo_layer,
+                "last_layer": hi_layer,
+                "first": float(stat(first, ones)[0]),
+                "last": float(stat(last, ones)[0]),
+                "change": point,
+                "change_lo": float(lo),
+                "change_hi": float(hi),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def estimator_summary(own: pd.DataFrame, probes: int | None, resamples: int) -> pd.DataFrame:

@@ -49,15 +49,17 @@ class Budget:
     `experiments.tokens.smoke_safe_tokens`). attribution_*: sequences, their length range
     (attribution_min_tokens ≤ n ≤ attribution_max_tokens), and random probes per token for
     Figs. 3-4 (None = exact Jacobian norms). shard_size: sequences per cached shard.
-    probe_max_steps: cap on the Adam steps of each Fig. 2 probe (None = the tokens package
-    default, which early stopping normally ends first). probe_mlp_width, probe_lr_grid:
-    the MLP's hidden width and the Adam learning rates tried (None = the package defaults,
-    512 and (3e-4, 1e-3, 3e-3)). bootstrap_resamples: resamples of
+    probe_max_steps: cap on the Adam steps and L-BFGS iterations of each Fig. 2 probe (None =
+    the tokens package defaults, which early stopping normally ends first; smoke caps them).
+    probe_mlp_width, probe_lr_grid: the MLP's hidden width and the Adam learning rates tried
+    (None = the package defaults, "auto" = max(512, d) and (3e-3, 1e-2)). bootstrap_resamples: resamples of
     the 95 % intervals over sequences of Figs. 3-4.
     mixing_*: sequences (of at most mixing_max_tokens tokens) for "which account of mixing
     tracks the gradients?", and HTA's random probes there (None = exact).
     certify_*: sequences for "how far can attention really move?", and query rows sampled
-    per head (every head of every layer) for their interval maps.
+    per head (every head of every layer) for their interval maps. pipeline_check: the
+    budget only proves that the pipeline runs (smoke): the report shows no verdict badges
+    or claim counts as findings.
     """
 
     name: str
@@ -79,6 +81,7 @@ class Budget:
     mixing_probes: int | None = 4
     certify_sequences: int = 2
     certify_rows_per_head: int = 1
+    pipeline_check: bool = False
 
 
 BUDGETS: dict[str, Budget] = {
@@ -88,14 +91,11 @@ BUDGETS: dict[str, Budget] = {
         attention_sequences=64,
         # below ~8k tokens the layer-6 probes overfit (linear-cos fell under naive-cos at 1.5k)
         token_max_tokens=8192,
-        # probes trained to convergence are the costliest part: a narrower MLP and a
-        # two-point learning-rate grid keep the stage within the 5-minute budget (the
-        # report's Methods section states it)
-        probe_mlp_width=256,
-        probe_lr_grid=(1e-3, 3e-3),
-        # at most 600 Adam steps per fit (the paper budget: 2,000): the fits that reach the cap
-        # are counted in the report's Methods section and marked in the Fig. 2 table
-        probe_max_steps=600,
+        # Fig. 2 probes use the package protocol (tokens.ProbeConfig: linear-cos by L-BFGS,
+        # MLPs max(512, d) wide by Adam with learning-rate decay to early stopping), with the
+        # Adam steps capped to fit the 5 minutes: a capped fit still improving by more than 1 %
+        # is marked in the figure and the table and left out of the verdicts
+        probe_max_steps=1000,
         # paper-length pairs (100-128 tokens) cost ~n² each: four of them with two random
         # probes per token (stated error in the report) instead of eight ≤ 40-token ones
         attribution_sequences=4,
@@ -143,6 +143,7 @@ BUDGETS: dict[str, Budget] = {
         mixing_max_tokens=24,
         mixing_probes=2,
         certify_sequences=1,
+        pipeline_check=True,
     ),
 }
 

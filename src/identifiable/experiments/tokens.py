@@ -322,12 +322,17 @@ def smoke_safe_tokens(requested: int, hidden_size: int, max_sequence_tokens: int
 
 
 def probe_config_for(budget: Any) -> ProbeConfig:
-    """The probe protocol of a budget: the package defaults, with the budget's step cap,
-    MLP width and learning-rate grid where it sets them."""
+    """The probe protocol of a budget: the package defaults, with the budget's step cap
+    (Adam steps and L-BFGS iterations), MLP width and learning-rate grid where it sets them."""
     changes: dict[str, Any] = {}
     steps = getattr(budget, "probe_max_steps", None)
+    default = ProbeConfig()
     if steps:
-        changes |= {"max_steps": steps, "select_steps": min(steps, ProbeConfig().select_steps)}
+        changes |= {
+            "max_steps": steps,
+            "select_steps": min(steps, default.select_steps),
+            "cos_steps": min(steps, default.cos_steps),
+        }
     if getattr(budget, "probe_mlp_width", None):
         changes["mlp_width"] = budget.probe_mlp_width
     if getattr(budget, "probe_lr_grid", None):

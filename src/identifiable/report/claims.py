@@ -6,32 +6,45 @@ returns quotes the numbers it used, beside the paper's BERT-base values.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
+from identifiable.report.claims_fig2 import (
+    DEPTH_FALL,
+    DEPTH_HIGH,
+    cosine_beats_l2,
+    cross_layer,
+    cross_min,
+    identifiable_at_depth,
+    learned_probes,
+    usable_fits,
+)
 from identifiable.report.paper import paper_reference
-
-SUPPORTED, PARTLY, NOT_SUPPORTED, NOT_TESTED = (
-    "supported",
-    "partly supported",
-    "not supported",
-    "not tested",
+from identifiable.report.verdicts import (
+    NOT_SUPPORTED,
+    NOT_TESTED,
+    PARTLY,
+    SUPPORTED,
+    Verdict,
+    _f,
 )
 
-
-@dataclass
-class Verdict:
-    key: str
-    status: str
-    sentence: str
-    numbers: dict[str, Any] = field(default_factory=dict)
-
-
-def _f(x: float, digits: int = 3) -> str:
-    return f"{x:.{digits}f}"
-
+__all__ = [
+    "DEPTH_FALL",
+    "DEPTH_HIGH",
+    "NOT_SUPPORTED",
+    "NOT_TESTED",
+    "PARTLY",
+    "SUPPORTED",
+    "Verdict",
+    "cosine_beats_l2",
+    "cross_layer",
+    "cross_min",
+    "identifiable_at_depth",
+    "learned_probes",
+    "usable_fits",
+]
 
 FALL_MEDIAN = 0.9  # beyond d_v the paper's r is at most ~0.95 just past 64 tokens, ~0.45 by 128
 MIN_LONG = 5  # fewer sequences longer than d_v cannot show a trend
@@ -180,166 +193,6 @@ def output_change(changes: pd.DataFrame, head_dim: int) -> dict[str, float]:
     }
 
 
-def _rate(per_layer: pd.DataFrame, probe: str, objective: str) -> pd.Series:
-    t = per_layer[(per_layer["probe"] == probe) & (per_layer["objective"] == objective)]
-    return t.set_index("layer")["rate"].sort_index()
-
-
-def learned_probes(per_layer: pd.DataFrame) -> tuple[list[str], bool]:
-    """The distinct learned probes of the table, and whether an MLP copied the linear probe.
-
-    An MLP whose rates equal the linear probe's at every layer for every objective is
-    counted once (as the linear probe): two identical curves are one piece of evidence.
-    """
-    probes = [p for p in ("linear", "mlp") if (per_layer["probe"] == p).any()]
-    if probes != ["linear", "mlp"]:
-        return probes, False
-    same = all(
-        _rate(per_layer, "mlp", obj).round(12).equals(_rate(per_layer, "linear", obj).round(12))
-        for obj in ("l2", "cos")
-    )
-    return (["linear"], True) if same else (probes, False)
-
-
-def cosine_beats_l2(per_layer: pd.DataFrame) -> Verdict:
-    """Fig. 2a: cosine probes identify at least as many tokens as L2 probes, at every layer.
-
-    Each distinct learned probe (linear; the MLP unless its rates copy the linear probe's,
-    see `learned_probes`) is compared at every layer (ties count for cosine: early layers
-    are at 100 % for both). Supported when cosine ≥ L2 everywhere; not supported when L2
-    wins in at least half of the (probe, layer) cells; partly otherwise.
-    """
-    probes, copied = learned_probes(per_layer)
-    losing, cells = [], 0
-    for probe in probes:
-        cos, l2 = _rate(per_layer, probe, "cos"), _rate(per_layer, probe, "l2")
-        for layer in cos.index:
-            if layer in l2.index:
-                cells += 1
-                if cos[layer] < l2[layer] - 1e-12:
-                    losing.append((probe, int(layer)))
-    numbers: dict[str, Any] = {
-        "layers_where_l2_wins": [f"{p}@{layer}" for p, layer in losing],
-        "probes_compared": probes,
-        "cells": cells,
-        "mlp_copies_linear": copied,
-    }
-    who = " and ".join(f"the {p}" for p in probes) + (" probe" if len(probes) == 1 else " probes")
-    note = (
-        " (the MLP's rates equal the linear probe's everywhere, so it is counted once)"
-        if copied
-        else ""
-    )
-    if cells == 0:
-        return Verdict(
-            "fig2a_cos", NOT_TESTED, "Not tested: no learned probe with both objectives.", numbers
-        )
-    if not losing:
-        return Verdict(
-            "fig2a_cos",
-            SUPPORTED,
-            f"Supported: cosine ≥ L2 at all {cells} (probe, layer) cells for {who}{note}, as in the paper.",
-            numbers,
-        )
-    status = NOT_SUPPORTED if 2 * len(losing) >= cells else PARTLY
-    where = ", ".join(f"{p} probe at layer {layer}" for p, layer in losing)
-    return Verdict(
-        "fig2a_cos",
-        status,
-        f"{status.capitalize()}: L2 beats cosine for the {where} ({len(losing)} of {cells} cells){note}; "
-        "the paper has cosine ahead everywhere.",
-        numbers,
-    )
-
-
-def identifiable_at_depth(per_layer: pd.DataFrame, control: pd.DataFrame) -> Verdict:
-    """Fig. 2a: identifiability falls with depth yet stays high, and the control sits at chance.
-
-    The best distinct learned cosine probe (see `learned_probes`) must identify ≥ 80 % of
-    test tokens at the last layer (the paper's lowest learned-cosine rate is 94 %; 80 %
-    leaves room for a smaller model and sample), be no higher there than at the first layer, and
-    the shuffled-target control must be present and within 0.05 of chance at every layer.
-    Supported when all hold; partly when the rate conditions hold but the control does
-    not, or the last-layer rate is only ≥ 50 %; not supported otherwise.
-    """
-    probes, copied = learned_probes(per_layer)
-    rates = pd.concat({p: _rate(per_layer, p, "cos") for p in probes}, axis=1)
-    best = rates.max(axis=1)
-    first, last = float(best.iloc[0]), float(best.iloc[-1])
-    best_last = str(rates.iloc[-1].idxmax())
-    ctrl_gap = (
-        float((control["rate"] - control["chance"]).abs().max())
-        if not control.empty
-        else float("nan")
-    )
-    numbers = {
-        "first_layer": first,
-        "last_layer": last,
-        "best_probe_last_layer": best_last,
-        "control_gap_to_chance": ctrl_gap,
-        "mlp_copies_linear": copied,
-    }
-    ok = last >= 0.8 and last <= first + 1e-9
-    ctrl_ok = bool(ctrl_gap <= 0.05)
-    status = SUPPORTED if ok and ctrl_ok else PARTLY if ok or last >= 0.5 else NOT_SUPPORTED
-    paper = paper_reference()["fig2a_identifiability_rate_by_layer"]
-    ctrl_txt = (
-        f"the shuffled-target control is within {ctrl_gap:.3f} of chance"
-        if ctrl_gap == ctrl_gap
-        else "no shuffled-target control was run"
-    )
-    return Verdict(
-        "fig2a_depth",
-        status,
-        f"{status.capitalize()}: the best learned cosine probe identifies {first:.1%} of tokens at the first layer and "
-        f"{last:.1%} at the last layer ({best_last} probe; paper: {paper['lin_cos'][0]:.0%} → {paper['lin_cos'][-1]:.0%}); "
-        f"{ctrl_txt}.",
-        numbers,
-    )
-
-
-CROSS_MIN = 0.5  # the paper's lowest off-diagonal rate is ~0.67; half the tokens is "transfers"
-
-
-def cross_layer(cross: pd.DataFrame) -> Verdict:
-    """Fig. 2b: a linear cosine probe trained on one layer still identifies most tokens on others.
-
-    Tested separately for each fitting regime of the table (`regime`: "converged", the
-    Fig. 2a probe, and "closed form", least squares to unit targets without refinement),
-    because the transfer depends on how the probe was fitted: a regime supports the claim
-    when every off-diagonal rate is ≥ 0.5 (CROSS_MIN; the paper's lowest is about 0.67).
-    Supported when every regime supports it; not supported when none does; partly when
-    the regimes disagree, i.e. the verdict hinges on the fitting regime.
-    """
-    t = cross[(cross["probe"] == "linear") & (cross["objective"] == "cos")]
-    if "regime" not in t:
-        t = t.assign(regime="converged")
-    off = t[t["train_layer"] != t["test_layer"]]
-    if off.empty:
-        return Verdict("fig2b", NOT_TESTED, "Not tested: the model has a single layer.")
-    regimes = {r: g["rate"] for r, g in off.groupby("regime", sort=False)}
-    passes = {r: bool(v.min() >= CROSS_MIN) for r, v in regimes.items()}
-    numbers: dict[str, Any] = {"min_off_diagonal": float(off["rate"].min())}
-    for r, v in regimes.items():
-        key = r.replace(" ", "_")
-        numbers |= {
-            f"min_off_diagonal_{key}": float(v.min()),
-            f"mean_off_diagonal_{key}": float(v.mean()),
-        }
-    n_pass = sum(passes.values())
-    status = SUPPORTED if n_pass == len(passes) else NOT_SUPPORTED if n_pass == 0 else PARTLY
-    parts = "; ".join(f"{r}: mean {v.mean():.1%}, lowest {v.min():.1%}" for r, v in regimes.items())
-    hinge = " The verdict hinges on the fitting regime." if status == PARTLY else ""
-    return Verdict(
-        "fig2b",
-        status,
-        f"{status.capitalize()}: trained on one layer and tested on another, the linear cosine probe identifies "
-        f"({parts}); a regime supports the claim when its lowest rate is ≥ {CROSS_MIN:.0%} "
-        f"(the paper's lowest is about 67%).{hinge}",
-        numbers,
-    )
-
-
 MONOTONE_TOL = 1.0  # percentage points: the paper's values are read off to about ±1 pp
 
 
@@ -379,19 +232,56 @@ def own_contribution_falls(own: pd.DataFrame) -> Verdict:
     )
 
 
-def not_top_share(own: pd.DataFrame) -> tuple[pd.DataFrame, Verdict]:
-    """Per layer, percent of tokens whose own input is not the top contributor; supported when it is
-    ≤ 5% at the first layer and higher at the last layer."""
+RISE_MIN = 10.0  # points: a third of the paper's 31.5-point rise, below its 13.5 % at mid-depth
+FIRST_MAX = 5.0  # percent at the first layer (the paper: 0 %)
+
+
+def _trend(trends: pd.DataFrame | None, statistic: str) -> pd.Series | None:
+    if trends is None or trends.empty or statistic not in set(trends["statistic"]):
+        return None
+    return trends[trends["statistic"] == statistic].iloc[0]
+
+
+def not_top_share(
+    own: pd.DataFrame, trends: pd.DataFrame | None = None
+) -> tuple[pd.DataFrame, Verdict]:
+    """Fig. 3b: the share of tokens whose own input is not their top contributor (P̃) is near 0
+    at the first layer and rises with depth, by a stated size and beyond sampling noise.
+
+    Per layer, P̃ in percent (the returned table). The test uses `trends` (the attribution
+    stage's row "p_tilde": the change last − first layer with a paired 95 % bootstrap
+    interval over sequences): supported when P̃ ≤ FIRST_MAX = 5 % at the first layer, the rise is at
+    least RISE_MIN = 10 points (a third of the paper's 0 → 31.5 %, and below the 13.5 % it
+    reaches at half its depth, so a 6-layer model can meet it) and its interval excludes
+    zero; partly when the interval excludes zero but the rise is smaller or the first layer is above
+    5 %; not supported otherwise. Without `trends` no interval exists: at most partly.
+    """
     share = (100 * (1 - own.groupby("layer")["own_is_top"].mean())).rename("percent").reset_index()
     first, last = float(share["percent"].iloc[0]), float(share["percent"].iloc[-1])
     paper = paper_reference()["fig3b_percent_tokens_own_input_not_top_contributor"]
-    status = SUPPORTED if first <= 5 and last > first else PARTLY if last > first else NOT_SUPPORTED
+    row = _trend(trends, "p_tilde")
+    rise = last - first
+    lo, hi = (float(row["change_lo"]), float(row["change_hi"])) if row is not None else (None, None)
+    beyond_noise = lo is not None and lo > 0
+    if beyond_noise and rise >= RISE_MIN and first <= FIRST_MAX:
+        status = SUPPORTED
+    elif beyond_noise or (lo is None and rise > 0):
+        status = PARTLY
+    else:
+        status = NOT_SUPPORTED
+    interval = (
+        f"95% bootstrap interval of the rise {lo:+.1f} … {hi:+.1f} points"
+        if lo is not None
+        else "no bootstrap interval of the rise in the tables"
+    )
     return share, Verdict(
         "fig3b",
         status,
-        f"{status.capitalize()}: {first:.1f}% of tokens at the first layer and {last:.1f}% at the last layer do not get their "
-        f"largest contribution from their own input (paper: {paper[0]:.0f}% → {paper[-1]:.1f}%).",
-        {"percent_first": first, "percent_last": last},
+        f"{status.capitalize()}: {first:.1f}% of tokens at the first layer and {last:.1f}% at the last layer do not get "
+        f"their largest contribution from their own input, a rise of {rise:.1f} points ({interval}; test: "
+        f"the first layer ≤ {FIRST_MAX:g}%, a rise ≥ {RISE_MIN:g} points whose interval excludes zero; "
+        f"paper: {paper[0]:.0f}% → {paper[-1]:.1f}%).",
+        {"percent_first": first, "percent_last": last, "rise": rise, "rise_lo": lo, "rise_hi": hi},
     )
 
 
@@ -443,17 +333,46 @@ def relative_positions(offsets: pd.DataFrame, span: int = 60) -> pd.DataFrame:
     return agg
 
 
-def peak_at_neighbours(positions: pd.DataFrame) -> Verdict:
-    """Supported when, at the first layer, the largest total contribution (self excluded) comes from offset ±1."""
+TAIL_GROWTH = 1.5  # the paper's 11+ share grows 1.9× from its layer 1 to 12 (our 0 to 11) (Fig. 4a: 5.2 → 9.9 %)
+
+
+def peak_at_neighbours(positions: pd.DataFrame, trends: pd.DataFrame | None = None) -> Verdict:
+    """Fig. 4b: a sharp peak at ±1 early, heavier tails late.
+
+    Two halves, each tested: (a) peak: at the first layer the largest total contribution from other
+    positions comes from offset −1 or +1; (b) tails: the share of that contribution coming
+    from |j − i| ≥ 11 (`trends` row "tail_share", with a paired 95 % bootstrap interval of
+    its change over sequences) is at the last layer at least TAIL_GROWTH = 1.5 times its
+    first-layer value (the paper's own 11+ group, Fig. 4a, grows 1.9×; Fig. 4b has no values)
+    and the interval of the change excludes zero. Supported when both hold; partly when one
+    does; not supported when neither; without `trends` the tails are not tested (partly at
+    best).
+    """
     first = positions[positions["layer"] == positions["layer"].min()]
     if first.empty:
         return Verdict("fig4b", NOT_TESTED, "Not tested: sequences too short.")
     peak = int(first.loc[first["total"].idxmax(), "offset"])
-    status = SUPPORTED if abs(peak) == 1 else NOT_SUPPORTED
+    row = _trend(trends, "tail_share")
+    numbers: dict[str, Any] = {"peak_offset_first_layer": peak}
+    peaked = abs(peak) == 1
+    if row is None:
+        tails, tail_txt = False, "the tails were not measured (no trends table)"
+    else:
+        early, late, lo = float(row["first"]), float(row["last"]), float(row["change_lo"])
+        tails = late >= TAIL_GROWTH * early and lo > 0
+        numbers |= {"tail_first": early, "tail_last": late, "tail_change_lo": lo,
+                    "tail_change_hi": float(row["change_hi"])}  # fmt: skip
+        tail_txt = (
+            f"the share from inputs 11 or more positions away goes from {early:.1f}% at the first layer to "
+            f"{late:.1f}% at the last layer ({late / early if early else float('inf'):.2f}×, 95% bootstrap "
+            f"interval of the change {lo:+.1f} … {float(row['change_hi']):+.1f} points; test: ≥ "
+            f"{TAIL_GROWTH:g}× with an interval excluding zero)"
+        )
+    status = SUPPORTED if peaked and tails else PARTLY if peaked or tails else NOT_SUPPORTED
     return Verdict(
         "fig4b",
         status,
-        f"{status.capitalize()}: at the first layer the largest contribution from other positions comes from offset {peak:+d} "
-        "(paper: a sharp peak at ±1, with heavier tails in deeper layers).",
-        {"peak_offset_first_layer": peak},
+        f"{status.capitalize()}: at the first layer the largest contribution from other positions comes from offset "
+        f"{peak:+d}; {tail_txt} (paper: a sharp peak at ±1, with heavier tails in deeper layers).",
+        numbers,
     )

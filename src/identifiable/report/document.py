@@ -16,9 +16,10 @@ from typing import Any
 
 import pandas as pd
 
-from identifiable.report import certify_section, claims, figures, mixing_section
+from identifiable.report import certify_section, claims, figures, mixing_section, tokens_section
 from identifiable.report.files import write_figure
 from identifiable.report.html import Markup, h, page, png_img, table_html
+from identifiable.report.methods import first_value, methods_section
 from identifiable.report.paper import PAPER_LABEL
 from identifiable.store.files import atomic_write_text, write_table
 
@@ -90,7 +91,8 @@ def _tables(
     )
     groups = claims.neighbour_groups(hta["groups"])
     positions = claims.relative_positions(hta["offsets"])
-    _, v3b = claims.not_top_share(hta["own"])
+    trends = hta.get("trends", empty)
+    _, v3b = claims.not_top_share(hta["own"], trends)
     own_summary = hta.get("own_summary", empty)
     share = own_summary[["layer", "p_tilde", "p_tilde_lo", "p_tilde_hi"]].rename(
         columns={"p_tilde": "percent", "p_tilde_lo": "percent_lo", "p_tilde_hi": "percent_hi"}
@@ -119,6 +121,7 @@ def _tables(
         "fig4b_positions_summary": hta.get("offsets_summary", empty),
         "fig4_special_share": specials,
         "fig34_estimator": hta.get("estimator", empty),
+        "fig34_trends": trends,
     }
     # beyond the paper (present when the run had these stages)
     if "mixing" in results:
@@ -129,10 +132,6 @@ def _tables(
         tables["certify_by_layer"] = results["certify"]["by_layer"]
         tables["certify_by_length"] = results["certify"]["by_length"]
     return tables, {"fig3b": v3b}
-
-
-def _first(df: pd.DataFrame, column: str, default: Any = "?") -> Any:
-    return df[column].iloc[0] if column in df and len(df) else default
 
 
 def _sample_captions(tables: dict[str, pd.DataFrame], d_v: int) -> dict[str, str]:
@@ -148,15 +147,14 @@ def _sample_captions(tables: dict[str, pd.DataFrame], d_v: int) -> dict[str, str
         else "no sequences."
     )
     tok = (
-        f"{_first(split, 'n_tokens')} tokens of {_first(split, 'n_sequences')} sequences, split by sequence into "
-        f"train {_first(split, 'train_sequences')} / validation {_first(split, 'val_sequences')} / test "
-        f"{_first(split, 'test_sequences')} sequences ({_first(split, 'test_tokens')} test tokens); rates on test "
-        "tokens only, candidates: the e^0 of the token's own sequence; bands: 95% Wilson intervals; "
-        f"MLP: one hidden layer of {_first(tables['fig2_protocol'], 'mlp_width')} units; every probe trained "
-        "to early stopping (Methods)."
+        f"{first_value(split, 'n_tokens')} tokens of {first_value(split, 'n_sequences')} sequences, split by sequence into "
+        f"train {first_value(split, 'train_sequences')} / validation {first_value(split, 'val_sequences')} / test "
+        f"{first_value(split, 'test_sequences')} sequences ({first_value(split, 'test_tokens')} test tokens); rates on test "
+        "tokens only, candidates: the e^0 of the token's own sequence; bands: 95% Wilson intervals. "
+        + tokens_section.fit_caption(tables["fig2a_identifiability"])
     )
-    probes = int(_first(est, "probes", -1))
-    err = _first(est, "median_rel_stderr_own", float("nan"))
+    probes = int(first_value(est, "probes", -1))
+    err = first_value(est, "median_rel_stderr_own", float("nan"))
     estimator = (
         "exact Jacobian norms"
         if probes < 0
@@ -164,9 +162,9 @@ def _sample_captions(tables: dict[str, pd.DataFrame], d_v: int) -> dict[str, str
         f"error of c_ii {err:.1%})"
     )
     hta = (
-        f"{_first(est, 'n_sequences')} sequences of {_first(est, 'min_length')}–{_first(est, 'max_length')} tokens "
-        f"({_first(est, 'n_tokens')} tokens per layer); {estimator}; error bars and bands: 95% bootstrap "
-        f"intervals over sequences ({_first(est, 'bootstrap_resamples')} resamples, seeded)."
+        f"{first_value(est, 'n_sequences')} sequences of {first_value(est, 'min_length')}–{first_value(est, 'max_length')} tokens "
+        f"({first_value(est, 'n_tokens')} tokens per layer); {estimator}; error bars and bands: 95% bootstrap "
+        f"intervals over sequences ({first_value(est, 'bootstrap_resamples')} resamples, seeded)."
     )
     return {"attention": att, "tokens": tok, "attribution": hta}
 
@@ -245,9 +243,10 @@ def _sections(
             "the rate falls with depth yet stays high (paper Fig. 2).",
             "Rate: share of test tokens (held-out sequences) whose nearest input embedding, among the sequence's "
             "own, is their own; bands are 95% intervals; the dotted grey line is a probe fitted on shuffled "
-            "targets, which should sit at chance. Every learned probe is trained to convergence by the protocol "
-            "in Methods; its convergence record (steps, why it stopped, final training and validation loss) is "
-            "in the table below and its loss curve in tables/fig2a_fits.csv. Fig. 2b: a linear cosine probe "
+            "targets, which should sit at chance. How each probe was fitted and what stopped it is in the "
+            "caption (computed from the table below, which gives every fit's optimiser, steps, stop reason, "
+            "final training and validation loss and whether it finished) and in Methods; every loss curve is "
+            "in tables/fig2a_fits.csv. Fig. 2b: a linear cosine probe "
             "trained on one layer, tested on every layer, fitted two ways (converged, and the closed-form "
             "least-squares start) because the transfer depends on the fitting regime.",
             [
@@ -275,36 +274,9 @@ def _sections(
             [
                 claims.cosine_beats_l2(fig2),
                 claims.identifiable_at_depth(fig2, tables["fig2a_control"]),
-                claims.cross_layer(tables["fig2b_cross_layer"]),
+                claims.cross_layer(tables["fig2b_cross_layer"], fig2),
             ],
-            [
-                (
-                    "fig2a_identifiability (rates and convergence record)",
-                    fig2[
-                        [
-                            c
-                            for c in (
-                                "layer",
-                                "probe",
-                                "objective",
-                                "rate",
-                                "ci_low",
-                                "ci_high",
-                                "steps",
-                                "stopped",
-                                "lr",
-                                "weight_decay",
-                                "ridge",
-                                "train_loss",
-                                "val_loss",
-                                "late_gain",
-                            )
-                            if c in fig2
-                        ]
-                    ],
-                ),
-                ("fig2a_grid (hyperparameters tried on validation)", tables["fig2a_grid"]),
-            ],
+            tokens_section.tables(fig2, tables["fig2a_grid"], tables["fig2b_cross_layer"]),
         ),
         Section(
             "attribution",
@@ -361,7 +333,9 @@ def _sections(
             ],
             [
                 claims.neighbours_spread(tables["fig4a_neighbour_groups"]),
-                claims.peak_at_neighbours(tables["fig4b_relative_position"]),
+                claims.peak_at_neighbours(
+                    tables["fig4b_relative_position"], tables["fig34_trends"]
+                ),
             ],
             [
                 (
@@ -446,112 +420,39 @@ def _beyond(tables: dict[str, pd.DataFrame], name: str, fig: Any) -> list[Sectio
     return out
 
 
-def _methods(tables: dict[str, pd.DataFrame], settings: dict[str, Any], d_v: int, d: int) -> Markup:
-    """The Methods section: splits, probe fitting, sample sizes, estimator, deviations."""
-    split, proto, est = tables["fig2_split"], tables["fig2_protocol"], tables["fig34_estimator"]
-    fig2 = tables["fig2a_identifiability"]
-    budget = settings.get("budget", {})
-    p = {c: _first(proto, c) for c in proto.columns} if len(proto) else {}
-    capped = int((fig2["stopped"] == "max steps").sum()) if "stopped" in fig2 else 0
-    worst_gain = (
-        float(fig2["late_gain"].max()) if "late_gain" in fig2 and len(fig2) else float("nan")
-    )
-    items = [
-        (
-            "Data",
-            f"Corpus {settings.get('corpus', {}).get('name', '?')}, formatted as [CLS] a [SEP] b [SEP] pairs of "
-            f"at most {budget.get('max_tokens', '?')} tokens, shuffled under seed {settings.get('seed', '?')}. "
-            f"Fig. 1 uses the first {budget.get('attention_sequences', '?')} pairs.",
-        ),
-        (
-            "Split (Fig. 2)",
-            f"{_first(split, 'n_tokens')} tokens of {_first(split, 'n_sequences')} sequences (cap "
-            f"{_first(split, 'token_cap')} tokens, raised to what the split needs for the model's width), split "
-            f"by sequence, never by token: train {_first(split, 'train_sequences')} sequences / "
-            f"{_first(split, 'train_tokens')} tokens, validation {_first(split, 'val_sequences')} / "
-            f"{_first(split, 'val_tokens')}, test {_first(split, 'test_sequences')} / {_first(split, 'test_tokens')}. "
-            "Every fitting choice uses the validation sequences; rates are measured on the test sequences only.",
-        ),
-        (
-            "Probe fitting (Fig. 2)",
-            "Linear-L2: ridge least squares in closed form (the exact minimiser), ridge chosen from "
-            f"{p.get('ridge_grid', '?')} (× mean eigenvalue of the centred Gram matrix) by validation loss. "
-            "Linear-cos: the closed-form fit to unit-normalised targets (ridge chosen likewise), then minibatch "
-            "Adam on 1 − cos. MLP: the paper's plain network with one hidden ReLU layer of width "
-            f"{p.get('mlp_width', '?')}, from a random start, minibatch Adam (batch {p.get('batch_size', '?')}). "
-            f"Adam learning rate from {p.get('lr_grid', '?')} and decoupled weight decay from "
-            f"{p.get('weight_decay_grid', '?')}: every pair trains {p.get('select_steps', '?')} steps from the same "
-            "start on the same minibatches at the deepest layer, the pair with the lowest validation loss is used "
-            "at every layer. Early stopping: validation loss every "
-            f"{p.get('eval_every', '?')} steps, stop after {p.get('patience', '?')} checks without a relative "
-            f"improvement of 1e-4, keep the best state; cap {p.get('max_steps', '?')} steps. "
-            f"In this run {capped} fit(s) hit the cap; the largest fall of the best validation loss over the "
-            f"second half of any fit is {worst_gain:.2%} (tests check on synthetic data that doubling the "
-            "steps lowers validation loss by at most 1%). The shuffled-target control uses closed-form linear "
-            "fits.",
-        ),
-        (
-            "Fig. 2b regimes",
-            "Converged: the Fig. 2a linear-cos probe. Closed form: least squares to unit-normalised targets with "
-            "the smallest ridge of the grid and no refinement. Both are shown because the transfer across layers "
-            "depends on the fitting regime; the verdict reports each.",
-        ),
-        (
-            "Attribution (Figs. 3-4)",
-            f"{_first(est, 'n_sequences')} pairs of {_first(est, 'min_length')}–{_first(est, 'max_length')} tokens "
-            f"(the first pairs of the corpus in the range {budget.get('attribution_min_tokens', '?')}–"
-            f"{budget.get('attribution_max_tokens', '?')} tokens); "
-            + (
-                "exact Jacobian norms."
-                if int(_first(est, "probes", -1)) < 0
-                else f"unbiased estimator of the squared Frobenius norms with {_first(est, 'probes')} random "
-                f"orthonormal probes per input token, median relative standard error of c_ii "
-                f"{_first(est, 'median_rel_stderr_own', float('nan')):.1%} (delta method). "
-            )
-            + f"Intervals: {_first(est, 'bootstrap_resamples')} bootstrap resamples of the sequences (seeded), "
-            "percentile 95% intervals.",
-        ),
-        (
-            "Deviations from the paper",
-            f"Model: {settings.get('model', '?')} instead of BERT-base (head width d_v = {d_v} instead of 64). "
-            "Sample sizes are the budget's (above), smaller than the paper's. The paper states neither the MLP "
-            "width nor its training schedule nor the normalisation of Fig. 4a; ours are given here. Fig. 2a's "
-            "quick-budget probes choose Adam hyperparameters once, on the deepest layer, to fit the time budget "
-            "(the protocol allows a choice per layer). Figs. 3-4 use the estimator where the paper's exact "
-            "computation is too slow for the budget."
-            + (
-                f" The budget narrows the MLP to {p.get('mlp_width')} hidden units, below the model's width "
-                f"d = {d} (the package default is 512), to keep probes trained to convergence within its time."
-                if str(p.get("mlp_width", "")).isdigit() and int(p["mlp_width"]) < d
-                else ""
-            ),
-        ),
-    ]
-    return h(
-        "section",
-        h("h2", "Methods"),
-        h("dl", [(h("dt", k), h("dd", v)) for k, v in items]),
-        h(
-            "details",
-            h("summary", "table fig2_protocol (probe settings)"),
-            table_html(proto, max_rows=4),
-        ),
-        id="methods",
-    )
+PIPELINE_CHECK = (
+    "Pipeline check: this budget only proves that every stage runs end to end. Its samples are far "
+    "too small for findings, so no claim is tested here: the sentences below show what the rules "
+    "computed, not what the model does. Run the quick or paper budget for findings."
+)
 
 
-def _badge(status: str) -> Markup:
+def pipeline_check(settings: dict[str, Any]) -> bool:
+    """Whether the run's budget is a pipeline check (smoke), whose verdicts are no findings."""
+    return bool(settings.get("budget", {}).get("pipeline_check", False))
+
+
+def headline(summary: dict[str, Any]) -> str:
+    """The one-line result: the claim count, or for a pipeline check that it is one."""
+    if summary.get("pipeline_check"):
+        return "pipeline check (no claim tested: the budget's samples are too small for findings)"
+    return f"{summary['supported']} of {summary['claims_tested']} tested claims supported"
+
+
+def _badge(status: str, check: bool = False) -> Markup:
+    if check:
+        return h("span", "pipeline check", class_="badge mixed")
     cls = {"supported": "ok", "not supported": "no"}.get(status, "mixed")
     return h("span", status, class_=f"badge {cls}")
 
 
-def _render_section(s: Section) -> Markup:
+def _render_section(s: Section, check: bool = False) -> Markup:
     return h(
         "section",
         h("h2", s.title),
         h("p", h("strong", "Claim. "), s.claim, class_="claim"),
         [
-            h("p", _badge(v.status), " ", v.sentence, class_="verdict", data_claim=v.key)
+            h("p", _badge(v.status, check), " ", v.sentence, class_="verdict", data_claim=v.key)
             for v in s.verdicts
         ],
         [
@@ -588,6 +489,7 @@ def write_report(
     ]
     info = model.info
     verdicts = [v for s in sections for v in s.verdicts]
+    check = pipeline_check(settings)
     summary = {
         "title": "Reproduction of Brunner et al., On Identifiability in Transformers (ICLR 2020)",
         "model": {
@@ -604,21 +506,23 @@ def write_report(
         "claims": {
             v.key: {"status": v.status, "sentence": v.sentence, **v.numbers} for v in verdicts
         },
-        "supported": sum(v.status == "supported" for v in verdicts),
-        "claims_tested": sum(v.status != "not tested" for v in verdicts),
+        "pipeline_check": check,
+        "supported": None if check else sum(v.status == "supported" for v in verdicts),
+        "claims_tested": None if check else sum(v.status != "not tested" for v in verdicts),
         "paper_reference": PAPER_LABEL,
         "output_change": claims.output_change(tables["fig1_output_change"], info.head_dim)
         if not tables["fig1_output_change"].empty
         else {},
         "tables": sorted(tables),
     }
+    summary["headline"] = headline(summary)
     files.append(
         atomic_write_text(
             out / "summary.json",
             json.dumps(summary, indent=2, default=_json_default, allow_nan=True),
         )
     )
-    methods = _methods(tables, settings, info.head_dim, info.hidden_size)
+    methods = methods_section(tables, settings, info.head_dim, info.hidden_size)
     files.append(
         atomic_write_text(out / "index.html", render_index(model, sections, summary, methods))
     )
@@ -637,14 +541,15 @@ def render_index(
     info = model.info
     settings = summary["settings"]
     budget = settings["budget"]
+    check = bool(summary.get("pipeline_check"))
     overview = h(
         "table",
-        h("tr", h("th", "claim"), h("th", "our run")),
+        h("tr", h("th", "claim"), h("th", "pipeline check" if check else "our run")),
         [
             h(
                 "tr",
                 h("td", h("a", s.title, href=f"#{s.key}")),
-                h("td", [_badge(v.status) for v in s.verdicts]),
+                h("td", [_badge(v.status, check) for v in s.verdicts]),
             )
             for s in sections
         ],
@@ -671,17 +576,15 @@ def render_index(
                 class_="note",
             ),
             h("p", EFFECTIVE_NOTE, class_="warning"),
+            h("p", PIPELINE_CHECK, class_="warning") if check else [],
         ),
         h(
             "section",
             h("h2", "Summary"),
-            h(
-                "p",
-                f"{summary['supported']} of {summary['claims_tested']} tested claims supported.",
-            ),
+            h("p", headline(summary).capitalize() + "."),
             overview,
         ),
-        [_render_section(s) for s in sections],
+        [_render_section(s, check) for s in sections],
         methods if methods is not None else [],
         h(
             "section",

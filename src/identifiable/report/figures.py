@@ -167,7 +167,8 @@ def _target_label(target: str) -> str:
 def fig2a_identifiability(rates: pd.DataFrame, n_layers: int, model: str) -> Figure:
     """Token identifiability rate per layer for each probe and objective, with 95% intervals.
 
-    rates: columns layer, probe, objective, rate, ci_low, ci_high (probe 'shuffled' = control).
+    rates: columns layer, probe, objective, rate, ci_low, ci_high (probe 'shuffled' = control),
+    optionally converged and fit_failure (marked: see `_mark_fits`).
     """
     fig, (ax, ax_paper) = _figure(2)
     for (probe, objective), (colour, ls) in PROBE_STYLES.items():
@@ -180,6 +181,7 @@ def fig2a_identifiability(rates: pd.DataFrame, n_layers: int, model: str) -> Fig
             t["layer"], t["rate"], ls, color=colour, marker="o", ms=3, label=f"{probe}, {objective}"
         )
         ax.fill_between(t["layer"], t["ci_low"], t["ci_high"], color=colour, alpha=0.12, lw=0)
+        _mark_fits(ax, t, colour)
     control = rates[rates["probe"] == "shuffled"].groupby("layer")["rate"].mean()
     if not control.empty:
         ax.plot(
@@ -187,7 +189,9 @@ def fig2a_identifiability(rates: pd.DataFrame, n_layers: int, model: str) -> Fig
         )
     ax.set(ylabel="identifiability rate", ylim=(-0.02, 1.02), title=f"our run: {model}")
     _layer_axis(ax, n_layers)
-    ax.legend(fontsize=7, ncol=2)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))  # the fit marks once each
+    ax.legend(unique.values(), unique.keys(), fontsize=7, ncol=2)
     ref = paper_reference()["fig2a_identifiability_rate_by_layer"]
     for key_pair, key in PAPER_PROBE_KEYS.items():
         colour, ls = PROBE_STYLES[key_pair]
@@ -198,6 +202,20 @@ def fig2a_identifiability(rates: pd.DataFrame, n_layers: int, model: str) -> Fig
     _paper_title(ax_paper, "Fig. 2a")
     ax_paper.legend(fontsize=7, ncol=2)
     return fig
+
+
+def _mark_fits(ax: Axes, t: pd.DataFrame, colour: str) -> None:
+    """Cross: a fit stopped by its cap while still improving; open circle: an MLP below the
+    naive probe (a fitting failure). The verdicts leave both out."""
+    if "converged" in t:
+        bad = t[~t["converged"].astype(bool)]
+        ax.scatter(bad["layer"], bad["rate"], marker="x", s=60, color=colour, zorder=5,
+                   label="unfinished fit (capped while improving)" if len(bad) else None)  # fmt: skip
+    if "fit_failure" in t:
+        bad = t[t["fit_failure"].astype(bool)]
+        ax.scatter(bad["layer"], bad["rate"], marker="o", s=70, facecolors="none",
+                   edgecolors=colour, zorder=5,
+                   label="fitting failure (MLP below naive)" if len(bad) else None)  # fmt: skip
 
 
 def fig2b_cross_layer(cross: pd.DataFrame, n_layers: int, model: str) -> Figure:

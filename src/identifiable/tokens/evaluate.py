@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 import pandas as pd
 import torch
@@ -157,18 +157,31 @@ class Evaluation:
     grid: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
-def _adam_kinds(kinds: Sequence[Kind], cfg: ProbeConfig) -> list[Kind]:
-    """The kinds fitted with Adam (their learning rate and weight decay are chosen on validation)."""
-    return [
-        k
-        for k in kinds
-        if k[0] == "mlp"
-        or (k == ("linear", "l2") and not cfg.linear_l2_closed_form)
-        or (k == ("linear", "cos") and cfg.cos_optimizer == "adam" and cfg.cos_steps > 0)
-    ]
+@dataclass(frozen=True)
+class EvaluationPlan:
+    """What one evaluation runs, checked once (`plan_evaluation`); see `evaluate_pairs`."""
+
+    kinds: tuple[Kind, ...]
+    candidates: Candidates
+    layers: tuple[int, ...]
+    cross_layer: tuple[Kind, ...]
+    regimes: tuple[Regime, ...]
+    controls: tuple[Kind, ...]
+    seed: int
+    test_fraction: float
+    val_fraction: float
+    config: ProbeConfig
+    select_layer: int
+    test_layers: tuple[int, ...]
+    record_selection: bool
+
+    def adam_kinds(self) -> list[Kind]:
+        """The kinds fitted with Adam (their learning rate and weight decay are chosen on
+        validation): the MLPs."""
+        return [k for k in self.kinds if k[0] == "mlp"]
 
 
-def evaluate_pairs(
+def plan_evaluation(
     pairs: TokenPairs,
     *,
     probes: Sequence[str] = PROBE_KINDS,
@@ -183,46 +196,11 @@ def evaluate_pairs(
     val_fraction: float = 0.1,
     probe_config: ProbeConfig | None = None,
     vocab_embeddings: torch.Tensor | None = None,
-    on_layer: Callable[[int], None] | None = None,
     select_layer: int | None = None,
     test_layers: Sequence[int] | None = None,
     record_selection: bool = True,
-) -> Evaluation:
-    """Identifiability rate per layer for every probe kind × objective, control, cross-layer matrix.
-
-    Args:
-        pairs: extracted hidden states (`[N, L+1, d]`).
-        probes, objectives: the probe kinds and objectives; every combination is fitted.
-        candidates: "sequence", "corpus" or "vocabulary" (needs `vocab_embeddings` `[V, d']`).
-        layers: hidden-state indices to probe (0..L, 0 = e^0); default 1..L.
-        cross_layer: (kind, objective) pairs whose probe of layer l is also tested on every layer.
-        cross_layer_regimes: how the cross-layer linear-cos probe is fitted (Fig. 2b's
-            sensitivity): "converged" is the Fig. 2a probe (ridge chosen on validation,
-            Gauss–Newton to early stopping); "closed form" is the least-squares fit to
-            unit-normalised targets with the smallest ridge of the grid and no refinement.
-        controls: (kind, objective) pairs refitted on shuffled targets (should sit at chance).
-        seed: seeds the split, subsampling, initialisation and the shuffles.
-        test_fraction, val_fraction: shares of sequences held out (see `split_by_sequence`).
-        probe_config: training settings of the probes.
-        on_layer: called after each layer (progress).
-        select_layer: the layer whose validation split chooses the Adam learning rate and
-            weight decay (default: the deepest of `layers`).
-        test_layers: the layers every cross-layer probe is tested on (default: `layers`).
-        record_selection: list the selection's grid in `grid`. With these three a run over
-            one layer at a time (the reproduction's shards: `layers=[l]`,
-            `select_layer=L`, `test_layers=1..L`, the selection recorded once) gives exactly
-            the rows of one run over all layers, in the same order.
-
-    Returns:
-        An `Evaluation` with long-format DataFrames:
-        per_layer (layer, probe, objective, rate, ci_low, ci_high, rate_strict, n_tokens,
-        n_tied, chance, steps, stopped, ridge, lr, weight_decay, train_loss, val_loss_start,
-        val_loss, late_gain), control (same columns), cross_layer (regime, probe, objective,
-        train_layer, test_layer, rate, ci_low, ci_high, rate_strict, n_tokens, n_tied,
-        chance), fits (layer, probe, objective, step, train_loss, val_loss: every fit's
-        loss curve) and grid (layer, probe, objective, ridge, lr, weight_decay, val_loss,
-        chosen: every hyperparameter setting tried on validation).
-    """
+) -> EvaluationPlan:
+    """Check the options of `evaluate_pairs` (one-line `IdentifiableError`s) and fix them."""
     if candidates not in CANDIDATES:
         raise IdentifiableError(
             f"unknown candidates '{candidates}': choose from {', '.join(CANDIDATES)}"
@@ -235,53 +213,48 @@ def evaluate_pairs(
             f"unknown cross-layer regime '{bad_regimes[0]}': choose from {', '.join(REGIMES)}"
         )
     kinds = _kinds(probes, objectives)
-    cfg = probe_config or ProbeConfig()
-    # The control only has to show chance level: closed-form linear fits, no refinement.
-    control_cfg = replace(cfg, cos_steps=0)
-    # Fig. 2b's second regime: least squares to unit targets, smallest ridge, no refinement.
-    closed_cfg = replace(cfg, cos_steps=0, ridge=min(cfg.ridge_grid))
-    cross_layer = [(str(k), str(o)) for k, o in cross_layer]  # type: ignore[misc]
-    controls = _kinds_list(controls)
-    vocab = vocab_embeddings.float() if vocab_embeddings is not None else None
-    if vocab is not None and candidates == "vocabulary" and vocab.shape[1] != pairs.hidden_size:
+    if (
+        vocab_embeddings is not None
+        and candidates == "vocabulary"
+        and vocab_embeddings.shape[1] != pairs.hidden_size
+    ):
         kinds = [k for k in kinds if k[0] != "naive"]  # identity cannot map d to d'
     layer_list = check_layers(layers, pairs.n_layers)
-    needs_solver = bool(controls) or any(k != "naive" for k, _ in kinds)
-    split = split_by_sequence(
-        pairs.seq_ids,
+    tested = layer_list if test_layers is None else check_layers(test_layers, pairs.n_layers)
+    return EvaluationPlan(
+        kinds=tuple(kinds),
+        candidates=candidates,
+        layers=tuple(layer_list),
+        cross_layer=tuple(_kinds_list(cross_layer)),
+        regimes=tuple(cross_layer_regimes),  # type: ignore[arg-type]
+        controls=tuple(_kinds_list(controls)),
+        seed=seed,
         test_fraction=test_fraction,
         val_fraction=val_fraction,
-        seed=seed,
-        min_tokens=min_tokens_for(pairs.hidden_size),
+        config=probe_config or ProbeConfig(),
+        select_layer=layer_list[-1] if select_layer is None else int(select_layer),
+        test_layers=tuple(tested),
+        record_selection=record_selection,
     )
 
-    def targets(rows: torch.Tensor) -> torch.Tensor:
-        if candidates == "vocabulary":
-            assert vocab is not None
-            return vocab[pairs.input_ids[rows]]
-        return pairs.layer(0, rows)
 
-    y_tr, y_val, y_te = targets(split.train), targets(split.val), targets(split.test)
-    lookup = _build_lookup(
-        candidates, y_te, pairs.seq_ids[split.test], pairs.input_ids[split.test], vocab
-    )
-    x_test_all = pairs.states[split.test].float()  # [N_test, L+1, d]
-    gen = torch.Generator().manual_seed(seed)
-    shuffled_tr = y_tr[torch.randperm(y_tr.shape[0], generator=gen)]
-    shuffled_val = y_val[torch.randperm(y_val.shape[0], generator=gen)]
-    rows: list[dict] = []
-    control_rows: list[dict] = []
-    curve_rows: list[dict] = []
-    grid_rows: list[dict] = []
-    kept: dict[tuple[str, Kind, int], Probe] = {}
+@dataclass
+class _Tables:
+    """Rows gathered over the layers of one evaluation."""
 
-    def record_grid(layer: int, kind: str, obj: str, fit: FitInfo) -> None:
+    rows: list[dict] = field(default_factory=list)
+    control: list[dict] = field(default_factory=list)
+    curves: list[dict] = field(default_factory=list)
+    grid: list[dict] = field(default_factory=list)
+    kept: dict[tuple[str, Kind, int], Probe] = field(default_factory=dict)
+
+    def record_grid(self, layer: int, kind: Kind, fit: FitInfo) -> None:
         for hp, loss in fit.grid:
-            grid_rows.append(
+            self.grid.append(
                 {
                     "layer": layer,
-                    "probe": kind,
-                    "objective": obj,
+                    "probe": kind[0],
+                    "objective": kind[1],
                     "ridge": hp.get("ridge", float("nan")),
                     "lr": hp.get("lr", float("nan")),
                     "weight_decay": hp.get("weight_decay", float("nan")),
@@ -290,107 +263,165 @@ def evaluate_pairs(
                 }
             )
 
+    def record_curve(self, layer: int, kind: Kind, fit: FitInfo) -> None:
+        self.curves += [
+            {
+                "layer": layer,
+                "probe": kind[0],
+                "objective": kind[1],
+                "step": step,
+                "train_loss": train,
+                "val_loss": val,
+            }
+            for step, train, val in fit.curve
+        ]
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What every layer shares: the split, targets, candidates, controls' targets, Adam settings."""
+
+    split: SequenceSplit
+    y_tr: torch.Tensor  # [N_train, d']
+    y_val: torch.Tensor  # [N_val, d']
+    lookup: _Lookup
+    x_test: torch.Tensor  # [N_test, L+1, d]
+    shuffled_tr: torch.Tensor  # [N_train, d']
+    shuffled_val: torch.Tensor  # [N_val, d']
+    adam: dict[Kind, ProbeConfig]
+
+
+def _setup(
+    pairs: TokenPairs, plan: EvaluationPlan, vocab: torch.Tensor | None, tables: _Tables
+) -> _Setup:
+    split = split_by_sequence(
+        pairs.seq_ids,
+        test_fraction=plan.test_fraction,
+        val_fraction=plan.val_fraction,
+        seed=plan.seed,
+        min_tokens=min_tokens_for(pairs.hidden_size),
+    )
+
+    def targets(rows: torch.Tensor) -> torch.Tensor:
+        if plan.candidates == "vocabulary":
+            assert vocab is not None
+            return vocab[pairs.input_ids[rows]]
+        return pairs.layer(0, rows)
+
+    y_tr, y_val, y_te = targets(split.train), targets(split.val), targets(split.test)
+    lookup = _build_lookup(
+        plan.candidates, y_te, pairs.seq_ids[split.test], pairs.input_ids[split.test], vocab
+    )
+    gen = torch.Generator().manual_seed(plan.seed)
+    shuffled_tr = y_tr[torch.randperm(y_tr.shape[0], generator=gen)]
+    shuffled_val = y_val[torch.randperm(y_val.shape[0], generator=gen)]
+    cfg = plan.config
+    adam: dict[Kind, ProbeConfig] = {}
     # Adam hyperparameters: chosen on validation, once on the deepest layer (or per layer).
-    adam = _adam_kinds(kinds, cfg)
-    adam_cfg: dict[Kind, ProbeConfig] = {}
-    if adam and not cfg.select_per_layer and len(cfg.adam_grid()) > 1:
-        deepest = layer_list[-1] if select_layer is None else int(select_layer)
+    if plan.adam_kinds() and not cfg.select_per_layer and len(cfg.adam_grid()) > 1:
+        deepest = plan.select_layer
         x_sel, x_sel_val = pairs.layer(deepest, split.train), pairs.layer(deepest, split.val)
-        for kind in adam:
-            sel = select_adam(x_sel, y_tr, x_sel_val, y_val, kind, config=cfg, seed=seed + 17)
-            if record_selection:
-                record_grid(deepest, kind[0], kind[1], sel)
-            adam_cfg[kind] = replace(
-                cfg, lr=sel.extras["lr"], weight_decay=sel.extras["weight_decay"]
-            )
+        for kind in plan.adam_kinds():
+            sel = select_adam(x_sel, y_tr, x_sel_val, y_val, kind, config=cfg, seed=plan.seed + 17)
+            if plan.record_selection:
+                tables.record_grid(deepest, kind, sel)
+            adam[kind] = replace(cfg, lr=sel.extras["lr"], weight_decay=sel.extras["weight_decay"])
+    x_test = pairs.states[split.test].float()
+    return _Setup(split, y_tr, y_val, lookup, x_test, shuffled_tr, shuffled_val, adam)
 
-    def measure(layer: int, kind: str, obj: Objective, fit: FitInfo, x_te: torch.Tensor) -> dict:
-        with torch.no_grad():
-            summary = _summary(lookup.run(fit.probe(x_te), obj))
-        return {
-            "layer": layer,
-            "probe": kind,
-            "objective": obj,
-            **summary,
-            "steps": fit.steps,
-            "stopped": fit.stopped,
-            "ridge": fit.extras.get("ridge", float("nan")),
-            "lr": fit.extras.get("lr", float("nan")),
-            "weight_decay": fit.extras.get("weight_decay", float("nan")),
-            "train_loss": fit.train_loss,
-            "val_loss_start": fit.val_loss_start,
-            "val_loss": fit.val_loss,
-            "late_gain": fit.late_gain(),
-        }
 
-    for layer in layer_list:
-        x_tr, x_val = pairs.layer(layer, split.train), pairs.layer(layer, split.val)
-        x_te = x_test_all[:, layer]
-        layer_seed = derived_layer_seed(seed, layer)  # in 0..2**63-1 for any --seed
-        # Factorised once per layer, shared by the probes and the control.
-        solver = RidgeSolver(x_tr) if needs_solver else None
-        plain = [k for k in kinds if k not in adam_cfg]
-        fits = fit_probes(
-            x_tr, y_tr, x_val, y_val, plain, config=cfg, seed=layer_seed, solver=solver
+def _measure(
+    setup: _Setup, layer: int, kind: Kind, fit: FitInfo, x_te: torch.Tensor
+) -> dict[str, Any]:
+    with torch.no_grad():
+        summary = _summary(setup.lookup.run(fit.probe(x_te), kind[1]))
+    return {
+        "layer": layer,
+        "probe": kind[0],
+        "objective": kind[1],
+        **summary,
+        "optimizer": fit.optimizer,
+        "mlp_width": fit.width,
+        "steps": fit.steps,
+        "stopped": fit.stopped,
+        "converged": fit.converged(),
+        "fit_failure": False,
+        "ridge": fit.extras.get("ridge", float("nan")),
+        "lr": fit.extras.get("lr", float("nan")),
+        "weight_decay": fit.extras.get("weight_decay", float("nan")),
+        "lr_decays": fit.extras.get("lr_decays", float("nan")),
+        "train_loss": fit.train_loss,
+        "val_loss_start": fit.val_loss_start,
+        "val_loss": fit.val_loss,
+        "late_gain": fit.late_gain(),
+    }
+
+
+def _flag_failures(rows: list[dict]) -> None:
+    """An MLP that identifies fewer test tokens than the naive (identity) probe of the same
+    layer and objective has not been fitted: it is marked `fit_failure` (not a finding)."""
+    naive = {r["objective"]: r["rate"] for r in rows if r["probe"] == "naive"}
+    for r in rows:
+        if r["probe"] == "mlp" and r["objective"] in naive:
+            r["fit_failure"] = bool(r["rate"] < naive[r["objective"]])
+
+
+def evaluate_layer(
+    pairs: TokenPairs, plan: EvaluationPlan, setup: _Setup, layer: int, tables: _Tables
+) -> None:
+    """Fit every probe of one layer, measure it on test, run the control; rows into `tables`."""
+    split, cfg = setup.split, plan.config
+    x_tr, x_val = pairs.layer(layer, split.train), pairs.layer(layer, split.val)
+    x_te = setup.x_test[:, layer]
+    layer_seed = derived_layer_seed(plan.seed, layer)  # in 0..2**63-1 for any --seed
+    # Factorised once per layer, shared by the probes and the control.
+    needs_solver = bool(plan.controls) or any(k != "naive" for k, _ in plan.kinds)
+    solver = RidgeSolver(x_tr) if needs_solver else None
+    y_tr, y_val = setup.y_tr, setup.y_val
+    plain = [k for k in plan.kinds if k not in setup.adam]
+    fits = fit_probes(x_tr, y_tr, x_val, y_val, plain, config=cfg, seed=layer_seed, solver=solver)
+    for kind, kcfg in setup.adam.items():
+        fits |= fit_probes(
+            x_tr, y_tr, x_val, y_val, [kind], config=kcfg, seed=layer_seed, solver=solver
         )
-        for kind, kcfg in adam_cfg.items():
-            fits |= fit_probes(
-                x_tr, y_tr, x_val, y_val, [kind], config=kcfg, seed=layer_seed, solver=solver
-            )
-        for kind, obj in kinds:
-            fit = fits[(kind, obj)]
-            rows.append(measure(layer, kind, obj, fit, x_te))
-            if kind != "naive":
-                curve_rows += [
-                    {
-                        "layer": layer,
-                        "probe": kind,
-                        "objective": obj,
-                        "step": step,
-                        "train_loss": train,
-                        "val_loss": val,
-                    }
-                    for step, train, val in fit.curve
-                ]
-                if (kind, obj) not in adam_cfg:
-                    record_grid(layer, kind, obj, fit)
-            if (kind, obj) in cross_layer and "converged" in cross_layer_regimes:
-                kept[("converged", (kind, obj), layer)] = fit.probe
-        if "closed form" in cross_layer_regimes:
-            for kind, obj in cross_layer:
-                if kind == "linear":
-                    closed = fit_probes(
-                        x_tr,
-                        y_tr,
-                        x_val,
-                        y_val,
-                        [(kind, obj)],
-                        config=closed_cfg,
-                        seed=layer_seed,
-                        solver=solver,
-                    )
-                    kept[("closed form", (kind, obj), layer)] = closed[(kind, obj)].probe
-        if controls:
-            ctrl = fit_probes(
-                x_tr,
-                shuffled_tr,
-                x_val,
-                shuffled_val,
-                controls,
-                config=control_cfg,
-                seed=layer_seed + 1,
-                solver=solver,
-            )
-            control_rows += [measure(layer, k, o, fit, x_te) for (k, o), fit in ctrl.items()]
-        if on_layer is not None:
-            on_layer(layer)
-    cross_rows = []
-    tested = layer_list if test_layers is None else check_layers(test_layers, pairs.n_layers)
-    for (regime, (kind, obj), train_layer), probe in kept.items():
-        for test_layer in tested:
+    rows = [_measure(setup, layer, kind, fits[kind], x_te) for kind in plan.kinds]
+    _flag_failures(rows)
+    tables.rows += rows
+    for kind in plan.kinds:
+        fit = fits[kind]
+        if kind[0] != "naive":
+            tables.record_curve(layer, kind, fit)
+            if kind not in setup.adam:
+                tables.record_grid(layer, kind, fit)
+        if kind in plan.cross_layer and "converged" in plan.regimes:
+            tables.kept[("converged", kind, layer)] = fit.probe
+    if "closed form" in plan.regimes:
+        # Fig. 2b's second regime: least squares to unit targets, smallest ridge, no refinement.
+        closed_cfg = replace(cfg, cos_steps=0, ridge=min(cfg.ridge_grid))
+        for kind in plan.cross_layer:
+            if kind[0] == "linear":
+                closed = fit_probes(
+                    x_tr, y_tr, x_val, y_val, [kind], config=closed_cfg, seed=layer_seed,
+                    solver=solver,
+                )  # fmt: skip
+                tables.kept[("closed form", kind, layer)] = closed[kind].probe
+    if plan.controls:
+        # The control only has to show chance level: closed-form linear fits, no refinement.
+        ctrl = fit_probes(
+            x_tr, setup.shuffled_tr, x_val, setup.shuffled_val, list(plan.controls),
+            config=replace(cfg, cos_steps=0), seed=layer_seed + 1, solver=solver,
+        )  # fmt: skip
+        tables.control += [_measure(setup, layer, k, fit, x_te) for k, fit in ctrl.items()]
+
+
+def _cross_rows(plan: EvaluationPlan, setup: _Setup, tables: _Tables) -> list[dict]:
+    """Every kept probe (regime, kind, training layer) tested on every test layer."""
+    out = []
+    for (regime, (kind, obj), train_layer), probe in tables.kept.items():
+        for test_layer in plan.test_layers:
             with torch.no_grad():
-                summary = _summary(lookup.run(probe(x_test_all[:, test_layer]), obj))
-            cross_rows.append(
+                summary = _summary(setup.lookup.run(probe(setup.x_test[:, test_layer]), obj))
+            out.append(
                 {
                     "regime": regime,
                     "probe": kind,
@@ -400,25 +431,71 @@ def evaluate_pairs(
                     **summary,
                 }
             )
+    return out
+
+
+CURVE_COLUMNS = ["layer", "probe", "objective", "step", "train_loss", "val_loss"]
+GRID_COLUMNS = ["layer", "probe", "objective", "ridge", "lr", "weight_decay", "val_loss", "chosen"]
+
+
+def evaluate_pairs(
+    pairs: TokenPairs,
+    *,
+    on_layer: Callable[[int], None] | None = None,
+    **options: Any,
+) -> Evaluation:
+    """Identifiability rate per layer for every probe kind × objective, control, cross-layer matrix.
+
+    Args:
+        pairs: extracted hidden states (`[N, L+1, d]`).
+        on_layer: called after each layer (progress).
+        options: the keyword arguments of `plan_evaluation`:
+            probes, objectives: the probe kinds and objectives; every combination is fitted.
+            candidates: "sequence", "corpus" or "vocabulary" (needs `vocab_embeddings`
+            `[V, d']`). layers: hidden-state indices to probe (0..L, 0 = e^0); default 1..L.
+            cross_layer: (kind, objective) pairs whose probe of layer l is also tested on
+            every layer. cross_layer_regimes: how the cross-layer linear-cos probe is fitted
+            (Fig. 2b's sensitivity): "converged" is the Fig. 2a probe (L-BFGS to early
+            stopping); "closed form" is the least-squares fit to unit-normalised targets
+            with the smallest ridge of the grid and no refinement. controls: (kind,
+            objective) pairs refitted on shuffled targets (should sit at chance). seed:
+            seeds the split, subsampling, initialisation and the shuffles.
+            test_fraction, val_fraction: shares of sequences held out. probe_config:
+            training settings of the probes. select_layer: the layer whose validation split
+            chooses the Adam learning rate and weight decay (default: the deepest of
+            `layers`). test_layers: the layers every cross-layer probe is tested on
+            (default: `layers`). record_selection: list the selection's grid in `grid`.
+            With these three a run over one layer at a time (the reproduction's shards:
+            `layers=[l]`, `select_layer=L`, `test_layers=1..L`, the selection recorded
+            once) gives exactly the rows of one run over all layers, in the same order.
+
+    Returns:
+        An `Evaluation` with long-format DataFrames:
+        per_layer (layer, probe, objective, rate, ci_low, ci_high, rate_strict, n_tokens,
+        n_tied, chance, optimizer, mlp_width, steps, stopped, converged, fit_failure,
+        ridge, lr, weight_decay, lr_decays, train_loss, val_loss_start, val_loss,
+        late_gain), control (same columns), cross_layer (regime, probe, objective,
+        train_layer, test_layer, rate, ci_low, ci_high, rate_strict, n_tokens, n_tied,
+        chance), fits (layer, probe, objective, step, train_loss, val_loss: every fit's
+        loss curve) and grid (layer, probe, objective, ridge, lr, weight_decay, val_loss,
+        chosen: every hyperparameter setting tried on validation). `converged` is False for
+        a fit stopped by its step cap while its validation loss still fell by more than 1 %
+        over the second half; `fit_failure` marks an MLP below the naive probe of its layer.
+    """
+    plan = plan_evaluation(pairs, **options)
+    vocab = options.get("vocab_embeddings")
+    vocab = vocab.float() if vocab is not None else None
+    tables = _Tables()
+    setup = _setup(pairs, plan, vocab, tables)
+    for layer in plan.layers:
+        evaluate_layer(pairs, plan, setup, layer, tables)
+        if on_layer is not None:
+            on_layer(layer)
     return Evaluation(
-        per_layer=pd.DataFrame(rows),
-        cross_layer=pd.DataFrame(cross_rows),
-        control=pd.DataFrame(control_rows),
-        split=split,
-        fits=pd.DataFrame(
-            curve_rows, columns=["layer", "probe", "objective", "step", "train_loss", "val_loss"]
-        ),
-        grid=pd.DataFrame(
-            grid_rows,
-            columns=[
-                "layer",
-                "probe",
-                "objective",
-                "ridge",
-                "lr",
-                "weight_decay",
-                "val_loss",
-                "chosen",
-            ],
-        ),
+        per_layer=pd.DataFrame(tables.rows),
+        cross_layer=pd.DataFrame(_cross_rows(plan, setup, tables)),
+        control=pd.DataFrame(tables.control),
+        split=setup.split,
+        fits=pd.DataFrame(tables.curves, columns=CURVE_COLUMNS),
+        grid=pd.DataFrame(tables.grid, columns=GRID_COLUMNS),
     )

@@ -31,12 +31,18 @@ class ProbeConfig:
             of X_cᵀX_c (λ = ridge · mean eigenvalue). "auto" (default) takes the value of
             `ridge_grid` with the lowest validation loss, per layer and objective.
         ridge_grid: the ridges tried by "auto".
-        linear_l2_closed_form: False fits linear-L2 with Adam instead (for checking).
-        cos_optimizer: how linear-cos is refined from its closed-form start: "adam" (default,
-            the Adam protocol below) or "gauss-newton".
-        cos_steps: cap on the Gauss–Newton iterations (0: keep the closed-form start).
-        cos_patience: Gauss–Newton iterations without a validation improvement before stopping.
-        mlp_width: hidden width h of the MLP (one hidden ReLU layer).
+        linear_l2_closed_form: False fits linear-L2 by L-BFGS from zero instead (a check).
+        cos_steps: cap on the L-BFGS iterations that refine linear-cos from its closed-form
+            start (0: keep the start).
+        lbfgs_every: L-BFGS iterations between two validation checks.
+        lbfgs_history: L-BFGS memory (pairs of steps and gradient changes).
+        cos_patience, cos_tol: the L-BFGS fit stops when its best validation loss improved
+            by less than a relative `cos_tol` over the last `cos_patience` checks; None:
+            no early stopping (the fit runs until L-BFGS stops moving; the kept state is
+            still the best one on validation).
+        mlp_width: hidden width h of the MLP (one hidden ReLU layer); "auto" (default):
+            max(512, d) for inputs of width d, so that the network can carry the
+            near-identity maps of early layers (a narrower MLP cannot represent them).
         mlp_skip: False (default, the paper's probe): a plain one-hidden-layer MLP from a
             random start. True: affine path at the linear probe + hidden ReLU branch
             (W₂ = 0 at the start), an option for comparison.
@@ -46,15 +52,17 @@ class ProbeConfig:
             the same minibatches, and the pair with the lowest validation loss continues.
         lr, weight_decay: fix them instead of searching the grid (None: search).
         select_steps: steps each grid point trains before the choice.
-        select_per_layer: choose (lr, weight decay) at every layer; False (default, to fit
-            the quick budget) chooses once per probe kind on the deepest probed layer,
-            the hardest, and reuses the choice at every layer.
+        select_per_layer: choose (lr, weight decay) at every layer; False (default)
+            chooses once per probe kind on the deepest probed layer, the hardest, and
+            reuses the choice at every layer.
         max_steps: cap on Adam steps of one fit (the selection steps included).
         batch_size: Adam minibatch size.
         eval_every, patience: the validation loss is checked every `eval_every` Adam
-            steps; after `patience` checks without improvement (relative 1e-4) the fit
-            stops and the best state seen is kept. A fit that hits `max_steps` instead
-            is reported as stopped by the cap.
+            steps; after `patience` checks without a relative improvement of 1e-4 the
+            learning rate is multiplied by `lr_decay` (from the best state), at most
+            `lr_decays` times; the next time patience runs out the fit stops, keeping the
+            best state seen. A fit that hits `max_steps` instead is reported as stopped by
+            the cap.
         fit_tokens: cap on training tokens for the Adam fits (a random subset; None: all).
         val_tokens: cap on validation tokens used for selection and early stopping.
     """
@@ -62,22 +70,26 @@ class ProbeConfig:
     ridge: float | Literal["auto"] = "auto"
     ridge_grid: tuple[float, ...] = (1e-6, 1e-4, 1e-3, 1e-2, 0.1)
     linear_l2_closed_form: bool = True
-    cos_optimizer: Literal["adam", "gauss-newton"] = "adam"
-    cos_steps: int = 300
-    cos_patience: int = 5
-    mlp_width: int = 512
+    cos_steps: int = 500
+    lbfgs_every: int = 5
+    lbfgs_history: int = 20
+    cos_patience: int | None = 4
+    cos_tol: float = 1e-3
+    mlp_width: int | Literal["auto"] = "auto"
     mlp_skip: bool = False
     mlp_train_skip: bool = False
-    lr_grid: tuple[float, ...] = (3e-4, 1e-3, 3e-3)
+    lr_grid: tuple[float, ...] = (3e-3, 1e-2)
     weight_decay_grid: tuple[float, ...] = (0.0, 0.1)
     lr: float | None = None
     weight_decay: float | None = None
     select_steps: int = 60
     select_per_layer: bool = False
-    max_steps: int = 2000
+    max_steps: int = 6000
     batch_size: int = 256
     eval_every: int = 25
-    patience: int = 8
+    patience: int = 5
+    lr_decay: float = 0.2
+    lr_decays: int = 2
     fit_tokens: int | None = None
     val_tokens: int = 2048
 
@@ -86,6 +98,10 @@ class ProbeConfig:
         lrs = (self.lr,) if self.lr is not None else self.lr_grid
         wds = (self.weight_decay,) if self.weight_decay is not None else self.weight_decay_grid
         return [(lr, wd) for lr in lrs for wd in wds]
+
+    def width_for(self, d: int) -> int:
+        """The MLP's hidden width for inputs of width `d`."""
+        return max(512, int(d)) if self.mlp_width == "auto" else int(self.mlp_width)
 
 
 @dataclass(frozen=True)
@@ -116,8 +132,12 @@ class Probe:
         )
         y = z @ self.weight if self.weight is not None else 0.0
         if self.hidden_in is not None:
+            assert self.hidden_bias is not None and self.hidden_out is not None
             y = y + torch.relu(z @ self.hidden_in + self.hidden_bias) @ self.hidden_out
         return y + self.bias if self.bias is not None else y  # type: ignore[return-value]
+
+
+STILL_IMPROVING = 0.01  # a capped fit whose late gain exceeds this had not converged
 
 
 @dataclass(frozen=True)
@@ -126,17 +146,22 @@ class FitInfo:
 
     Attributes:
         probe: the fitted probe.
-        steps: Adam steps or Gauss–Newton iterations taken (0 for a closed form).
+        steps: Adam steps or L-BFGS iterations taken (0 for a closed form).
         val_loss_start: validation loss at the start of the fit.
         val_loss: validation loss of the kept (best) state.
-        extras: the hyperparameters chosen (ridge, lr, weight_decay).
+        extras: the hyperparameters chosen (ridge, lr, weight_decay, lr_decays) and counts
+            (evaluations: L-BFGS loss-and-gradient evaluations).
         train_loss: training loss of the kept state, on all training tokens used.
-        stopped: why the fit ended: "closed form", "patience" (no validation improvement
-            for `patience` checks), "no descent" (Gauss–Newton found no descent step),
-            or "max steps" (the cap; the fit may not have converged).
+        stopped: why the fit ended: "closed form", "no fit" (naive), "patience" (no
+            validation improvement for the stated number of checks, after the last
+            learning-rate decay for Adam), "converged" (L-BFGS stopped moving: the training
+            loss changed by less than a relative 1e-7 between checks) or "max steps"
+            (the cap; see `converged`).
         curve: (step, train_loss, val_loss) at every check; train_loss of an Adam check is
             the mean minibatch loss since the previous check.
         grid: (hyperparameters, validation loss) of every setting tried in selection.
+        optimizer: "closed form", "L-BFGS", "Adam" or "" (naive).
+        width: hidden units of an MLP (None for the other kinds).
     """
 
     probe: Probe
@@ -148,20 +173,23 @@ class FitInfo:
     stopped: str = ""
     curve: tuple[tuple[int, float, float], ...] = ()
     grid: tuple[tuple[dict[str, float], float], ...] = ()
+    optimizer: str = ""
+    width: int | None = None
 
     def late_gain(self) -> float:
         """Relative fall of the best validation loss over the second half of the fit:
-        (best by step s/2 − best at the end) / best at the end; 0 for closed forms.
-
-        A converged fit has a small late gain; the convergence test of the package
-        (doubling the steps lowers validation loss by at most 1 %) is checked directly
-        in the tests, this number is its cheap proxy for every fit of a run."""
+        (best by step s/2 − best at the end) / best at the end; 0 for closed forms."""
         if len(self.curve) < 2:
             return 0.0
         half = self.curve[-1][0] / 2
         early = min(v for s, _, v in self.curve if s <= half)
         final = min(v for _, _, v in self.curve)
         return (early - final) / abs(final) if final else 0.0
+
+    def converged(self) -> bool:
+        """Whether the fit finished: it ended by its own criterion, or it reached the cap
+        with a late gain of at most `STILL_IMPROVING` (1 %), i.e. no longer improving."""
+        return self.stopped != "max steps" or self.late_gain() <= STILL_IMPROVING
 
 
 def objective_loss(pred: torch.Tensor, target: torch.Tensor, objective: Objective) -> torch.Tensor:

@@ -1,0 +1,25 @@
+"""The verdict record shared by every claim module: a status, a sentence, the numbers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SUPPORTED, PARTLY, NOT_SUPPORTED, NOT_TESTED = (
+    "supported",
+    "partly supported",
+    "not supported",
+    "not tested",
+)
+
+
+@dataclass
+class Verdict:
+    key: str
+    status: str
+    sentence: str
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+
+def _f(x: float, digits: int = 3) -> str:
+    return f"{x:.{digits}f}"
