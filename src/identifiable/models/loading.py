@@ -39,9 +39,10 @@ def _looks_like_path(name: str) -> bool:
 
 
 def load_model(
-    name_or_path: str = DEFAULT_MODEL,
+    name_or_path: Any = DEFAULT_MODEL,
     *,
-    device: str | torch.device = "cpu",
+    tokenizer: Any = None,
+    device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
     trust_remote_code: bool = False,
     device_map: str | dict[str, Any] | None = None,
@@ -51,9 +52,13 @@ def load_model(
 
     Args:
         name_or_path: "minilm" (the embedded all-MiniLM-L6-v2), a local model
-            directory, or a Hugging Face hub id (needs the network or the local cache).
-        device: "cpu", "cuda", "cuda:N", "mps" or "auto" (the first available of
-            cuda, mps, cpu); traces are returned on the CPU.
+            directory, a Hugging Face hub id (needs the network or the local cache), or
+            a model you already hold (any `transformers` model, task heads included):
+            it is wrapped as `Model.from_hf` does, where and in the dtype it is.
+        tokenizer: the tokenizer to use (default: the one saved with the model).
+        device: "cpu" (default for a loaded model), "cuda", "cuda:N", "mps" or "auto"
+            (the first available of cuda, mps, cpu); a held model stays where it is
+            unless a device is given. Traces are returned on the CPU.
         dtype: weights dtype (default: as stored, usually float32). float16 and
             bfloat16 trace too; `Trace.verify()` then uses a tolerance that
             follows the dtype (see `Trace.tolerance`).
@@ -76,15 +81,19 @@ def load_model(
     """
     from identifiable.models.devices import resolve_device
 
+    if isinstance(name_or_path, torch.nn.Module):
+        return _held(name_or_path, tokenizer, device, dtype, device_map, attention)
     if isinstance(name_or_path, Path):
         name_or_path = str(name_or_path)
     if not isinstance(name_or_path, str) or not name_or_path.strip():
+        shown = repr(name_or_path) if isinstance(name_or_path, str) else "an object"
         raise IdentifiableError(
-            f"load_model takes a model name, directory or hub id as a non-empty str, got "
-            f"{type(name_or_path).__name__} {name_or_path!r}; e.g. load_model('minilm')"
+            f"load_model takes a model name, directory or hub id (a non-empty str), or a "
+            f"transformers model you hold; got {type(name_or_path).__name__} ({shown}); e.g. "
+            "load_model('minilm'), or load_model(hf_model, tokenizer=tok)"
         )
     check_choice(attention)
-    target = resolve_device(device)
+    target = resolve_device(device if device is not None else "cpu")
     from transformers import AutoModel
     from transformers.utils import logging as hf_logging
 
@@ -108,7 +117,8 @@ def load_model(
             stacklevel=2,
         )
     check_size(config, name_or_path, dtype=dtype, weights_in_ram=device_map is None)
-    tokenizer = _load_tokenizer(source, local, kwargs)
+    given_tokenizer = tokenizer
+    tokenizer = given_tokenizer or _load_tokenizer(source, local, kwargs)
     try:
         hf_model = AutoModel.from_pretrained(
             source,
@@ -128,9 +138,33 @@ def load_model(
         if attention == "auto":  # sdpa was our choice, not the caller's: eager needs no word
             warnings.simplefilter("ignore", EagerFallback)
         model = Model.from_hf(hf_model, tokenizer, name=name_or_path, attention=attention)
-    if tokenizer is None and local and not _has_tokenizer_files(source):
+    if given_tokenizer is None and tokenizer is None and local and not _has_tokenizer_files(source):
         model.tokenizer = None  # Model looks beside the weights again and would find the stub
     return model
+
+
+def _held(
+    hf_model: torch.nn.Module,
+    tokenizer: Any,
+    device: str | torch.device | None,
+    dtype: torch.dtype | None,
+    device_map: Any,
+    attention: AttentionChoice,
+) -> Model | Seq2SeqModel:
+    """A model the caller already holds, wrapped where it is (`Model.from_hf`)."""
+    from identifiable.models.devices import resolve_device
+
+    if dtype is not None or device_map is not None:
+        raise IdentifiableError(
+            "dtype= and device_map= apply to a model load_model loads; a model you hold is "
+            "used as it is: convert or place it first (hf_model.to(...)), then pass it"
+        )
+    check_choice(attention)
+    if device is not None:
+        hf_model.to(resolve_device(device))
+    config = getattr(hf_model, "config", None)
+    name = str(getattr(config, "_name_or_path", "") or type(hf_model).__name__)
+    return Model.from_hf(hf_model, tokenizer, name=name, attention=attention)
 
 
 def _source(name_or_path: str) -> tuple[str, bool]:
