@@ -22,7 +22,7 @@ from identifiable.corpus.lengths import (
     tokenizer_fingerprint,
 )
 from identifiable.corpus.pairs import iter_pairs_with_lengths
-from identifiable.corpus.sources import WIKIPEDIA_SAMPLE, SourceData, read_source
+from identifiable.corpus.sources import WIKIPEDIA_SAMPLE, SourceData, is_dataset, read_source
 from identifiable.errors import IdentifiableError
 from identifiable.progress import status, watching
 
@@ -201,7 +201,7 @@ def _built_pairs(
 
 
 def load_corpus(
-    source: str | Path = WIKIPEDIA_SAMPLE,
+    source: Any = WIKIPEDIA_SAMPLE,
     *,
     unit: str | None = None,
     limit: int | None = None,
@@ -220,8 +220,12 @@ def load_corpus(
     max_bytes: int | None = None,
     max_line_bytes: int | None = None,
     progress: bool | None = None,
+    column: str | None = None,
 ) -> Corpus:
     """Load texts or text pairs; the package docstring documents every option.
+
+    `source` is a corpus name, a file, "hf:NAME", a `datasets.Dataset` you hold (its
+    `column`, default "text"; `column` is another name for `field`) or a list of texts.
 
     Steps, in order: read the source → cut into `unit`s (or build pairs) →
     keep items of `min_tokens … max_tokens` tokens → balanced sample per length
@@ -242,7 +246,7 @@ def load_corpus(
     data = read_source(
         source,
         fmt=format,
-        field=field,
+        field=column if column is not None else field,
         pair_fields=tuple(pair_fields) if pair_fields is not None else None,
         split=split,
         config=config,
@@ -310,6 +314,8 @@ def resolve_corpus(
             shuffle=shuffle,
             seed=seed,
         )
+    if is_dataset(corpus):  # rows are mappings: their text column, as documents
+        return load_corpus(corpus, unit="document")
     if corpus is None or isinstance(corpus, bytes):
         raise IdentifiableError(
             "corpus must be an iterable of texts (str) or text pairs (str, str)"

@@ -284,8 +284,39 @@ def _read_cached(
     return SourceData(name, kind, hashlib.sha256(text.encode()).hexdigest(), documents)
 
 
+def is_dataset(source: Any) -> bool:
+    """A `datasets.Dataset` (or anything shaped like one: named columns, indexable rows)."""
+    return hasattr(source, "column_names") and hasattr(source, "features")
+
+
+def _read_memory(source: Any, field: str, pair_fields: tuple[str, str] | None) -> SourceData:
+    """A `datasets.Dataset` held in memory, or a list of texts, as a source."""
+    if is_dataset(source):
+        columns = list(source.column_names)
+        wanted = list(pair_fields) if pair_fields is not None else [field]
+        missing = [c for c in wanted if c not in columns]
+        if missing:
+            raise IdentifiableError(
+                f"the dataset has no column {missing[0]!r} (its columns: {', '.join(columns)}); "
+                "pass column=... (or pair_fields=...) naming the text column"
+            )
+        records: Iterable[tuple[str, Any]] = (
+            (f"dataset row {i + 1}", r) for i, r in enumerate(source)
+        )
+        return _records_to_data("dataset", "hf", records, field, pair_fields)
+    texts = list(source)
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise IdentifiableError(
+            f"a corpus given as a list holds texts (str); item {bad + 1} is "
+            f"{type(texts[bad]).__name__}"
+        )
+    rows = ((f"text {i + 1}", {"text": t}) for i, t in enumerate(texts))
+    return _records_to_data("texts", "lines", rows, "text", None)
+
+
 def read_source(
-    source: str | Path,
+    source: Any,
     *,
     fmt: str = "auto",
     field: str = "text",
@@ -316,6 +347,8 @@ def read_source(
                 "pair_fields must be two field names, e.g. ('premise', 'hypothesis')"
             )
         fields = (given[0], given[1])
+    if is_dataset(source) or isinstance(source, list | tuple):
+        return _read_memory(source, field, fields)
     if isinstance(source, str) and source.startswith("hf:"):
         return _read_hf(source[3:], field=field, pair_fields=fields, split=split, config=config)
     path = wikipedia_sample_path() if source == WIKIPEDIA_SAMPLE else Path(source).expanduser()
