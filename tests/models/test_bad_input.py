@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 
+from conftest import needs_recompute
 from identifiable.errors import IdentifiableError
 from identifiable.models import Model, TruncationWarning, load_model
 
@@ -84,6 +85,7 @@ def test_offline_hub_id(monkeypatch):
         load_model("some-org/some-model-that-is-not-cached")
 
 
+@needs_recompute
 def test_sdpa_model_is_traced_under_sdpa_or_switched_to_eager(bert_tokenizer):
     """An sdpa BERT traces under sdpa (maps recomputed, proved on a probe) and rests on
     eager; an sdpa Falcon, whose attention bypasses the interface, is switched with a warning."""

@@ -81,7 +81,7 @@ def test_image_model_is_a_one_line_error(folders, capsys, tmp_path):
         ["trace", "a photo", "--model", str(folders / "vit"), "--json", str(out)], capsys
     )
     assert rc == 2
-    assert "is an image model" in stderr and "from Python" in stderr
+    assert "is an image model" in stderr and "identifiable view --image" in stderr
     assert stderr.strip().count("\n") == 0 and "Traceback" not in stderr
     assert not out.exists() and stdout == ""
 

@@ -16,9 +16,18 @@ import warnings
 import pytest
 import torch
 
-from conftest import ARCHITECTURES, FAMILIES, TINY_CONFIGS, build_tiny_hf_model, tiny_config
+from conftest import (
+    ARCHITECTURES,
+    FAMILIES,
+    TINY_CONFIGS,
+    build_tiny_hf_model,
+    needs_recompute,
+    tiny_config,
+)
 from identifiable import IdentifiableError
 from identifiable.models import Model, backends, recompute
+
+pytestmark = needs_recompute
 
 TEXT = "the cat sat on the mat and the dog sat on the log, the cat sat again"
 RECOMPUTED = {

@@ -131,7 +131,13 @@ def ensure_eager(hf_model: nn.Module, *, quiet: bool = False) -> None:
     if impl == "eager":
         return
     try:
-        hf_model.set_attn_implementation("eager")  # type: ignore[operator]
+        if hasattr(hf_model, "set_attn_implementation"):
+            hf_model.set_attn_implementation("eager")  # type: ignore[operator]
+        else:  # transformers 4.x towers (CLIP's vision model): the setting lives in configs
+            for module in hf_model.modules():
+                config = getattr(module, "config", None)
+                if config is not None and hasattr(config, "_attn_implementation"):
+                    config._attn_implementation = "eager"
         if implementation(hf_model) != "eager":
             # a class outside the attention interface (Falcon) declines the switch, but its
             # modules read the setting at every call
