@@ -108,14 +108,14 @@ def _api_more(docs: Path) -> str:
     documented = set(re.findall(r"^:::\s+[\w.]*?\.?(\w+)\s*$", api_text, re.M))
     missing = [
         name
-        for name in identifiable.__all__
-        if not name.startswith("_") and name != "corpus" and name not in documented
+        for name in identifiable._EXPORTS  # names, not the subpackages of __all__
+        if identifiable._RENAMED.get(name, name) not in documented
     ]
     if not missing:
         return ""
     lines = ["## More public names", ""]
     for name in missing:
-        lines += [f"::: {identifiable._EXPORTS[name]}.{name}", ""]
+        lines += [f"::: {identifiable._EXPORTS[name]}.{identifiable._RENAMED.get(name, name)}", ""]
     return "\n".join(lines)
 
 

@@ -26,7 +26,7 @@ from identifiable.finetuning import load_attention_model
 from identifiable.report.compare_section import write_compare_report
 from identifiable.store.cache import CACHE_DIR, RunCache
 from identifiable.store.files import atomic_write_text
-from identifiable.store.outdir import OutputFolder
+from identifiable.store.outdir import OutputFolder, nested_runs
 
 
 @dataclass
@@ -88,9 +88,11 @@ def compare(
             t_m = time.perf_counter()
             sub = work / "models" / label
             done = sub.is_dir() and (sub / "summary.json").is_file()
-            rep = reproduce(
-                m, texts, sub, budget=budget, seed=seed, progress=progress, resume=resume or done
-            )
+            with nested_runs(work):  # each model's reproduction lives in our work folder
+                rep = reproduce(
+                    m, texts, sub, budget=budget, seed=seed, progress=progress,
+                    resume=resume or done,
+                )  # fmt: skip
             tables = {
                 p.stem: pd.read_parquet(p) for p in sorted((sub / "tables").glob("*.parquet"))
             }

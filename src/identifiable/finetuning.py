@@ -85,8 +85,10 @@ def finetune(
         penalty: a weight ≥ 0, or several (a sweep: 0 is the fidelity-only control).
         settings: steps, batch size, learning rate, … (`TrainSettings`; default 100 steps).
         evaluate: measure the original and every fine-tuned model on held-out texts.
-        held_out_pairs, held_out_sentences, held_out_options: their sizes (options: the
-            `experiments.sweep.HeldOut` budgets, e.g. token_max_tokens, probe_steps, hta_pairs).
+        held_out_pairs: how many held-out pairs the evaluation reads.
+        held_out_sentences: how many held-out sentences it reads.
+        held_out_options: the `experiments.sweep.HeldOut` budgets, e.g. token_max_tokens,
+            probe_steps, hta_pairs.
     """
     t0 = time.perf_counter()
     weights = [

@@ -21,7 +21,7 @@ def test_stage_rows_agree_with_the_analyses(tiny_model):
     assert again["rows"].equals(rows)  # same seed, same rows
     r = rows.iloc[5]
     tr = model.trace(shard[int(r["seq"]) - 10])
-    layer, head, q = int(r["layer"]) - 1, int(r["head"]), int(r["query"])
+    layer, head, q = int(r["layer"]), int(r["head"]), int(r["query"])  # tables: from 0
     imap = interval_map(tr, layers=[layer], heads=[head], rows=[q])
     assert abs(float(imap.width.max()) - r["width_max"]) < 1e-12
     assert abs(float(imap.movable_mass[0, 0, 0]) - r["movable_mass"]) < 1e-12
@@ -32,6 +32,6 @@ def test_stage_rows_agree_with_the_analyses(tiny_model):
     assert (rows["l1_constrained"] <= 2 * rows["movable_mass"] + 1e-9).all()  # a valid row
     red = certify_reduce([part, part])
     assert len(red["rows"]) == 2 * len(rows)
-    assert list(red["by_layer"]["layer"]) == [1, 2] and (red["by_layer"]["n_rows"] == 16).all()
+    assert list(red["by_layer"]["layer"]) == [0, 1] and (red["by_layer"]["n_rows"] == 16).all()
     assert len(red["by_length"]) == 2
     assert torch.isfinite(torch.tensor(red["by_layer"]["width_mean"].to_numpy())).all()

@@ -504,7 +504,7 @@ def test_view_cli_certify_flags(tiny_model: Any, tmp_path: Path) -> None:
     model.hf_model.save_pretrained(folder)
     model.tokenizer.save_pretrained(folder)
     on, off = tmp_path / "on.html", tmp_path / "off.html"
-    base = ["view", "the cat sat on the mat", "--model", str(folder), "--layer", "2", "--head", "1"]
+    base = ["view", "the cat sat on the mat", "--model", str(folder), "--layer", "1", "--head", "1"]
     main([*base, "--out", str(on), "--identifiable-below", "0.05", "--interval-seconds", "60"])
     main([*base, "--out", str(off), "--no-certify"])
     (data_on,) = read_viewer_data(on.read_text("utf-8"))

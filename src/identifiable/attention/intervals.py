@@ -424,7 +424,9 @@ def interval_map(
     per-key LPs (`interval_lp`).
 
     Args:
-        layers, heads, rows: 0-based subsets (default all).
+        layers: 0-based layer subset (default all).
+        heads: 0-based head subset (default all).
+        rows: 0-based query rows (default all).
         key_mask: `[n, n]` or `[L, n, n]` bool key sets (default: the trace's own
             `key_mask` if it has one, else causal or full).
         workers: processes, one head at a time each (1: in this process).

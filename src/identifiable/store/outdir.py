@@ -33,6 +33,7 @@ nothing.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import errno
 import fcntl
@@ -210,10 +211,30 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
+# Work folders of live runs of ours that may hold runs of their own (`compare` writes one
+# reproduction per model inside its work folder); set only by `nested_runs`.
+_HOSTS: contextvars.ContextVar[tuple[Path, ...]] = contextvars.ContextVar("hosts", default=())
+
+
+@contextlib.contextmanager
+def nested_runs(work: Path) -> Iterator[None]:
+    """Let runs written while this is open land inside `work`, the caller's own work folder
+    (every other folder of ours still refuses a run inside it)."""
+    token = _HOSTS.set((*_HOSTS.get(), Path(os.path.realpath(work))))
+    try:
+        yield
+    finally:
+        _HOSTS.reset(token)
+
+
 def enclosing_run(out: Path) -> Path | None:
-    """The folder of ours that `out` would land inside (a finished run, or a work folder)."""
+    """The folder of ours that `out` would land inside (a finished run, or a work folder),
+    other than the work folder of a run that hosts it (`nested_runs`)."""
     resolved = Path(os.path.realpath(out))
+    hosts = _HOSTS.get()
     for parent in resolved.parents:
+        if parent in hosts:
+            return None
         if parent.name.endswith(".identifiable-partial") or read_manifest(parent) is not None:
             return parent
     return None
