@@ -8,56 +8,16 @@ the inputs) is snapshot before and after and must be identical.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from helpers.cli import SCRIPT, Outcome, assert_refused, snapshot
 from identifiable.cli import main
-
-SCRIPT = Path(sys.executable).parent / "identifiable"
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """Every entry under `root`: files by content hash, links by target, folders by name."""
-    out: dict[str, str] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(root))
-            if p.is_symlink():
-                out[rel] = "-> " + os.readlink(p)
-            elif p.is_file():
-                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
-            else:
-                out[rel] = "dir"
-    return out
-
-
-@dataclass
-class Outcome:
-    code: int
-    out: str
-    err: str
-
-    @property
-    def err_lines(self) -> list[str]:
-        return [line for line in self.err.splitlines() if line.strip()]
-
-
-def assert_refused(outcome: Outcome, expect: str | None = None) -> None:
-    """The contract of every refusal (the snapshot part is checked by the caller)."""
-    assert outcome.code == 2, f"exit {outcome.code}, stderr:\n{outcome.err}"
-    assert "Traceback" not in outcome.err and "Traceback" not in outcome.out, outcome.err
-    assert 1 <= len(outcome.err_lines) <= 3, f"{len(outcome.err_lines)} lines:\n{outcome.err}"
-    if expect is not None:
-        assert expect in outcome.err, f"{expect!r} not in:\n{outcome.err}"
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tests.adversarial.conftest import SCRIPT
+
+from helpers.cli import SCRIPT
 
 
 def _run(args: list[str], cwd: Path, stdout, env: dict[str, str] | None = None):

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tests.adversarial.conftest import assert_refused
+
+from helpers.cli import assert_refused
 
 MiB = 1 << 20
 

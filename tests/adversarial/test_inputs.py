@@ -130,7 +130,7 @@ def test_a_hostile_image_is_one_line_before_the_model_loads(ws, name) -> None:
 
 @pytest.fixture(scope="session")
 def image_model_dir(tmp_path_factory) -> Path:
-    from conftest import build_tiny_hf_model  # type: ignore[import-not-found]
+    from helpers.families import build_tiny_hf_model
 
     root = tmp_path_factory.mktemp("models") / "tiny-vit"
     build_tiny_hf_model("vit").save_pretrained(root)

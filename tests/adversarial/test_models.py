@@ -123,7 +123,7 @@ def test_the_estimate_never_exceeds_the_real_parameter_count(arch) -> None:
     import torch
     from transformers import AutoModel
 
-    from conftest import tiny_config  # type: ignore[import-not-found]
+    from helpers.families import tiny_config
 
     config = tiny_config(arch) if arch != "mixtral" else tiny_config("mixtral")
     with torch.device("meta"):

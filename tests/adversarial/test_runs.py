@@ -104,7 +104,7 @@ def short_context(tiny_model, tmp_path_factory) -> Path:
     """A tiny BERT that takes 24 positions: the pairs of LONG_LINES are longer."""
     from transformers import AutoModel
 
-    from conftest import build_tiny_hf_model  # type: ignore[import-not-found]
+    from helpers.families import build_tiny_hf_model
 
     hf = build_tiny_hf_model("bert")
     hf.config.max_position_embeddings = 24
@@ -183,7 +183,7 @@ def test_temporaries_of_a_killed_run_never_reach_the_report(ws, model_dir, monke
     finished report and its manifest hold no temporary file, and the summary is printed
     once."""
     import identifiable.experiments.stages as stages
-    from report.conftest import small_corpus  # type: ignore[import-not-found]
+    from helpers.corpora import small_corpus
 
     corpus = ws.root / "pairs.txt"
     corpus.write_text("\n".join(f"{a} {b}" for a, b in small_corpus(24)) + "\n", "utf-8")

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attention.attn_helpers import exact_rank
+from helpers.traces import exact_rank
 from identifiable.attention.causal import prefixes, project_prefixes
 from identifiable.attention.reference import effective_rows_reference
 

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attention.attn_helpers import TEXT_LONG, TEXT_SHORT, synthetic_trace
-from conftest import ARCHITECTURES
+from helpers.families import ARCHITECTURES
+from helpers.traces import TEXT_LONG, TEXT_SHORT, synthetic_trace
 from identifiable.attention import attention_intervals, witness
 from identifiable.attention.certificates import interval_lp, movable_keys, witness_lp
 from identifiable.attention.linalg import add_ones, column_basis

@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy.optimize import linprog
 
-from conftest import build_tiny_hf_model
+from helpers.families import build_tiny_hf_model
 from identifiable.attention import attention_intervals, interval_map, witness
 from identifiable.models import Model
 

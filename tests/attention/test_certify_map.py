@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog
 
-from attention.attn_helpers import TEXT_LONG, synthetic_trace
+from helpers.traces import TEXT_LONG, synthetic_trace
 from identifiable.attention import attention_intervals, interval_map
 from identifiable.attention.certificates import interval_simplex, movable_keys
 from identifiable.attention.linalg import add_ones, column_basis

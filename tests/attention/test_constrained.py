@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize
 
-from attention.attn_helpers import synthetic_trace
+from helpers.traces import synthetic_trace
 from identifiable.attention import constrained_attention, effective_attention
 from identifiable.attention.constrained import max_entropy_row, project_onto_rows
 from identifiable.attention.linalg import add_ones, column_basis

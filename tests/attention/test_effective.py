@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention.attn_helpers import TEXT_LONG, TEXT_SHORT, exact_rank, synthetic_trace
-from conftest import ARCHITECTURES
+from helpers.families import ARCHITECTURES
+from helpers.traces import TEXT_LONG, TEXT_SHORT, exact_rank, synthetic_trace
 from identifiable.attention import (
     compute_head_factors,
     effective_attention,
@@ -202,7 +202,7 @@ def test_non_finite_attention_beyond_the_head_width_names_layer_and_head(dtype, 
 def test_head_factors_are_shared_by_traces_of_one_model_and_renewed_after_a_weight_change(
     bert_tokenizer,
 ):
-    from conftest import build_tiny_hf_model
+    from helpers.families import build_tiny_hf_model
     from identifiable.models import Model
 
     hf = build_tiny_hf_model("bert")

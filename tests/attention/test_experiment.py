@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attention.attn_helpers import TEXT_LONG, TEXT_SHORT
+from helpers.traces import TEXT_LONG, TEXT_SHORT
 from identifiable.attention import effective_attention
 from identifiable.attention.stats import (
     attention_to,

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attention.attn_helpers import exact_rank, synthetic_trace
+from helpers.traces import exact_rank, synthetic_trace
 from identifiable.attention import effective_attention, null_space
 from identifiable.attention.keysets import keyset_groups, keyset_ranks, project_rows_keysets
 from identifiable.attention.linalg import add_ones, column_basis, project_rows

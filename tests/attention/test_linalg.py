@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attention.attn_helpers import exact_rank
+from helpers.traces import exact_rank
 from identifiable.attention.linalg import add_ones, column_basis, head_factors, project_rows
 from identifiable.attention.reference import effective_rows_reference
 

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attention.attn_helpers import exact_rank, synthetic_trace
+from helpers.traces import exact_rank, synthetic_trace
 from identifiable.attention import effective_attention, null_space
 from identifiable.attention.linalg import column_basis, project_rows
 from identifiable.attention.windows import WindowSolve, causal_band

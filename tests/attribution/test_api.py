@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import ARCHITECTURES, CAUSAL
+from helpers.families import ARCHITECTURES, CAUSAL
 from identifiable.attribution import hidden_token_attribution, reverse_mode_sq_norms
 from identifiable.attribution.contributions import contributions
 from identifiable.errors import IdentifiableError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attribution.hta_toy import make_toy, toy_input
+from helpers.hta_toy import make_toy, toy_input
 from identifiable.attribution import (
     contribution_stderr,
     contributions,

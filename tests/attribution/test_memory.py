@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from attribution.hta_toy import make_toy, toy_input
+from helpers.hta_toy import make_toy, toy_input
 from identifiable.attribution import ModelDims, jacobian_sq_norms, plan_chunk_size
 from identifiable.attribution.memory import MIB, bytes_per_tangent, fixed_bytes
 from identifiable.errors import IdentifiableError

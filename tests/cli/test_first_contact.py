@@ -12,7 +12,7 @@ from identifiable.errors import IdentifiableError
 
 
 def test_models_lists_encoder_decoder_families(capsys) -> None:
-    from conftest import run_main
+    from helpers.cli import run_main
 
     code, out, err = run_main(["models"], capsys)
     assert code == 0, err

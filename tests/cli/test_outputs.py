@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import identifiable.cli.common as cli_common
-from conftest import run_main
+from helpers.cli import run_main
 from identifiable.errors import IdentifiableError
 
 TEXT = "The cat sat on the mat."

@@ -28,7 +28,7 @@ TEXT = "The cat sat on the mat. It was happy, and so was I, for a while at least
 @pytest.fixture(scope="module")
 def pairs(bert_tokenizer):
     """(CPU model, device model) per family: the same weights on both."""
-    from conftest import build_tiny_hf_model  # type: ignore[import-not-found]
+    from helpers.families import build_tiny_hf_model
     from identifiable.models import Model
 
     out = {}

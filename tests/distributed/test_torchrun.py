@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from report.conftest import small_corpus  # type: ignore[import-not-found]
+from helpers.corpora import small_corpus
 
 pytestmark = pytest.mark.distributed
 
@@ -64,7 +64,7 @@ def _outputs(out: Path) -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory, bert_tokenizer) -> Path:
     """A saved tiny BERT (with the embedded tokenizer) and a small text corpus."""
-    from conftest import build_tiny_hf_model  # type: ignore[import-not-found]
+    from helpers.families import build_tiny_hf_model
 
     root = tmp_path_factory.mktemp("dist")
     model_dir = root / "tiny-bert"

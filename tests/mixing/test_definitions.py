@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ARCHITECTURES, CAUSAL
+from helpers.families import ARCHITECTURES, CAUSAL
 from identifiable.errors import IdentifiableError
 from identifiable.mixing import METHODS, context_mixing, decompose, method_names
 from identifiable.mixing.api import _Inputs, norm_chain, value_zeroing_distances

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import FAMILY_CONFIGS
+from helpers.families import FAMILY_CONFIGS
 from identifiable.errors import IdentifiableError
 from identifiable.mixing import context_mixing, decompose, method_names
 from identifiable.mixing.api import _Inputs, alti_output, norm_chain, value_zeroing_distances

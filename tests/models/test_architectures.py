@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import ARCHITECTURES, CAUSAL
+from helpers.families import ARCHITECTURES, CAUSAL
 
 TEXT = "The cat sat on the mat. It was happy, and so was I."
 

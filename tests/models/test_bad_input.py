@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from conftest import needs_recompute
+from helpers.families import needs_recompute
 from identifiable.errors import IdentifiableError
 from identifiable.models import Model, TruncationWarning, load_model
 
@@ -91,7 +91,7 @@ def test_sdpa_model_is_traced_under_sdpa_or_switched_to_eager(bert_tokenizer):
     eager; an sdpa Falcon, whose attention bypasses the interface, is switched with a warning."""
     import warnings
 
-    from conftest import build_tiny_hf_model
+    from helpers.families import build_tiny_hf_model
 
     hf = build_tiny_hf_model("bert", attn_implementation="sdpa")
     with warnings.catch_warnings():

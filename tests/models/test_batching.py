@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import ARCHITECTURES
+from helpers.families import ARCHITECTURES
 
 TEXTS = [
     "Short one.",

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from conftest import build_tiny_hf_model, needs_recompute
+from helpers.families import build_tiny_hf_model, needs_recompute
 from identifiable import IdentifiableError
 from identifiable.models import Model
 

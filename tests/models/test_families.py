@@ -1,6 +1,6 @@
 """Families added for issue 9: every capture verified, A_eff·T = A·T on every head, HTA runs.
 
-Each family is a tiny random config (tests/conftest.py FAMILY_CONFIGS) with valid
+Each family is a tiny random config (tests/helpers/families.py FAMILY_CONFIGS) with valid
 pad/bos/eos ids; windows are 4 keys wide so short texts exercise per-row key sets.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import FAMILIES
+from helpers.families import FAMILIES
 from identifiable.attention import effective_attention, null_space
 from identifiable.models.hooks import HookSet, first_tensor, replace_hidden_input
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from conftest import build_tiny_hf_model
+from helpers.families import build_tiny_hf_model
 from identifiable.models import Model
 from identifiable.models.fingerprint import model_fingerprint, tensor_digest
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import build_tiny_hf_model
+from helpers.families import build_tiny_hf_model
 from identifiable.attention import effective_attention
 from identifiable.errors import IdentifiableError
 from identifiable.models import Model

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import build_tiny_hf_model
+from helpers.families import build_tiny_hf_model
 from identifiable.errors import IdentifiableError
 from identifiable.models import load_model
 

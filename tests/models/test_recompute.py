@@ -1,7 +1,7 @@
 """Capture without eager attention (issue 22, item 1): maps recomputed from the query and
 key that each attention function receives equal the eager maps, family by family.
 
-Every tiny family (tests/conftest.py TINY_CONFIGS, core and family suites) is loaded with
+Every tiny family (tests/helpers/families.py TINY_CONFIGS, core and family suites) is loaded with
 sdpa where its class has it; families whose attention goes through transformers'
 attention interface must trace under sdpa with maps equal to an eager model's of the same
 weights, the rest must run eager (with a warning when they were loaded on sdpa).
@@ -16,7 +16,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import (
+from helpers.families import (
     ARCHITECTURES,
     FAMILIES,
     TINY_CONFIGS,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import _recompute_supported, build_tiny_hf_model, needs_recompute
-from conftest import run_main as run
+from helpers.cli import run_main as run
+from helpers.families import _recompute_supported, build_tiny_hf_model, needs_recompute
 from identifiable import IdentifiableError
 from identifiable.models import Model, recompute
 
@@ -110,7 +110,7 @@ def test_bad_selections_get_one_line(models, kwargs, message):
 
 
 def test_trace_takes_consecutive_layers_only(bert_tokenizer):
-    from conftest import TINY_CONFIGS
+    from helpers.families import TINY_CONFIGS
 
     assert TINY_CONFIGS["albert"].config["num_hidden_layers"] == 3
     m = Model.from_hf(build_tiny_hf_model("albert"), bert_tokenizer)

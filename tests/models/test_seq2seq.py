@@ -1,6 +1,6 @@
 """Encoder–decoder families (T5, mT5, BART, mBART, Marian): three verified captures per pair.
 
-Tiny random configs (tests/conftest.py SEQ2SEQ_CONFIGS); the source is longer than
+Tiny random configs (tests/helpers/families.py SEQ2SEQ_CONFIGS); the source is longer than
 the head width (16) so the cross-attention has a null space over the encoder keys.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import SEQ2SEQ_FAMILIES, build_tiny_hf_model
+from helpers.families import SEQ2SEQ_FAMILIES, build_tiny_hf_model
 from identifiable.attention import effective_attention, null_space
 from identifiable.errors import IdentifiableError
 from identifiable.models import Model

@@ -2,7 +2,7 @@
 equal to the model's own, its norm layout proved as discovery proves one; and register_spec.
 
 The model types come from the tables themselves (`SPECS`, `SEQ2SEQ_SPECS`), so a new entry
-without a tiny config in tests/conftest.py `TINY_CONFIGS` fails here.
+without a tiny config in tests/helpers/families.py `TINY_CONFIGS` fails here.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import IMAGE_TYPES, TINY_CONFIGS, build_tiny_hf_model
+from helpers.families import IMAGE_TYPES, TINY_CONFIGS, build_tiny_hf_model
 from identifiable.errors import IdentifiableError
 from identifiable.models import (
     ArchSpec,
@@ -35,7 +35,9 @@ def untested(types: list[str], configs: dict[str, object]) -> list[str]:
 
 def test_every_model_type_of_every_spec_has_a_tiny_config():
     missing = untested(TYPES + SEQ2SEQ_TYPES, TINY_CONFIGS)
-    assert not missing, f"add a tiny config to TINY_CONFIGS (tests/conftest.py) for {missing}"
+    assert not missing, (
+        f"add a tiny config to TINY_CONFIGS (tests/helpers/families.py) for {missing}"
+    )
     # the one family list holds nothing the tables do not cover (a misspelt type would
     # silently test nothing)
     assert set(TINY_CONFIGS) == set(TYPES + SEQ2SEQ_TYPES)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_config
+from helpers.families import tiny_config
 from identifiable.models import Model, load_model
 
 TEXT = "The cat sat on the mat."

@@ -1,6 +1,6 @@
 """Vision families (ViT, DeiT, CLIP's vision tower): images in, [CLS] plus named patches out.
 
-Tiny random configs (tests/conftest.py VISION_CONFIGS); images are built in the test
+Tiny random configs (tests/helpers/families.py VISION_CONFIGS); images are built in the test
 (random pixels, a PIL image through an image processor made from its constructor).
 """
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import VISION_CONFIGS, VISION_FAMILIES, build_tiny_hf_model
+from helpers.families import VISION_CONFIGS, VISION_FAMILIES, build_tiny_hf_model
 from identifiable.attention import effective_attention, null_space
 from identifiable.errors import IdentifiableError
 from identifiable.models import Model

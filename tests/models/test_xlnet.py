@@ -1,6 +1,6 @@
 """XLNet: raw [d, H, d_v] projections, sequence-first layers, the content stream traced.
 
-XLNet stays out of the family-wide tests (tests/conftest.py XLNET_CONFIG says why); this
+XLNet stays out of the family-wide tests (tests/helpers/families.py XLNET_CONFIG says why); this
 file gives it the same checks: every capture verified (float32 and half precision),
 A_eff·T = A·T on every head, HTA, batching, layer streaming and `models --check`.
 """
@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import build_tiny_hf_model
+from helpers.families import build_tiny_hf_model
 from identifiable.errors import IdentifiableError
 from identifiable.models import Model, find_spec
 from identifiable.models.hooks import HookSet

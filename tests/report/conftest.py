@@ -6,7 +6,6 @@ loudly (with the install line) rather than skip the tests that prove the pages w
 
 from __future__ import annotations
 
-import random
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -14,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from helpers.corpora import small_corpus
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -100,42 +101,6 @@ def open_page(browser: Any) -> Iterator[Any]:
     yield _open
     for ctx in contexts:
         ctx.close()
-
-
-def small_corpus(n: int = 36) -> list[tuple[str, str]]:
-    """Sentence pairs of 6-40 tokens with [CLS]/[SEP]-style structure and punctuation."""
-    rng = random.Random(0)
-    words = [
-        "the",
-        "a",
-        "cat",
-        "dog",
-        "river",
-        "city",
-        "music",
-        "train",
-        "people",
-        "house",
-        "small",
-        "old",
-        "new",
-        "red",
-        "green",
-        "went",
-        "saw",
-        "made",
-        "found",
-    ]
-
-    def sentence(k: int) -> str:
-        return " ".join(rng.choice(words) for _ in range(k)).capitalize() + rng.choice(
-            [".", ",", "."]
-        )
-
-    return [
-        (sentence(rng.randint(3, 14)) + " " + sentence(4), sentence(rng.randint(3, 12)))
-        for _ in range(n)
-    ]
 
 
 @pytest.fixture(scope="session")

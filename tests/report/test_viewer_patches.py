@@ -1,6 +1,6 @@
 """The viewer for image models (issue 9): a patch grid in place of the token strip.
 
-Tiny random ViT, DeiT and CLIP vision towers (tests/conftest.py VISION_CONFIGS: 32×32
+Tiny random ViT, DeiT and CLIP vision towers (tests/helpers/families.py VISION_CONFIGS: 32×32
 images in 8×8 patches, a 4×4 grid plus [CLS], DeiT also [DIST]). The page's data is
 checked against the trace and the analyses; in Chromium (the shared session of
 tests/report/conftest.py), clicking a patch shades every key cell by the chosen map's row,
@@ -21,8 +21,8 @@ import pytest
 import torch
 from playwright.sync_api import expect
 
-from conftest import VISION_FAMILIES, build_tiny_hf_model
-from conftest import run_main as run
+from helpers.cli import run_main as run
+from helpers.families import VISION_FAMILIES, build_tiny_hf_model
 from identifiable.errors import IdentifiableError
 from identifiable.models import Model
 from identifiable.report.viewer_encoding import (

@@ -7,10 +7,10 @@ from typing import Any
 
 import pandas as pd
 
+from helpers.corpora import small_corpus
 from identifiable.experiments.pipeline import concat_reduce
 from identifiable.experiments.stages import with_budget
 from identifiable.experiments.tokens import token_tables
-from report.conftest import small_corpus  # type: ignore[import-not-found]
 
 
 def test_layer_shards_concatenate_to_the_whole_run(tiny_model: Any, tmp_path: Path) -> None:

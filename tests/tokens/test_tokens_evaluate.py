@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers.token_pairs import synthetic_pairs, vocabulary
 from identifiable.errors import IdentifiableError
 from identifiable.tokens.evaluate import evaluate_pairs
 from identifiable.tokens.extract import TokenPairs
 from identifiable.tokens.probes import ProbeConfig
-from tokens.tokens_synth import synthetic_pairs, vocabulary
 
 # small MLPs and short selection keep the protocol but not its cost (synthetic d = 16)
 FAST = {

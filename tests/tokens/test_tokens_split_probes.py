@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 import torch
 
+from helpers.token_pairs import synthetic_pairs
 from identifiable.errors import IdentifiableError
 from identifiable.tokens.fitting import RidgeSolver, fit_probes
 from identifiable.tokens.probes import Probe, ProbeConfig, objective_loss
 from identifiable.tokens.split import split_by_sequence
-from tokens.tokens_synth import synthetic_pairs
 
 
 def test_split_never_puts_a_sequence_in_two_parts():

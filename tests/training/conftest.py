@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import build_tiny_hf_model
+from helpers.families import build_tiny_hf_model
 
 
 @pytest.fixture(scope="module")

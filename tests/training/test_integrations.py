@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import build_tiny_hf_model
+from helpers.families import build_tiny_hf_model
+from helpers.training import TEXTS
 from identifiable.errors import IdentifiableError
 from identifiable.training import NullAttentionTrainer, NullFractionCallback, null_attention_penalty
-from training.training_helpers import TEXTS
 
 
 def _batch(tok, texts=TEXTS):
@@ -45,7 +45,7 @@ class _Texts(torch.utils.data.Dataset):
 def _classifier():
     from transformers import AutoModelForSequenceClassification
 
-    from conftest import tiny_config
+    from helpers.families import tiny_config
 
     torch.manual_seed(0)
     cfg = tiny_config("bert")

@@ -7,11 +7,11 @@ import torch
 from torch.autograd import gradcheck
 from torch.func import functional_call
 
+from helpers.training import TEXTS, batch_for
 from identifiable.attention import effective_attention
 from identifiable.errors import IdentifiableError
 from identifiable.training import null_attention_penalty
 from identifiable.training.projection import row_null_fractions
-from training.training_helpers import TEXTS, batch_for
 
 
 def _reference(model, texts, variant: str) -> float:
@@ -159,7 +159,7 @@ def test_repeated_tokens_in_a_causal_model_give_finite_exact_gradients(tiny64) -
 
 
 def test_rank_deficient_value_and_output_projections_give_no_nan(bert_tokenizer) -> None:
-    from conftest import build_tiny_hf_model
+    from helpers.families import build_tiny_hf_model
     from identifiable.models import Model
 
     hf = build_tiny_hf_model("bert").double()
@@ -205,7 +205,7 @@ def test_bad_arguments_are_one_line_errors(tiny64) -> None:
 
 
 def test_a_model_without_attention_maps_is_refused(bert_tokenizer) -> None:
-    from conftest import build_tiny_hf_model
+    from helpers.families import build_tiny_hf_model
 
     hf = build_tiny_hf_model("bert")
     from identifiable.models import Model

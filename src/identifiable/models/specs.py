@@ -12,7 +12,7 @@ of transformers 4.x where they differ, and the few config names and token names 
 differ between families.
 
 Adding an architecture = one `ArchSpec` entry below (or `register_spec(ArchSpec(...))`
-at run time) plus a tiny config in `TINY_CONFIGS` of tests/conftest.py: the test in
+at run time) plus a tiny config in `TINY_CONFIGS` of tests/helpers/families.py: the test in
 tests/models/test_specs.py enumerates every spec, so an entry without a tiny config fails;
 `Trace.verify()` proves the entry right and the block layout is proved as discovery
 proves it (`identifiable.models.discover.prove_norm_layout`).

@@ -2,39 +2,17 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import build_tiny_hf_model, run_main
+from helpers.cli import run_main
+from helpers.corpora import save_tiny_model, word_paragraphs
 from identifiable.errors import IdentifiableError
 from identifiable.finetuning import finetune
 from identifiable.training.finetune import TrainSettings
 
-WORDS = [
-    "river",
-    "mountain",
-    "city",
-    "history",
-    "science",
-    "music",
-    "language",
-    "people",
-    "water",
-    "energy",
-    "school",
-    "market",
-    "garden",
-    "winter",
-    "summer",
-    "theory",
-    "animal",
-    "forest",
-    "ocean",
-    "village",
-]
 SETTINGS = TrainSettings(
     steps=4, batch_size=2, max_tokens=40, min_tokens=18, save_every=2, warmup=1, lr=1e-3
 )
@@ -42,25 +20,13 @@ SETTINGS = TrainSettings(
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory, bert_tokenizer) -> Path:
-    path = tmp_path_factory.mktemp("tiny-bert")
-    build_tiny_hf_model("bert").save_pretrained(path)
-    bert_tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-bert"), "bert", bert_tokenizer)
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    rng = random.Random(0)
-    paras = []
-    for _ in range(15):
-        sents = [
-            " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 14))).capitalize() + "."
-            for _ in range(6)
-        ]
-        paras.append(" ".join(sents))
     path = tmp_path_factory.mktemp("corpus") / "small.txt"
-    path.write_text("\n\n".join(paras))
-    return path
+    return word_paragraphs(path, seed=0, paragraphs=15, sentences=6, words=(8, 14))
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Synthetic traces and exact ranks for the attention tests (imported as `attn_helpers`)."""
+"""Synthetic traces and exact ranks for the attention tests."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`identifiable trace` on encoder–decoder and image models, through the real entry point.
 
-Tiny random T5 and BART models (tests/conftest.py) are saved with the BERT tokenizer
+Tiny random T5 and BART models (tests/helpers/families.py) are saved with the BERT tokenizer
 into a folder and traced by `identifiable.cli.main`, as `identifiable trace SOURCE
 --target TARGET --model DIR` would; a tiny ViT folder must give a one-line error.
 """
@@ -12,8 +12,8 @@ import json
 import pytest
 import torch
 
-from conftest import build_tiny_hf_model
-from conftest import run_main as run
+from helpers.cli import run_main as run
+from helpers.families import build_tiny_hf_model
 from identifiable.models import Model
 
 SOURCE = "The house is wonderful and the garden is large."

@@ -12,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 import identifiable.cli.attention as cli_attention
-from attention.attn_helpers import TEXT_LONG
+from helpers.traces import TEXT_LONG
 from identifiable.errors import IdentifiableError
 
 

@@ -3,52 +3,29 @@
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
-from conftest import build_tiny_hf_model, run_main, tiny_config
+from helpers.cli import run_main
+from helpers.corpora import save_tiny_model, word_paragraphs
+from helpers.families import build_tiny_hf_model, tiny_config
 from identifiable.experiments.compare import differences
-
-WORDS = [
-    "river",
-    "mountain",
-    "city",
-    "history",
-    "science",
-    "music",
-    "language",
-    "people",
-    "water",
-    "energy",
-]
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    rng = random.Random(1)
-    paras = [
-        " ".join(
-            " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 12))).capitalize() + "."
-            for _ in range(5)
-        )
-        for _ in range(12)
-    ]
     path = tmp_path_factory.mktemp("corpus") / "c.txt"
-    path.write_text("\n\n".join(paras))
-    return path
+    return word_paragraphs(path, seed=1, paragraphs=12, sentences=5, words=(6, 12), vocabulary=10)
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, bert_tokenizer) -> tuple[Path, Path]:
     from transformers import AutoModel
 
-    a = tmp_path_factory.mktemp("two-layers")
-    build_tiny_hf_model("bert").save_pretrained(a)
-    bert_tokenizer.save_pretrained(a)
+    a = save_tiny_model(tmp_path_factory.mktemp("two-layers"), "bert", bert_tokenizer)
     cfg = tiny_config("bert")
     cfg.num_hidden_layers = 3
     torch.manual_seed(1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from attention.attn_helpers import TEXT_LONG
+from helpers.traces import TEXT_LONG
 from identifiable.attention import constrained_attention, interval_map
 from identifiable.experiments.certify import ROW_COLUMNS, certify_reduce, certify_tables
 

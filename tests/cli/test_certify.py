@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 import identifiable.cli.certify as cli_certify
-from attention.attn_helpers import TEXT_LONG
+from helpers.traces import TEXT_LONG
 from identifiable.cli import main
 
 
