@@ -21,13 +21,15 @@ from typing import Any
 
 import pandas as pd
 
+from identifiable.corpus import load_documents
 from identifiable.errors import IdentifiableError
 from identifiable.experiments import sweep
 from identifiable.report.sweep_section import write_sweep_report
 from identifiable.store.cache import CACHE_DIR, RunCache
-from identifiable.store.files import atomic_write_text
+from identifiable.store.files import atomic_write_text, write_table
 from identifiable.store.outdir import OutputFolder
 from identifiable.training import finetune as ft
+from identifiable.training.capture import check_supported
 
 
 @dataclass
@@ -62,6 +64,16 @@ def checkpoint_dir(out: Path, weights: Sequence[float], w: float) -> Path:
     return out if len(weights) == 1 else out / f"penalty-{w:g}"
 
 
+def _weights(penalty: float | Sequence[float]) -> list[float]:
+    """The penalty weights, checked: one, or several different ones."""
+    weights = [
+        ft.check_weight(w) for w in (penalty if isinstance(penalty, Sequence) else [penalty])
+    ]
+    if not weights or len(set(weights)) != len(weights):
+        raise IdentifiableError("give one penalty weight or several different ones")
+    return weights
+
+
 def finetune(
     model: str = "minilm",
     penalty: float | Sequence[float] = 0.1,
@@ -91,22 +103,14 @@ def finetune(
             probe_steps, hta_pairs.
     """
     t0 = time.perf_counter()
-    weights = [
-        ft.check_weight(w) for w in (penalty if isinstance(penalty, Sequence) else [penalty])
-    ]
-    if not weights or len(set(weights)) != len(weights):
-        raise IdentifiableError("give one penalty weight or several different ones")
+    weights = _weights(penalty)
     s = settings or ft.TrainSettings()
     ft.check_settings(s)
     out = Path(out)
     folder = OutputFolder(out, resume=resume, force=force)
     folder.check()
-    from identifiable.corpus import load_documents
-
     base = load_attention_model(model)
     source = str(getattr(base.hf_model.config, "_name_or_path", "") or "")
-    from identifiable.training.capture import check_supported
-
     check_supported(base)  # one line now for a model the penalty cannot read
     documents = load_documents(corpus)
     train_docs, held_docs = ft.split_documents(documents, s.held_out_every)
@@ -145,8 +149,6 @@ def finetune(
             )
             timings["evaluate_s"] = time.perf_counter() - t_e
         else:
-            from identifiable.store.files import write_table
-
             write_table(log_df, work / "tables" / "training_log")
         timings["total_s"] = time.perf_counter() - t0
         atomic_write_text(work / CACHE_DIR / "timings.json", json.dumps(timings, indent=2))

@@ -135,7 +135,7 @@ def _stage_tables(lengths: list[int], seed: int = 0) -> dict[str, pd.DataFrame]:
 
 
 def test_expanded_quantile_matches_numpy_and_repeats_values():
-    from identifiable.experiments.attribution import _expanded_quantile
+    from identifiable.experiments.attribution_summaries import _expanded_quantile
 
     rng = np.random.default_rng(0)
     values = np.sort(rng.random(11))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -136,80 +136,77 @@ def _index_list(text: str | None, flag: str) -> list[int] | None:
     return values
 
 
-def trace(
-    text: Annotated[
-        str, typer.Argument(help="The text to trace (the source text of an encoder–decoder model).")
-    ],
-    pair: PairOption = None,
-    target: TargetOption = None,
-    model: ModelOption = "minilm",
-    no_truncate: NoTruncateOption = False,
-    json_out: JsonOption = None,
-    force: ForceOption = False,
-    device: DeviceOption = "cpu",
-    layers: Annotated[
-        str | None,
-        typer.Option("--layers", help="Consecutive layers to trace, 0..L-1 as printed, e.g. 1,2."),
-    ] = None,
-    heads: Annotated[
-        str | None, typer.Option("--heads", help="Heads to trace, 0..H-1, e.g. 0,5.")
-    ] = None,
-    memory_budget: Annotated[
-        int | None,
-        typer.Option(
-            "--memory-budget",
-            help="MiB the trace may use (default: the memory available); checked before "
-            "the forward pass from the formula in README 'Memory'.",
-        ),
-    ] = None,
-) -> None:
-    """Trace one forward pass and check that the captured pieces reproduce the model.
+LayersOption = Annotated[
+    str | None,
+    typer.Option("--layers", help="Consecutive layers to trace, 0..L-1 as printed, e.g. 1,2."),
+]
+HeadsOption = Annotated[
+    str | None, typer.Option("--heads", help="Heads to trace, 0..H-1, e.g. 0,5.")
+]
+MemoryBudgetOption = Annotated[
+    int | None,
+    typer.Option(
+        "--memory-budget",
+        help="MiB the trace may use (default: the memory available); checked before "
+        "the forward pass from the formula in README 'Memory'.",
+    ),
+]
+Parts = tuple[dict[str, Any], dict[str, str]]
+"""(part → Trace, part → table title): "" for a one-stack model; encoder, decoder, cross."""
 
-    Encoder–decoder models print three tables: the encoder's self-attention, the
-    decoder's causal self-attention and the decoder's cross-attention over the source.
-    """
+
+def _seq2seq_parts(m: Any, source: Any, target: str | None, truncate: bool, limits: bool) -> Parts:
     from identifiable.errors import IdentifiableError
-    from identifiable.models.devices import resolve_device
-    from identifiable.models.seq2seq import Seq2SeqModel
 
-    check_writable(json_out, force=force)
-    resolve_device(device)
-    m = load(model, device=device)
-    source = (text, pair) if pair is not None else text
-    if isinstance(m, Seq2SeqModel):
-        if layers is not None or heads is not None or memory_budget is not None:
-            raise IdentifiableError(
-                "--layers, --heads and --memory-budget are for encoder-only and decoder-only "
-                "models; an encoder–decoder model traces all of its three attentions"
-            )
-        s2s = m.trace(source, target, truncate=not no_truncate)
-        parts = {"encoder": s2s.encoder, "decoder": s2s.decoder, "cross": s2s.cross}
-        titles = {
-            "encoder": f"{m.info.name}: encoder self-attention, {s2s.encoder.n_tokens} source tokens",
-            "decoder": f"decoder causal self-attention, {s2s.decoder.n_tokens} decoder tokens",
-            "cross": f"cross-attention: {s2s.cross.n_tokens} decoder tokens × "
-            f"{s2s.cross.n_keys} source tokens",
-        }
-    else:
-        if target is not None:
-            raise IdentifiableError(
-                f"--target is for encoder–decoder models (T5, BART, …); '{model}' is "
-                f"{m.spec.name}: give a second text with --pair"
-            )
-        if memory_budget is not None and memory_budget < 1:
-            raise IdentifiableError(f"--memory-budget must be at least 1 MiB, got {memory_budget}")
-        tr = m.trace(
-            source,
-            truncate=not no_truncate,
-            layers=_index_list(layers, "--layers"),
-            heads=_index_list(heads, "--heads"),
-            memory_budget=None if memory_budget is None else memory_budget * 1024**2,
+    if limits:
+        raise IdentifiableError(
+            "--layers, --heads and --memory-budget are for encoder-only and decoder-only "
+            "models; an encoder–decoder model traces all of its three attentions"
         )
-        parts = {"": tr}
-        titles = {"": f"{m.info.name}: {tr.n_tokens} tokens"}
-    errors = {part: t.reconstruction_errors() for part, t in parts.items()}
-    passed = {part: bool((errors[part] <= t.tolerance).all()) for part, t in parts.items()}
-    for part, t in parts.items():
+    s2s = m.trace(source, target, truncate=truncate)
+    parts = {"encoder": s2s.encoder, "decoder": s2s.decoder, "cross": s2s.cross}
+    titles = {
+        "encoder": f"{m.info.name}: encoder self-attention, {s2s.encoder.n_tokens} source tokens",
+        "decoder": f"decoder causal self-attention, {s2s.decoder.n_tokens} decoder tokens",
+        "cross": f"cross-attention: {s2s.cross.n_tokens} decoder tokens × "
+        f"{s2s.cross.n_keys} source tokens",
+    }
+    return parts, titles
+
+
+def _model_parts(
+    m: Any,
+    source: Any,
+    model: str,
+    target: str | None,
+    truncate: bool,
+    layers: str | None,
+    heads: str | None,
+    memory_budget: int | None,
+) -> Parts:
+    from identifiable.errors import IdentifiableError
+
+    if target is not None:
+        raise IdentifiableError(
+            f"--target is for encoder–decoder models (T5, BART, …); '{model}' is "
+            f"{m.spec.name}: give a second text with --pair"
+        )
+    if memory_budget is not None and memory_budget < 1:
+        raise IdentifiableError(f"--memory-budget must be at least 1 MiB, got {memory_budget}")
+    tr = m.trace(
+        source,
+        truncate=truncate,
+        layers=_index_list(layers, "--layers"),
+        heads=_index_list(heads, "--heads"),
+        memory_budget=None if memory_budget is None else memory_budget * 1024**2,
+    )
+    return {"": tr}, {"": f"{m.info.name}: {tr.n_tokens} tokens"}
+
+
+def _print_checks(parts: Parts, errors: dict[str, Any], passed: dict[str, bool]) -> None:
+    """One table per part (layer, heads, widths, reconstruction error) and its verdict."""
+    traces, titles = parts
+    for part, t in traces.items():
         table = Table(title=titles[part])
         for col in ("layer", "heads", "head width", "n", "keys", "reconstruction error"):
             table.add_column(col, justify="right")
@@ -229,40 +226,87 @@ def trace(
             + ("[green]passed[/green]" if passed[part] else "[red]FAILED[/red]")
             + f" (tolerance {t.tolerance:g}, {t.capture_dtype})"
         )
-    ok = all(passed.values())
-    if json_out is not None:
-        first = next(iter(parts.values()))
-        payload = {
-            "model": m.info.name,
-            "architecture": m.info.architecture if not isinstance(m, Seq2SeqModel) else m.spec.name,
-            "tokens": first.tokens,
-            "n_layers": first.n_layers,
-            "n_heads": first.n_heads,
-            "head_dim": first.head_dim,
-            "truncated": first.truncated,
-            "reconstruction_error": errors[next(iter(parts))].tolist(),
-            "self_check_passed": ok,
-            "tolerance": first.tolerance,
-            "capture_dtype": first.capture_dtype,
-        }
-        if isinstance(m, Seq2SeqModel):
-            # "tokens" … "reconstruction_error" above describe the encoder, as for any model
-            payload["decoder_tokens"] = parts["decoder"].tokens
-            payload["attention"] = {
-                part: {
-                    "n_layers": t.n_layers,
-                    "n_heads": t.n_heads,
-                    "head_dim": t.head_dim,
-                    "n_queries": t.n_tokens,
-                    "n_keys": t.n_keys,
-                    "reconstruction_error": errors[part].tolist(),
-                    "self_check_passed": passed[part],
-                    "tolerance": t.tolerance,
-                }
-                for part, t in parts.items()
+
+
+def _payload(
+    m: Any, parts: dict[str, Any], errors: dict[str, Any], passed: dict[str, bool], seq2seq: bool
+) -> dict[str, Any]:
+    """The --json document: the (first or encoder) trace, plus each attention of an
+    encoder–decoder model."""
+    first = next(iter(parts.values()))
+    payload = {
+        "model": m.info.name,
+        "architecture": m.info.architecture if not seq2seq else m.spec.name,
+        "tokens": first.tokens,
+        "n_layers": first.n_layers,
+        "n_heads": first.n_heads,
+        "head_dim": first.head_dim,
+        "truncated": first.truncated,
+        "reconstruction_error": errors[next(iter(parts))].tolist(),
+        "self_check_passed": all(passed.values()),
+        "tolerance": first.tolerance,
+        "capture_dtype": first.capture_dtype,
+    }
+    if seq2seq:
+        # "tokens" … "reconstruction_error" above describe the encoder, as for any model
+        payload["decoder_tokens"] = parts["decoder"].tokens
+        payload["attention"] = {
+            part: {
+                "n_layers": t.n_layers,
+                "n_heads": t.n_heads,
+                "head_dim": t.head_dim,
+                "n_queries": t.n_tokens,
+                "n_keys": t.n_keys,
+                "reconstruction_error": errors[part].tolist(),
+                "self_check_passed": passed[part],
+                "tolerance": t.tolerance,
             }
-        write_json(json_out, payload, force=force)
-    if not ok:
+            for part, t in parts.items()
+        }
+    return payload
+
+
+def trace(
+    text: Annotated[
+        str, typer.Argument(help="The text to trace (the source text of an encoder–decoder model).")
+    ],
+    pair: PairOption = None,
+    target: TargetOption = None,
+    model: ModelOption = "minilm",
+    no_truncate: NoTruncateOption = False,
+    json_out: JsonOption = None,
+    force: ForceOption = False,
+    device: DeviceOption = "cpu",
+    layers: LayersOption = None,
+    heads: HeadsOption = None,
+    memory_budget: MemoryBudgetOption = None,
+) -> None:
+    """Trace one forward pass and check that the captured pieces reproduce the model.
+
+    Encoder–decoder models print three tables: the encoder's self-attention, the
+    decoder's causal self-attention and the decoder's cross-attention over the source.
+    """
+    from identifiable.models.devices import resolve_device
+    from identifiable.models.seq2seq import Seq2SeqModel
+
+    check_writable(json_out, force=force)
+    resolve_device(device)
+    m = load(model, device=device)
+    source = (text, pair) if pair is not None else text
+    seq2seq = isinstance(m, Seq2SeqModel)
+    if seq2seq:
+        limits = layers is not None or heads is not None or memory_budget is not None
+        parts = _seq2seq_parts(m, source, target, not no_truncate, limits)
+    else:
+        parts = _model_parts(
+            m, source, model, target, not no_truncate, layers, heads, memory_budget
+        )
+    errors = {part: t.reconstruction_errors() for part, t in parts[0].items()}
+    passed = {part: bool((errors[part] <= t.tolerance).all()) for part, t in parts[0].items()}
+    _print_checks(parts, errors, passed)
+    if json_out is not None:
+        write_json(json_out, _payload(m, parts[0], errors, passed, seq2seq), force=force)
+    if not all(passed.values()):
         raise typer.Exit(1)
 
 

@@ -200,6 +200,35 @@ def _built_pairs(
     return [(a, b) for a, b, _ in found], [n for _, _, n in found]
 
 
+def _cut(
+    data: Any,
+    unit: str | None,
+    tokenizer: Any,
+    tokens: tuple[int | None, int | None],
+    seed: int,
+    first: int | None,
+    spec: dict[str, Any],
+    progress: bool | None = None,
+) -> tuple[str, list[Item], list[int] | None]:
+    """(unit, items, lengths) of `data`: the pairs it holds, pairs built from its documents
+    with (min, max) `tokens` (default 12, 128; the first `first`, None for all; their
+    lengths are known, so nothing is tokenised twice; `spec` records the bounds), or the
+    documents cut into `unit`s (lengths None)."""
+    if data.pairs is not None:
+        if unit not in (None, "pair"):
+            raise IdentifiableError(
+                f"pair_fields yields pairs; use unit='pair' (got {unit!r}) or field=…"
+            )
+        return "pair", list(data.pairs), None
+    if unit == "pair":
+        bounds = (tokens[0] or 12, tokens[1] or 128)
+        spec["pair_tokens"] = list(bounds)
+        items, lengths = _built_pairs(data, tokenizer, bounds, seed, first, progress)
+        return "pair", items, lengths
+    unit = unit or ("sentence" if data.kind == "wiki" else "document")
+    return unit, _units(data.documents, unit), None
+
+
 def load_corpus(
     source: Any = WIKIPEDIA_SAMPLE,
     *,
@@ -257,27 +286,13 @@ def load_corpus(
         raise IdentifiableError(f"corpus {data.name!r} contains no text; pass a file with some")
 
     spec: dict[str, Any] = {"version": CORPUS_VERSION, "source": data.identity, "kind": data.kind}
-    uses_seed = shuffle or buckets is not None
-    items: list[Item]
-    lengths: list[int] | None = None  # known for built pairs: no second tokenisation
-    if data.pairs is not None:
-        if unit not in (None, "pair"):
-            raise IdentifiableError(
-                f"pair_fields yields pairs; use unit='pair' (got {unit!r}) or field=…"
-            )
-        unit, items = "pair", list(data.pairs)
-    elif unit == "pair":
-        bounds = (min_tokens or 12, max_tokens or 128)
-        spec["pair_tokens"] = list(bounds)
-        uses_seed, min_tokens, max_tokens = True, None, None  # every pair is within bounds
-        everything = shuffle or buckets is not None or limit is None
-        items, lengths = _built_pairs(
-            data, tokenizer, bounds, seed, None if everything else limit, progress
-        )
-    else:
-        unit = unit or ("sentence" if data.kind == "wiki" else "document")
-        items = _units(data.documents, unit)
-    assert unit is not None  # every branch above chose one
+    everything = shuffle or buckets is not None or limit is None
+    first = None if everything else limit
+    bounds = (min_tokens, max_tokens)
+    unit, items, lengths = _cut(data, unit, tokenizer, bounds, seed, first, spec, progress)
+    uses_seed = shuffle or buckets is not None or lengths is not None
+    if lengths is not None:  # built pairs: every pair is within bounds
+        min_tokens, max_tokens = None, None
     spec["unit"] = unit
     counts_tokens = bool(max_tokens or min_tokens or buckets is not None)
     if counts_tokens or "pair_tokens" in spec:

@@ -159,8 +159,9 @@ def _mixing_reduce(parts: Sequence[dict[str, pd.DataFrame]], seed: int) -> dict[
     return {"correlations": table, "summary": reduce_mixing(table, seed=seed)}
 
 
-def stages(model: Any, items: list[Item], budget: Any, seed: int, cache_dir: Path) -> list[Stage]:
-    """The paper's three stages in paper order, then context mixing and certified attention."""
+def _samples(model: Any, items: list[Item], budget: Any) -> tuple[list[list[Item]], ...]:
+    """The shards of the attention, attribution, mixing and certify stages (the tokens
+    stage reads every item)."""
     att_items = items[: budget.attention_sequences]
     att = shard_items(att_items, budget.shard_size)
     attribution_items = items_in_length_range(
@@ -178,6 +179,12 @@ def stages(model: Any, items: list[Item], budget: Any, seed: int, cache_dir: Pat
     )
     mix = shard_items(mixing_items, MIXING_SHARD)
     cert = shard_items(items[: budget.certify_sequences], 1)
+    return att, hta, mix, cert
+
+
+def stages(model: Any, items: list[Item], budget: Any, seed: int, cache_dir: Path) -> list[Stage]:
+    """The paper's three stages in paper order, then context mixing and certified attention."""
+    att, hta, mix, cert = _samples(model, items, budget)
     n_layers = model.info.n_layers
     return [
         Stage(

@@ -195,6 +195,50 @@ def extract(
     return pairs, info
 
 
+def _split_sizes(pairs: TokenPairs, ev: Any) -> dict[str, int]:
+    """Sequences and tokens of the train, validation and test parts of the split."""
+    train_seq, val_seq, test_seq = ev.split.sequences(pairs.seq_ids)
+    return {
+        "train_sequences": len(train_seq),
+        "val_sequences": len(val_seq),
+        "test_sequences": len(test_seq),
+        "train_tokens": int(ev.split.train.numel()),
+        "val_tokens": int(ev.split.val.numel()),
+        "test_tokens": int(ev.split.test.numel()),
+    }
+
+
+def _settings(
+    model: Any,
+    texts: Any,
+    pairs: TokenPairs,
+    ev: Any,
+    source: dict[str, Any],
+    max_tokens: int,
+    candidates: Candidates,
+    seed: int,
+    probe_config: ProbeConfig | None,
+    storage: str,
+) -> dict[str, Any]:
+    """The settings of a `TokenIdentifiabilityResult`: model, corpus, sizes, options."""
+    return {
+        "model": getattr(model.info, "name", ""),
+        "architecture": getattr(model.info, "architecture", ""),
+        "corpus": getattr(texts, "name", None) or type(texts).__name__,
+        "corpus_unit": getattr(texts, "unit", None),
+        "max_tokens": max_tokens,
+        "n_tokens": pairs.n_tokens,
+        "n_sequences": pairs.n_sequences,
+        "n_truncated": pairs.n_truncated,
+        **_split_sizes(pairs, ev),
+        "candidates": candidates,
+        "seed": seed,
+        "probe_config": vars(probe_config or ProbeConfig()),
+        "storage": storage,
+        **source,
+    }
+
+
 def token_identifiability(
     model: Any,
     corpus: Any = DEFAULT_CORPUS,
@@ -266,35 +310,14 @@ def token_identifiability(
         vocab_embeddings=vocab,
     )
     t2 = time.perf_counter()
-    train_seq, val_seq, test_seq = ev.split.sequences(pairs.seq_ids)
-    settings = {
-        "model": getattr(model.info, "name", ""),
-        "architecture": getattr(model.info, "architecture", ""),
-        "corpus": getattr(texts, "name", None) or type(texts).__name__,
-        "corpus_unit": getattr(texts, "unit", None),
-        "max_tokens": max_tokens,
-        "n_tokens": pairs.n_tokens,
-        "n_sequences": pairs.n_sequences,
-        "n_truncated": pairs.n_truncated,
-        "train_sequences": len(train_seq),
-        "val_sequences": len(val_seq),
-        "test_sequences": len(test_seq),
-        "train_tokens": int(ev.split.train.numel()),
-        "test_tokens": int(ev.split.test.numel()),
-        "candidates": candidates,
-        "seed": seed,
-        "probe_config": vars(probe_config or ProbeConfig()),
-        "storage": storage,
-        **source,
-    }
-    timings = {"extraction_s": t1 - t0, "probes_and_evaluation_s": t2 - t1, "total_s": t2 - t0}
-    return TokenIdentifiabilityResult(
-        block_numbered(ev.per_layer),
-        block_numbered(ev.cross_layer),
-        block_numbered(ev.control),
-        settings,
-        timings,
+    settings = _settings(
+        model, texts, pairs, ev, source, max_tokens, candidates, seed, probe_config, storage
     )
+    timings = {"extraction_s": t1 - t0, "probes_and_evaluation_s": t2 - t1, "total_s": t2 - t0}
+    per_layer, cross, control = (
+        block_numbered(t) for t in (ev.per_layer, ev.cross_layer, ev.control)
+    )
+    return TokenIdentifiabilityResult(per_layer, cross, control, settings, timings)
 
 
 def _evaluate_with_progress(pairs: TokenPairs, progress: bool, **kwargs: Any):
@@ -392,17 +415,11 @@ def token_tables(
     }
     if one and layer != all_layers[0]:
         return tables
-    train_seq, val_seq, test_seq = ev.split.sequences(pairs.seq_ids)
     counts = {
         "n_tokens": pairs.n_tokens,
         "n_sequences": pairs.n_sequences,
         "token_cap": max_tokens,
-        "train_sequences": len(train_seq),
-        "val_sequences": len(val_seq),
-        "test_sequences": len(test_seq),
-        "train_tokens": int(ev.split.train.numel()),
-        "val_tokens": int(ev.split.val.numel()),
-        "test_tokens": int(ev.split.test.numel()),
+        **_split_sizes(pairs, ev),
     }
     protocol = {
         k: (", ".join(map(str, v)) if isinstance(v, tuple) else v) for k, v in vars(config).items()

@@ -5,7 +5,8 @@ Both are compositions of the same parts: an `InputEncoder` (models/encoding.py) 
 what users give into `Encoding`s, `AttentionStack`s (models/stack.py) know where each
 piece of docs/definitions.md lives and tap a forward pass, and one `TraceBuilder`
 (models/capture.py) turns the taps into `Trace`s. An encoder-only or decoder-only model
-has one stack; an encoder–decoder model three (its encoder is a plain `Model`). Layer
+has one stack; an encoder–decoder model three (its encoder is a plain `Model`, its decoder's
+two stacks are built and traced by models/decoder.py). Layer
 streaming is models/streaming.py, the functional view for attribution
 models/functional.py.
 """
@@ -22,8 +23,8 @@ from torch import nn
 from identifiable.errors import IdentifiableError
 from identifiable.models import backends, budget, functional
 from identifiable.models.backends import AttentionChoice, check_choice, ensure_eager
-from identifiable.models.capture import TraceBuilder, TraceMeta, trace_batch
-from identifiable.models.compat import seq2seq_forward_options
+from identifiable.models.capture import TraceMeta, trace_batch
+from identifiable.models.decoder import decoder_ids, decoder_side, seq2seq_spec, trace_pair
 from identifiable.models.discover import Discovery, discover_spec, probe_ids
 from identifiable.models.encoding import (
     Encoding,
@@ -31,28 +32,22 @@ from identifiable.models.encoding import (
     ModelInput,
     TextOrPair,
     TruncationWarning,
-    as_id_vector,
     input_encoder,
-    is_int,
     many_items,
     resolve_tokenizer,
     with_progress,
 )
 from identifiable.models.fingerprint import model_fingerprint
-from identifiable.models.hooks import HookSet, get_submodule
+from identifiable.models.hooks import get_submodule
 from identifiable.models.protocol import ModelInfo, TracedModel
 from identifiable.models.selection import indices, layer_range
 from identifiable.models.specs import (
     ArchSpec,
     Seq2SeqSpec,
-    all_seq2seq_specs,
-    find_seq2seq_spec,
     find_spec,
 )
 from identifiable.models.stack import (
-    AttentionStack,
     base_model_of,
-    logical_layers,
     stack_of,
     value_columns,
 )
@@ -136,7 +131,7 @@ class Model:
             source=hf_model,
         )  # fmt: skip
         self.attention, self.recompute_error = self._capture_with(attention, loaded)
-        self.info = _info(base.config, self.stack, name, self.inputs.max_positions)
+        self.info = ModelInfo.of_stack(base.config, self.stack, name, self.inputs.max_positions)
         self.special_tokens = (
             {"cls": "[CLS]"}
             if self.modality == "image"
@@ -529,14 +524,7 @@ class Seq2SeqModel:
         spec: Seq2SeqSpec | None = None,
     ) -> None:
         config: Any = hf_model.config
-        spec = spec or find_seq2seq_spec(str(config.model_type))
-        if spec is None:
-            known = sorted(t for s in all_seq2seq_specs() for t in s.model_types)
-            raise IdentifiableError(
-                f"encoder–decoder architecture '{config.model_type}' is not supported; "
-                f"supported: {', '.join(known)}. Describe it with a Seq2SeqSpec "
-                "(identifiable.models.specs) and pass spec=... or register_spec(spec)"
-            )
+        spec = spec or seq2seq_spec(str(config.model_type))
         self.task_model = hf_model
         ensure_eager(hf_model)
         hf_model.eval()
@@ -549,38 +537,11 @@ class Seq2SeqModel:
             get_submodule(base, spec.encoder_stack), self.tokenizer, name=name, spec=spec.encoder
         )
         self.encoder.stack.label = "encoder"
-        enc_info = self.encoder.info
-        self.decoder_layers = logical_layers(get_submodule(base, spec.decoder_stack), spec.decoder)
-        dec_heads = int(getattr(config, spec.decoder_heads_attr, None) or enc_info.n_heads)
-        head_dim = int(getattr(config, "head_dim", None) or enc_info.hidden_size // dec_heads)
-        self.decoder_stack, self.cross_stack = (
-            AttentionStack(
-                self.decoder_layers,
-                part,
-                n_heads=dec_heads,
-                head_dim=head_dim,
-                hidden_size=enc_info.hidden_size,
-                label=label,
-            )
-            for part, label in ((spec.decoder, "decoder"), (spec.cross, "cross"))
-        )
-        self.info = enc_info
-        self.decoder_info = ModelInfo(
-            name=name,
-            architecture=spec.name,
-            model_type=str(config.model_type),
-            n_layers=len(self.decoder_layers),
-            n_heads=dec_heads,
-            n_kv_heads=self.decoder_stack.n_kv_heads,
-            head_dim=head_dim,
-            hidden_size=enc_info.hidden_size,
-            max_positions=enc_info.max_positions,
-            is_causal=True,
-        )
-        start = getattr(config, "decoder_start_token_id", None)
-        if start is None:  # T5 starts decoding from the pad token
-            start = getattr(config, "pad_token_id", None)
-        self.decoder_start_token_id = int(start or 0)
+        self.info = self.encoder.info
+        side = decoder_side(base, spec, self.info, name)
+        self.decoder_layers, self.decoder_info = side.layers, side.info
+        self.decoder_stack, self.cross_stack = side.self_stack, side.cross_stack
+        self.decoder_start_token_id = side.start_token_id
 
     @classmethod
     def from_hf(cls, hf_model: nn.Module, tokenizer: Any = None, **options: Any) -> Seq2SeqModel:
@@ -597,22 +558,9 @@ class Seq2SeqModel:
         This is what the decoder reads in training with `labels=target`. Without a
         target the source ids are used (the decoder reconstructs the source).
         """
-        if target is None:
-            labels = source.input_ids
-        elif isinstance(target, str | tuple):
-            labels = self.encoder.encode(target).input_ids
-        elif isinstance(target, torch.Tensor) or (
-            isinstance(target, list) and target and all(is_int(x) for x in target)
-        ):
-            labels = as_id_vector(target, "target")
-        else:
-            raise IdentifiableError(
-                f"target must be a text or token ids (list[int] or a 1-D tensor), got "
-                f"{type(target).__name__}"
-            )
-        if labels.numel() == 0:
-            raise IdentifiableError("the target is empty: give at least one token")
-        ids = torch.cat([torch.tensor([self.decoder_start_token_id]), labels[:-1]])
+        ids = decoder_ids(
+            target, source.input_ids, self.decoder_start_token_id, self.encoder.encode
+        )
         return Encoding(ids, self.encoder.inputs.token_strings(ids), 0)
 
     def trace(
@@ -626,28 +574,9 @@ class Seq2SeqModel:
         """
         src = self.encoder.inputs.encode_any(source, truncate)
         dec = self.decoder_inputs(target, src)
-        encoder = TraceBuilder(self.encoder.stack, [src])
-        decoder = TraceBuilder(self.decoder_stack, [dec])
-        cross = TraceBuilder(self.cross_stack, [dec], [src], hidden=False)
-        with HookSet() as hooks, torch.no_grad():
-            for builder in (encoder, decoder, cross):
-                builder.stack.tap(hooks, builder, builder.taps, map_shape=builder.map_shape)
-            ids, dids = src.input_ids[None].to(self.device), dec.input_ids[None].to(self.device)
-            self.hf_model(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                decoder_input_ids=dids,
-                decoder_attention_mask=torch.ones_like(dids),
-                use_cache=False,
-                **seq2seq_forward_options(),
-            )
         meta = TraceMeta(self.encoder.info.name, self.spec.name, dict(self.encoder.special_tokens))
-        dec_trace = decoder.traces(meta)[0]
-        return Seq2SeqTrace(
-            encoder=encoder.traces(meta)[0],
-            decoder=dec_trace,
-            cross=cross.traces(meta, hidden_states=[dec_trace.hidden_states])[0],
-        )
+        stacks = (self.encoder.stack, self.decoder_stack, self.cross_stack)
+        return trace_pair(self.hf_model, stacks, src, dec, meta)
 
     def trace_many(
         self, pairs: Iterable[ModelInput | tuple[ModelInput, ModelInput]]
@@ -658,20 +587,3 @@ class Seq2SeqModel:
                 yield self.trace(item[0], item[1])
             else:
                 yield self.trace(item)
-
-
-def _info(config: Any, stack: AttentionStack, name: str, max_positions: int) -> ModelInfo:
-    spec = stack.spec
-    return ModelInfo(
-        name=name or str(getattr(config, "_name_or_path", "")),
-        architecture=spec.name,
-        model_type=str(config.model_type),
-        n_layers=stack.n_layers,
-        n_heads=stack.n_heads,
-        n_kv_heads=stack.n_kv_heads,
-        head_dim=stack.head_dim,
-        hidden_size=stack.hidden_size,
-        max_positions=max_positions,
-        is_causal=spec.causal,
-        intermediate_size=int(getattr(config, spec.mlp_width, None) or 4 * stack.hidden_size),
-    )

@@ -37,6 +37,27 @@ class ModelInfo:
     is_causal: bool
     intermediate_size: int = 0  # MLP width, for memory estimates
 
+    @classmethod
+    def of_stack(
+        cls, config: Any, stack: AttentionStack, name: str, max_positions: int
+    ) -> ModelInfo:
+        """The info of a model traced through one `stack` (`config`: the HF config; the
+        MLP width falls back to 4 × hidden size where the spec's attribute is missing)."""
+        spec = stack.spec
+        return cls(
+            name=name or str(getattr(config, "_name_or_path", "")),
+            architecture=spec.name,
+            model_type=str(config.model_type),
+            n_layers=stack.n_layers,
+            n_heads=stack.n_heads,
+            n_kv_heads=stack.n_kv_heads,
+            head_dim=stack.head_dim,
+            hidden_size=stack.hidden_size,
+            max_positions=max_positions,
+            is_causal=spec.causal,
+            intermediate_size=int(getattr(config, spec.mlp_width, None) or 4 * stack.hidden_size),
+        )
+
 
 @runtime_checkable
 class TracedModel(Protocol):

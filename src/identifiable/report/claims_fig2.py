@@ -188,6 +188,21 @@ def identifiable_at_depth(per_layer: pd.DataFrame, control: pd.DataFrame) -> Ver
         status = PARTLY
     else:
         status = NOT_SUPPORTED
+    sentence = _depth_sentence(status, first, last, layers, fall, separated, high, ctrl_gap)
+    return Verdict("fig2a_depth", status, sentence + _excluded(dropped), numbers)
+
+
+def _depth_sentence(
+    status: str,
+    first: pd.Series,
+    last: pd.Series,
+    layers: list[Any],
+    fall: float,
+    separated: bool,
+    high: bool,
+    ctrl_gap: float,
+) -> str:
+    """The sentence of `identifiable_at_depth`, with the paper's fall beside ours."""
     paper = paper_reference()["fig2a_identifiability_rate_by_layer"]
     ctrl_txt = (
         f"the shuffled-target control is within {ctrl_gap:.3f} of chance"
@@ -199,15 +214,12 @@ def identifiable_at_depth(per_layer: pd.DataFrame, control: pd.DataFrame) -> Ver
         + ("" if separated else " whose 95% intervals overlap")
         + f" (test: ≥ {DEPTH_FALL * 100:.0f} points with separate intervals)"
     )
-    return Verdict(
-        "fig2a_depth",
-        status,
+    return (
         f"{status.capitalize()}: the best learned cosine probe identifies {first['rate']:.1%} of tokens at layer "
         f"{layers[0]} and {last['rate']:.1%} at the last layer ({last['probe']} probe), {fall_txt}; it stays "
         f"{'above' if high else 'below'} {DEPTH_HIGH:.0%} (paper: {paper['lin_cos'][0]:.0%} → "
         f"{paper['lin_cos'][-1]:.0%}, a fall of {(paper['lin_cos'][0] - paper['lin_cos'][-1]) * 100:.0f} points); "
-        f"{ctrl_txt}.{_excluded(dropped)}",
-        numbers,
+        f"{ctrl_txt}."
     )
 
 

@@ -1,14 +1,16 @@
 """Assemble the reproduction folder: tables, figures, summary.json and index.html.
 
-Called with the stage tables (see `report.stages`). Writes every table as CSV and
-Parquet, every figure as PNG and SVG, then summary.json, and index.html last, each
-atomically, so a folder with an index.html is always a finished report.
+Called with the stage tables, read through their contract (`identifiable.stage_tables`).
+Writes every table as CSV and Parquet, every figure as PNG and SVG, then summary.json,
+and index.html last, each atomically, so a folder with an index.html is always a
+finished report.
 """
 
 from __future__ import annotations
 
 import json
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -21,6 +23,15 @@ from identifiable.report.files import write_figure
 from identifiable.report.html import Markup, h, page, png_img, table_html
 from identifiable.report.methods import first_value, methods_section
 from identifiable.report.paper import PAPER_LABEL
+from identifiable.report.prose import EFFECTIVE_NOTE, PROSE
+from identifiable.stage_tables import (
+    AttentionStageTables,
+    AttributionStageTables,
+    CertifyStageTables,
+    MixingStageTables,
+    Results,
+    TokenStageTables,
+)
 from identifiable.store.files import atomic_write_text, write_table
 
 PACKAGES = (
@@ -32,14 +43,6 @@ PACKAGES = (
     "pandas",
     "pyarrow",
     "matplotlib",
-)
-
-EFFECTIVE_NOTE = (
-    "Effective attention is not a probability distribution: it is raw attention with its null-space part "
-    "removed. That part cannot change the head's output as the paper writes it, A·E·W_V·H, without the value "
-    "bias (A_eff T = A T for T = E W_V H); the model's heads also add the value bias b_V, and since the rows "
-    "of A_eff need not sum to 1, replacing A by A_eff does change the real head output (measured below). "
-    "Its entries may be negative and its rows need not sum to 1."
 )
 
 
@@ -76,61 +79,59 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def _tables(
-    results: dict[str, dict[str, pd.DataFrame]],
-) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
-    """Final tables (name → DataFrame) and the verdicts that go with them."""
-    att, tok, hta = results["attention"], results["tokens"], results["attribution"]
-    empty = pd.DataFrame()
+def _tables(results: Results) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+    """Final tables (name → DataFrame) and the verdicts that go with them. Each stage's
+    tables are read through its contract (`identifiable.stage_tables`): a missing stage
+    or table raises, naming both."""
+    att = AttentionStageTables.of(results)
+    tok = TokenStageTables.of(results)
+    hta = AttributionStageTables.of(results)
+    mixing, certify = MixingStageTables.optional(results), CertifyStageTables.optional(results)
     to_tokens = (
-        att["to_tokens"]
-        .groupby(["layer", "head", "kind", "target"], as_index=False)["value"]
-        .mean()
-        if not att["to_tokens"].empty
-        else att["to_tokens"].drop(columns="seq")
+        att.to_tokens.groupby(["layer", "head", "kind", "target"], as_index=False)["value"].mean()
+        if not att.to_tokens.empty
+        else att.to_tokens.drop(columns="seq")
     )
-    groups = claims.neighbour_groups(hta["groups"])
-    positions = claims.relative_positions(hta["offsets"])
-    trends = hta.get("trends", empty)
-    _, v3b = claims.not_top_share(hta["own"], trends)
-    own_summary = hta.get("own_summary", empty)
-    share = own_summary[["layer", "p_tilde", "p_tilde_lo", "p_tilde_hi"]].rename(
+    groups = claims.neighbour_groups(hta.groups)
+    positions = claims.relative_positions(hta.offsets)
+    _, v3b = claims.not_top_share(hta.own, hta.trends)
+    share = hta.own_summary[["layer", "p_tilde", "p_tilde_lo", "p_tilde_hi"]].rename(
         columns={"p_tilde": "percent", "p_tilde_lo": "percent_lo", "p_tilde_hi": "percent_hi"}
     )
-    specials = hta["specials"].groupby("layer", as_index=False)[["share_sum", "queries"]].sum()
+    specials = hta.specials.groupby("layer", as_index=False)[["share_sum", "queries"]].sum()
     specials["percent_from_special_inputs"] = 100 * specials["share_sum"] / specials["queries"]
     specials = specials[["layer", "percent_from_special_inputs"]]
     tables = {
-        "fig1a_pearson_by_length": att["by_length"],
-        "fig1a_pearson_by_layer": att["by_layer"],
+        "fig1a_pearson_by_length": att.by_length,
+        "fig1a_pearson_by_layer": att.by_layer,
         "fig1bc_attention_to_tokens": to_tokens,
-        "fig1_output_change": att.get("output_change", empty),
-        "fig2a_identifiability": tok["per_layer"],
-        "fig2a_control": tok["control"],
-        "fig2a_fits": tok.get("fits", empty),
-        "fig2a_grid": tok.get("grid", empty),
-        "fig2_split": tok.get("counts", empty),
-        "fig2_protocol": tok.get("protocol", empty),
-        "fig2b_cross_layer": tok["cross_layer"],
-        "fig3a_own_contribution": hta["own"],
-        "fig3a_own_summary": own_summary,
+        "fig1_output_change": att.output_change,
+        "fig2a_identifiability": tok.per_layer,
+        "fig2a_control": tok.control,
+        "fig2a_fits": tok.fits,
+        "fig2a_grid": tok.grid,
+        "fig2_split": tok.counts,
+        "fig2_protocol": tok.protocol,
+        "fig2b_cross_layer": tok.cross_layer,
+        "fig3a_own_contribution": hta.own,
+        "fig3a_own_summary": hta.own_summary,
         "fig3b_own_not_top": share,
         "fig4a_neighbour_groups": groups,
-        "fig4a_groups_summary": hta.get("groups_summary", empty),
+        "fig4a_groups_summary": hta.groups_summary,
         "fig4b_relative_position": positions,
-        "fig4b_positions_summary": hta.get("offsets_summary", empty),
+        "fig4b_positions_summary": hta.offsets_summary,
         "fig4_special_share": specials,
-        "fig34_estimator": hta.get("estimator", empty),
-        "fig34_trends": trends,
+        "fig34_estimator": hta.estimator,
+        "fig34_trends": hta.trends,
     }
     # beyond the paper (present when the run had these stages)
-    if "mixing" in results:
-        tables["mixing_correlations"] = results["mixing"]["correlations"]
-        tables["mixing_summary"] = results["mixing"]["summary"]
-    if "certify" in results:
-        tables["certify_rows"] = results["certify"]["rows"]
-        tables["certify_by_layer"] = results["certify"]["by_layer"]
-        tables["certify_by_length"] = results["certify"]["by_length"]
+    if mixing is not None:
+        tables["mixing_correlations"] = mixing.correlations
+        tables["mixing_summary"] = mixing.summary
+    if certify is not None:
+        tables["certify_rows"] = certify.rows
+        tables["certify_by_layer"] = certify.by_layer
+        tables["certify_by_length"] = certify.by_length
     return tables, {"fig3b": v3b}
 
 
@@ -169,63 +170,53 @@ def _sample_captions(tables: dict[str, pd.DataFrame], d_v: int) -> dict[str, str
     return {"attention": att, "tokens": tok, "attribution": hta}
 
 
-def _sections(
-    model: Any, tables: dict[str, pd.DataFrame], extra: dict[str, Any], out: Path
+FigureWriter = Callable[[str, Any, str], tuple[str, bytes, str]]
+"""`fig(stem, figure, caption)`: writes the figure (PNG and SVG) and closes it."""
+
+
+def _section(
+    key: str,
+    figs: list[tuple[str, bytes, str]],
+    verdicts: list[claims.Verdict],
+    shown: list[tuple[str, pd.DataFrame]],
+    **values: Any,
+) -> Section:
+    """Section `key` with its prose (report/prose.py) filled in with `values`."""
+    title, claim, explain = (text.format(**values) for text in PROSE[key])
+    return Section(key, title, claim, explain, figs, verdicts, shown)
+
+
+def _attention_sections(
+    tables: dict[str, pd.DataFrame], info: Any, caption: str, fig: FigureWriter
 ) -> list[Section]:
-    info = model.info
+    """Sections 1 and 2: raw against effective attention (paper Fig. 1)."""
     d_v, n_layers, name = info.head_dim, info.n_layers, info.name
-    caption = _sample_captions(tables, d_v)
-
-    def fig(stem: str, f: Any, text: str) -> tuple[str, bytes, str]:
-        png, _ = write_figure(f, out / "figures" / stem)
-        figures.close(f)
-        return stem, png, text
-
-    to_tokens = tables["fig1bc_attention_to_tokens"]
+    by_length, to_tokens = tables["fig1a_pearson_by_length"], tables["fig1bc_attention_to_tokens"]
     change = claims.output_change(tables["fig1_output_change"], d_v)
-    fig2 = tables["fig2a_identifiability"]
+    pearson = fig(
+        "fig1a_pearson_by_length",
+        figures.fig1a_pearson(by_length, d_v, name),
+        "Fig. 1a. " + caption,
+    )
+    raw, effective = (
+        fig(
+            f"fig1{letter}_{kind}_attention",
+            figures.fig1bc_targets(to_tokens, kind, n_layers, name),
+            f"Fig. 1{letter}. " + caption,
+        )
+        for letter, kind in (("b", "raw"), ("c", "effective"))
+    )
     return [
-        Section(
+        _section(
             "attention",
-            "1. Attention is not identifiable beyond the head width",
-            f"Once a sequence has more tokens than the head width (d_v = {d_v} here), many different attention "
-            "matrices give exactly the same head output, so raw and effective attention part ways: their Pearson "
-            "correlation is exactly 1 up to n = d_v and falls beyond (paper Fig. 1a).",
-            "Left: each dot is one sequence; r compares every raw attention weight with its effective counterpart "
-            "(all heads and layers pooled). Middle: the measured null-space dimension, with the lower bound n − d_v. "
-            "The dotted line marks the head width, where non-identifiability starts. r = 1 below d_v holds by "
-            "construction (there A_eff = A); the verdict tests the fall beyond it.",
-            [
-                fig(
-                    "fig1a_pearson_by_length",
-                    figures.fig1a_pearson(tables["fig1a_pearson_by_length"], d_v, name),
-                    "Fig. 1a. " + caption["attention"],
-                )
-            ],
-            [claims.pearson_by_length(tables["fig1a_pearson_by_length"], d_v)],
-            [("fig1a_pearson_by_length", tables["fig1a_pearson_by_length"].sort_values("length"))],
+            [pearson],
+            [claims.pearson_by_length(by_length, d_v)],
+            [("fig1a_pearson_by_length", by_length.sort_values("length"))],
+            d_v=d_v,
         ),
-        Section(
+        _section(
             "effective",
-            "2. Effective attention pays little attention to [CLS], [SEP] and punctuation",
-            "Raw attention piles up on [CLS], [SEP] and punctuation in some layers, but much of that weight lies in "
-            "the null space: effective attention to these tokens is far smaller (paper Figs. 1b, 1c).",
-            "Dots: one head each (average attention its query tokens pay to the token type); lines: the layer mean. "
-            + EFFECTIVE_NOTE
-            + " "
-            + _change_note(change, d_v),
-            [
-                fig(
-                    "fig1b_raw_attention",
-                    figures.fig1bc_targets(to_tokens, "raw", n_layers, name),
-                    "Fig. 1b. " + caption["attention"],
-                ),
-                fig(
-                    "fig1c_effective_attention",
-                    figures.fig1bc_targets(to_tokens, "effective", n_layers, name),
-                    "Fig. 1c. " + caption["attention"],
-                ),
-            ],
+            [raw, effective],
             [claims.effective_vs_raw_targets(to_tokens)],
             [
                 ("fig1bc_attention_to_tokens (layer means)", claims.layer_means(to_tokens)),
@@ -234,105 +225,89 @@ def _sections(
                     tables["fig1_output_change"],
                 ),
             ],
+            effective_note=EFFECTIVE_NOTE,
+            change_note=_change_note(change, d_v),
         ),
-        Section(
-            "tokens",
-            "3. Hidden tokens stay largely identifiable",
-            "A probe that maps a hidden state back to the input embeddings finds the token's own input as the "
-            "nearest candidate for most tokens at every layer; cosine beats L2 (identity lives in the angle) and "
-            "the rate falls with depth yet stays high (paper Fig. 2).",
-            "Rate: share of test tokens (held-out sequences) whose nearest input embedding, among the sequence's "
-            "own, is their own; bands are 95% intervals; the dotted grey line is a probe fitted on shuffled "
-            "targets, which should sit at chance. How each probe was fitted and what stopped it is in the "
-            "caption (computed from the table below, which gives every fit's optimiser, steps, stop reason, "
-            "final training and validation loss and whether it finished) and in Methods; every loss curve is "
-            "in tables/fig2a_fits.csv. Fig. 2b: a linear cosine probe "
-            "trained on one layer, tested on every layer, fitted two ways (converged, and the closed-form "
-            "least-squares start) because the transfer depends on the fitting regime.",
-            [
-                fig(
-                    "fig2a_identifiability",
-                    figures.fig2a_identifiability(
-                        pd.concat([fig2, tables["fig2a_control"].assign(probe="shuffled")]),
-                        n_layers,
-                        name,
-                    ),
-                    "Fig. 2a. " + caption["tokens"],
-                ),
-                fig(
-                    "fig2b_cross_layer",
-                    figures.fig2b_cross_layer(
-                        tables["fig2b_cross_layer"].query(
-                            "probe == 'linear' and objective == 'cos'"
-                        ),
-                        n_layers,
-                        name,
-                    ),
-                    "Fig. 2b. " + caption["tokens"],
-                ),
-            ],
-            [
-                claims.cosine_beats_l2(fig2),
-                claims.identifiable_at_depth(fig2, tables["fig2a_control"]),
-                claims.cross_layer(tables["fig2b_cross_layer"], fig2),
-            ],
-            tokens_section.tables(fig2, tables["fig2a_grid"], tables["fig2b_cross_layer"]),
-        ),
-        Section(
+    ]
+
+
+def _tokens_section(
+    tables: dict[str, pd.DataFrame], info: Any, caption: str, fig: FigureWriter
+) -> Section:
+    """Section 3: token identifiability (paper Fig. 2)."""
+    n_layers, name = info.n_layers, info.name
+    fig2, control, cross = (
+        tables[k] for k in ("fig2a_identifiability", "fig2a_control", "fig2b_cross_layer")
+    )
+    rates = pd.concat([fig2, control.assign(probe="shuffled")])
+    linear_cos = cross.query("probe == 'linear' and objective == 'cos'")
+    return _section(
+        "tokens",
+        [
+            fig(
+                "fig2a_identifiability",
+                figures.fig2a_identifiability(rates, n_layers, name),
+                "Fig. 2a. " + caption,
+            ),
+            fig(
+                "fig2b_cross_layer",
+                figures.fig2b_cross_layer(linear_cos, n_layers, name),
+                "Fig. 2b. " + caption,
+            ),
+        ],
+        [
+            claims.cosine_beats_l2(fig2),
+            claims.identifiable_at_depth(fig2, control),
+            claims.cross_layer(cross, fig2),
+        ],
+        tokens_section.tables(fig2, tables["fig2a_grid"], cross),
+    )
+
+
+def _attribution_sections(
+    tables: dict[str, pd.DataFrame],
+    extra: dict[str, Any],
+    info: Any,
+    caption: str,
+    fig: FigureWriter,
+) -> list[Section]:
+    """Sections 4 and 5: Hidden Token Attribution (paper Figs. 3 and 4)."""
+    n_layers, name = info.n_layers, info.name
+    own, groups = tables["fig3a_own_summary"], tables["fig4a_neighbour_groups"]
+    depths = sorted({0, (n_layers + 1) // 2 - 1, n_layers - 1})
+    return [
+        _section(
             "attribution",
-            "4. Tokens mix: a hidden token owes less and less to its own input",
-            "Hidden Token Attribution measures how much each input token contributes to a hidden token (gradient "
-            "norms, rows sum to 100%). The share of the token's own input falls with depth, and in deeper layers "
-            "a growing share of tokens gets more from another input than from its own (paper Fig. 3).",
-            "Left: the median over tokens of the contribution of the token's own input, with its quartiles "
-            "(band), each with a 95% bootstrap interval over sequences. Second figure: percent of tokens whose "
-            "largest contributor is another input. Both depend on sequence length, so the pairs are drawn from "
-            "the paper's length range.",
             [
                 fig(
                     "fig3a_own_contribution",
-                    figures.fig3a_own(tables["fig3a_own_summary"], n_layers, name),
-                    "Fig. 3a. " + caption["attribution"],
+                    figures.fig3a_own(own, n_layers, name),
+                    "Fig. 3a. " + caption,
                 ),
-                fig(
-                    "fig3b_own_not_top",
-                    figures.fig3b_not_top(tables["fig3a_own_summary"], name),
-                    "Fig. 3b. " + caption["attribution"],
-                ),
+                fig("fig3b_own_not_top", figures.fig3b_not_top(own, name), "Fig. 3b. " + caption),
             ],
             [claims.own_contribution_falls(tables["fig3a_own_contribution"]), extra["fig3b"]],
             [
-                ("fig3a_own_summary", tables["fig3a_own_summary"]),
+                ("fig3a_own_summary", own),
                 ("fig4_special_share", tables["fig4_special_share"]),
             ],
         ),
-        Section(
+        _section(
             "neighbours",
-            "5. Contributions come from nearby tokens first, then spread",
-            "Inputs close to a token contribute most to it in early layers; with depth the contributions spread "
-            "to tokens further away (paper Fig. 4).",
-            f"Fig. 4a normalisation ({claims.GROUP_NORMALISATION}); the paper does not state its own, so compare "
-            "shapes, not levels. Fig. 4b: total contribution of the input at each relative position (the token "
-            "itself left out), normalised to a maximum of 1 per layer. Bands: 95% bootstrap intervals over "
-            "sequences.",
             [
                 fig(
                     "fig4a_neighbour_groups",
                     figures.fig4a_groups(tables["fig4a_groups_summary"], n_layers, name),
-                    "Fig. 4a. " + caption["attribution"],
+                    "Fig. 4a. " + caption,
                 ),
                 fig(
                     "fig4b_relative_position",
-                    figures.fig4b_positions(
-                        tables["fig4b_positions_summary"],
-                        sorted({0, (n_layers + 1) // 2 - 1, n_layers - 1}),
-                        name,
-                    ),
-                    "Fig. 4b. " + caption["attribution"],
+                    figures.fig4b_positions(tables["fig4b_positions_summary"], depths, name),
+                    "Fig. 4b. " + caption,
                 ),
             ],
             [
-                claims.neighbours_spread(tables["fig4a_neighbour_groups"]),
+                claims.neighbours_spread(groups),
                 claims.peak_at_neighbours(
                     tables["fig4b_relative_position"], tables["fig34_trends"]
                 ),
@@ -340,13 +315,31 @@ def _sections(
             [
                 (
                     "fig4a_neighbour_groups",
-                    tables["fig4a_neighbour_groups"]
-                    .pivot(index="layer", columns="group", values="percent")
-                    .reset_index(),
+                    groups.pivot(index="layer", columns="group", values="percent").reset_index(),
                 )
             ],
+            group_normalisation=claims.GROUP_NORMALISATION,
         ),
-        *_beyond(tables, name, fig),
+    ]
+
+
+def _sections(
+    model: Any, tables: dict[str, pd.DataFrame], extra: dict[str, Any], out: Path
+) -> list[Section]:
+    """The five paper sections in paper order, then those beyond the paper."""
+    info = model.info
+    caption = _sample_captions(tables, info.head_dim)
+
+    def fig(stem: str, f: Any, text: str) -> tuple[str, bytes, str]:
+        png, _ = write_figure(f, out / "figures" / stem)
+        figures.close(f)
+        return stem, png, text
+
+    return [
+        *_attention_sections(tables, info, caption["attention"], fig),
+        _tokens_section(tables, info, caption["tokens"], fig),
+        *_attribution_sections(tables, extra, info, caption["attribution"], fig),
+        *_beyond(tables, info.name, fig),
     ]
 
 
@@ -473,7 +466,7 @@ def _render_section(s: Section, check: bool = False) -> Markup:
 
 
 def write_report(
-    out: Path, model: Any, results: dict[str, dict[str, pd.DataFrame]], settings: dict[str, Any]
+    out: Path, model: Any, results: Results, settings: dict[str, Any]
 ) -> tuple[list[Path], dict[str, Any]]:
     """Write tables, figures, summary.json and (last) index.html into `out`."""
     tables, extra = _tables(results)

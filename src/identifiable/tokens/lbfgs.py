@@ -93,16 +93,7 @@ def _refine(
     if cfg.cos_steps < 1:
         return _record(start, 0, start_val, start_val, train, "closed form", curve, 0)
     every = max(1, min(cfg.lbfgs_every, cfg.cos_steps))
-    opt = torch.optim.LBFGS(
-        [w, b],
-        lr=1.0,
-        max_iter=every,
-        max_eval=2 * every + 2,
-        history_size=cfg.lbfgs_history,
-        tolerance_grad=0.0,
-        tolerance_change=0.0,
-        line_search_fn="strong_wolfe",
-    )
+    opt = _lbfgs([w, b], every, cfg.lbfgs_history)
 
     def closure() -> torch.Tensor:
         opt.zero_grad()
@@ -132,6 +123,21 @@ def _refine(
     w_best, b_best = best_state
     probe = Probe("linear", objective, w_best, b_best - mean @ w_best)
     return _record(probe, steps, start_val, best, best_train, stopped, curve, evaluations)
+
+
+def _lbfgs(params: list[torch.Tensor], every: int, history: int) -> torch.optim.LBFGS:
+    """L-BFGS taking `every` iterations per `step`, with a strong-Wolfe line search and no
+    tolerance of its own (`_refine` decides when to stop)."""
+    return torch.optim.LBFGS(
+        params,
+        lr=1.0,
+        max_iter=every,
+        max_eval=2 * every + 2,
+        history_size=history,
+        tolerance_grad=0.0,
+        tolerance_change=0.0,
+        line_search_fn="strong_wolfe",
+    )
 
 
 def _record(
