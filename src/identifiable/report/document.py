@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from identifiable.report import certify_section, claims, figures, mixing_section, tokens_section
-from identifiable.report.files import write_figure
+from identifiable.report.files import write_figure, write_tables
 from identifiable.report.html import Markup, h, page, png_img, table_html
 from identifiable.report.methods import first_value, methods_section
 from identifiable.report.paper import PAPER_LABEL
@@ -32,7 +32,7 @@ from identifiable.stage_tables import (
     Results,
     TokenStageTables,
 )
-from identifiable.store.files import atomic_write_text, write_table
+from identifiable.store.files import atomic_write_text
 
 PACKAGES = (
     "identifiable",
@@ -470,9 +470,7 @@ def write_report(
 ) -> tuple[list[Path], dict[str, Any]]:
     """Write tables, figures, summary.json and (last) index.html into `out`."""
     tables, extra = _tables(results)
-    files: list[Path] = []
-    for name, df in tables.items():
-        files += write_table(df, out / "tables" / name)
+    files = write_tables(tables, out / "tables")
     sections = _sections(model, tables, extra, out)
     files += [
         out / "figures" / f"{stem}.{ext}"

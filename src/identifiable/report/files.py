@@ -1,4 +1,5 @@
-"""Figure files of the report: PNG and SVG, reproducible byte for byte, written atomically."""
+"""Files of the reports: tables (CSV, Parquet) and figures (PNG, SVG), reproducible byte for
+byte, written atomically."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from identifiable.store.files import atomic_write_bytes
+from identifiable.store.files import atomic_write_bytes, write_table
 
 if TYPE_CHECKING:
+    import pandas as pd
     from matplotlib.figure import Figure
 
 
@@ -38,3 +40,11 @@ def write_figure(fig: Figure, stem: str | Path) -> tuple[bytes, list[Path]]:
         atomic_write_bytes(stem.with_suffix(".svg"), svg),
     ]
     return png, paths
+
+
+def write_tables(tables: dict[str, pd.DataFrame], folder: Path) -> list[Path]:
+    """Every table as `folder/<name>.csv` and `.parquet`, in the mapping's order."""
+    files: list[Path] = []
+    for name, df in tables.items():
+        files += write_table(df, folder / name)
+    return files

@@ -13,9 +13,9 @@ import pandas as pd
 from matplotlib import pyplot as plt
 from matplotlib.figure import Figure
 
-from identifiable.report.files import write_figure
+from identifiable.report.files import write_figure, write_tables
 from identifiable.report.html import h, page, png_img, table_html
-from identifiable.store.files import atomic_write_text, write_table
+from identifiable.store.files import atomic_write_text
 
 TITLE = "Null-space-aware fine-tuning: what the penalty bought and what it cost"
 
@@ -71,9 +71,7 @@ def write_sweep_report(
     out: Path, tables: dict[str, pd.DataFrame], meta: dict[str, Any]
 ) -> list[Path]:
     """Tables (CSV, Parquet), figures (PNG, SVG) and index.html (last) into `out`."""
-    files: list[Path] = []
-    for name, df in tables.items():
-        files += write_table(df, out / "tables" / name)
+    files = write_tables(tables, out / "tables")
     figs = [
         (
             "pareto",
