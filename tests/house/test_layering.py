@@ -26,6 +26,7 @@ FLOORS = {
     "seeds": 0,  # the seed range and seeds derived for a layer
     "unicode": 0,  # text a tokenizer can take (no lone surrogates)
     "progress": 0,  # the one progress helper (rich bars on stderr, lines in a log)
+    "colormap": 0,  # the one diverging colormap and the panel-scale rule (plots and viewer)
     "corpus": 1,
     "models": 2,
     "attention": 3,
@@ -46,7 +47,7 @@ FLOORS = {
     "__version__": 0,  # `from identifiable import __version__` is a constant
 }
 # report renders: it may import only these, whatever their floor
-REPORT_MAY_IMPORT = {"report", "store", "errors"}
+REPORT_MAY_IMPORT = {"report", "store", "errors", "colormap"}
 
 
 def _part(module: str) -> str | None:
