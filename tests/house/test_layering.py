@@ -26,6 +26,7 @@ FLOORS = {
     "seeds": 0,  # the seed range and seeds derived for a layer
     "unicode": 0,  # text a tokenizer can take (no lone surrogates)
     "progress": 0,  # the one progress helper (rich bars on stderr, lines in a log)
+    "result_html": 0,  # Result._repr_html_: headline, inline SVG picture, table
     "colormap": 0,  # the one diverging colormap and the panel-scale rule (plots and viewer)
     "corpus": 1,
     "models": 2,
