@@ -826,6 +826,7 @@
       if (eff) addKey("#e08a00", "effective");
       panel.appendChild(legend);
       const table = el("table");
+      table.dataset.axis = ax.join(",");
       const head = el("tr");
       ["key", "token", "raw a", "effective a_eff", "witness ã", "constrained c", "min", "max", "width", "identifiable", ""].forEach((t) => head.appendChild(el("th", t)));
       table.appendChild(head);
