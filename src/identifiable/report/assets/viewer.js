@@ -81,6 +81,10 @@
     return c.map((x) => Math.round(255 + (x - 255) * Math.max(0, Math.min(1, t))));
   }
 
+  // A null fraction in a grid cell: two decimals, or two significant digits below 0.095
+  // (a [CLS]-dominated head can have a small one, and the cells must still differ).
+  const fraction = (v) => (v === 0 ? "0" : v >= 0.095 ? v.toFixed(2) : v.toPrecision(2));
+
   const bit = (bytes, k) => (bytes[k >> 3] >> (7 - (k & 7))) & 1;
 
   function start(root) {
@@ -410,7 +414,7 @@
         const tr = el("tr");
         tr.appendChild(el("th", layer));
         r.forEach((v, k) => {
-          const td = el("td", value(layer, k).toFixed(2));
+          const td = el("td", fraction(value(layer, k)));
           td.dataset.layer = layer;
           td.dataset.head = k;
           const t = dmax > 0 ? value(layer, k) / dmax : 0;
