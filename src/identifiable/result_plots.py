@@ -75,7 +75,7 @@ def heatmaps(res: Any, panels: list, title: str) -> Figure:
 
 def _scale_rule(skip_first_key: bool) -> str:
     where = " outside key 0" if skip_first_key else ""
-    return f"99th pct of |value|{where}; beyond ±s at the ends"
+    return f"99th pct of |value|{where}"
 
 
 def _figure_title(res: Any, where: str) -> str:
