@@ -167,3 +167,60 @@ def test_the_row_table_shows_effective_attention_and_readable_intervals(
     assert "bar axis fitted to this row" in page.inner_text(P("interval-panel"))
     assert loaded.console_errors == [] and loaded.requests == []
     loaded.screenshot("viewer-row-table.png")
+
+
+TEXT = (
+    "The old river city was quiet that morning, and the people who lived near the station "
+    "watched the first train leave before the music started in the small green square. "
+    "Later the rain came down on the red roofs of the houses by the water."
+)
+
+
+def test_minilm_viewer_for_the_docs(minilm: Any, tmp_path: Path, open_page: Any) -> None:
+    """The embedded MiniLM on a 50-token text (n > d_v = 32): the head grid's fractions
+    differ per head, and the screenshots docs/img/ copies are taken here."""
+    from identifiable.report.viewer_encoding import null_fraction
+    from identifiable.viewer_compute import build_viewer
+
+    html = build_viewer(minilm, TEXT, layer=2, head=3, rows=[9], certify=True, interval_seconds=8)
+    loaded = open_page(atomic_write_text(tmp_path / "minilm.html", html))
+    page = loaded.page
+    (data,) = read_viewer_data(html)
+    tr = minilm.trace(TEXT)
+    from identifiable.attention import effective_attention
+
+    eff = effective_attention(tr)
+    want = null_fraction(tr.attentions, eff.effective)
+    texts = page.locator("table.idf-grid td").all_inner_texts()
+    assert texts == [fraction(float(v)) for v in want.flatten()]
+    assert len(set(texts)) > 20  # the grid carries information (it read "n − d_v" before)
+    n = data["n"]
+    assert f"n − d_v = {n - 32}" in page.inner_text(P("null-dims-note"))
+    assert page.locator(P("interval-panel") + " table tr[data-key]").count() == n
+    assert loaded.console_errors == [] and loaded.requests == []
+    from report.conftest import ARTIFACTS
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    # the head grid and the first row of maps; the row table's first 16 keys
+    top, maps = (
+        page.locator(".idf-top").bounding_box(),
+        page.locator(P("figure-null")).bounding_box(),
+    )
+    clip = {
+        "x": top["x"],
+        "y": top["y"],
+        "width": top["width"],
+        "height": maps["y"] + maps["height"] - top["y"],
+    }
+    page.screenshot(path=str(ARTIFACTS / "viewer-minilm-top.png"), clip=clip, full_page=True)
+    panel = page.locator(P("interval-panel")).bounding_box()
+    last = page.locator(P("interval-panel") + " table tr[data-key]").nth(15).bounding_box()
+    clip = {
+        "x": panel["x"],
+        "y": panel["y"],
+        "width": panel["width"],
+        "height": last["y"] + last["height"] - panel["y"],
+    }
+    page.screenshot(path=str(ARTIFACTS / "viewer-minilm-rows.png"), clip=clip, full_page=True)
+    # the matplotlib figure of the same head, on the same colormap
+    eff.plot(layer=2, head=3).savefig(ARTIFACTS / "plot-minilm-effective.png", dpi=72)
