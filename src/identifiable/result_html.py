@@ -18,6 +18,7 @@ import numpy as np
 from markupsafe import Markup
 
 from identifiable.colormap import colour, panel_scale
+from identifiable.results import _to_numpy
 
 PICTURE_CELLS = 24  # a map is drawn as at most 24 × 24 blocks (block means)
 PICTURE_PX = 120
@@ -37,12 +38,8 @@ __all__ = [
 
 
 def _np(value: Any) -> np.ndarray:
-    if hasattr(value, "detach"):
-        value = value.detach().cpu()
-        if value.dtype.is_floating_point and value.element_size() < 4:
-            value = value.float()
-        return value.numpy()
-    return np.asarray(value)
+    got = _to_numpy(value)
+    return np.asarray(got)
 
 
 def null_fractions(res: Any) -> np.ndarray:

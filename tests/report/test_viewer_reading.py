@@ -176,6 +176,13 @@ TEXT = (
 )
 
 
+def shoot(page: Any, first: str, last: str, path: Path) -> None:
+    """A screenshot from the top of `first` to the bottom of `last`, `first`'s width."""
+    a, b = page.locator(first).bounding_box(), page.locator(last).bounding_box()
+    clip = {"x": a["x"], "y": a["y"], "width": a["width"], "height": b["y"] + b["height"] - a["y"]}
+    page.screenshot(path=str(path), clip=clip, full_page=True)
+
+
 def test_minilm_viewer_for_the_docs(minilm: Any, tmp_path: Path, open_page: Any) -> None:
     """The embedded MiniLM on a 50-token text (n > d_v = 32): the head grid's fractions
     differ per head, and the screenshots docs/img/ copies are taken here."""
@@ -202,25 +209,8 @@ def test_minilm_viewer_for_the_docs(minilm: Any, tmp_path: Path, open_page: Any)
 
     ARTIFACTS.mkdir(exist_ok=True)
     # the head grid and the first row of maps; the row table's first 16 keys
-    top, maps = (
-        page.locator(".idf-top").bounding_box(),
-        page.locator(P("figure-null")).bounding_box(),
-    )
-    clip = {
-        "x": top["x"],
-        "y": top["y"],
-        "width": top["width"],
-        "height": maps["y"] + maps["height"] - top["y"],
-    }
-    page.screenshot(path=str(ARTIFACTS / "viewer-minilm-top.png"), clip=clip, full_page=True)
-    panel = page.locator(P("interval-panel")).bounding_box()
-    last = page.locator(P("interval-panel") + " table tr[data-key]").nth(15).bounding_box()
-    clip = {
-        "x": panel["x"],
-        "y": panel["y"],
-        "width": panel["width"],
-        "height": last["y"] + last["height"] - panel["y"],
-    }
-    page.screenshot(path=str(ARTIFACTS / "viewer-minilm-rows.png"), clip=clip, full_page=True)
+    shoot(page, ".idf-top", P("figure-null"), ARTIFACTS / "viewer-minilm-top.png")
+    rows = P("interval-panel") + " table tr[data-key] >> nth=15"
+    shoot(page, P("interval-panel"), rows, ARTIFACTS / "viewer-minilm-rows.png")
     # the matplotlib figure of the same head, on the same colormap
     eff.plot(layer=2, head=3).savefig(ARTIFACTS / "plot-minilm-effective.png", dpi=72)
