@@ -18,7 +18,6 @@ import numpy as np
 from markupsafe import Markup
 
 from identifiable.colormap import colour, panel_scale
-from identifiable.results import _to_numpy
 
 PICTURE_CELLS = 24  # a map is drawn as at most 24 × 24 blocks (block means)
 PICTURE_PX = 120
@@ -38,8 +37,12 @@ __all__ = [
 
 
 def _np(value: Any) -> np.ndarray:
-    got = _to_numpy(value)
-    return np.asarray(got)
+    """A tensor or array as numpy (bfloat16 and float16 as float32, which numpy holds).
+    Not `results._to_numpy`: importing `results` here would make an import cycle."""
+    if hasattr(value, "detach"):
+        t = value.detach().cpu()
+        return (t.float() if t.dtype.is_floating_point and t.element_size() < 4 else t).numpy()
+    return np.asarray(value)
 
 
 def null_fractions(res: Any) -> np.ndarray:
