@@ -163,3 +163,14 @@ def test_mixing_headline_names_the_method_and_its_locality() -> None:
     assert "method alti" in html
     assert _number(html, "locality at the last layer:") == pytest.approx(np.mean(near), abs=6e-4)
     assert html.count("<svg") == 1 and "layerwise, layer 1" in html
+
+
+def test_interval_plot_fits_its_axis_to_the_row() -> None:
+    from identifiable.attention.intervals import AttentionIntervals
+
+    raw = torch.tensor([0.25, 0.2, 0.15, 0.12, 0.1, 0.08, 0.06, 0.04], dtype=torch.float64)
+    res = AttentionIntervals(0, 0, 3, raw, raw - 0.02, raw + 0.03, 4, 0, tokens=TOKENS)
+    ax = res.plot().axes[0]
+    lo, hi = ax.get_ylim()
+    assert lo < 0.02 and hi > 0.28 and hi - lo < 0.3  # not 0..1: a 0.05 interval is 1/6 of it
+    assert "fitted to the row" in ax.get_ylabel()
