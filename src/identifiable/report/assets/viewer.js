@@ -47,19 +47,19 @@
   // over the visible cells outside key column 0 (numpy's linear rule, its lerp included);
   // else the panel's largest |value|; else 1. vals: m×m; visible(i, j) says which count.
   function panelScale(vals, m, visible, q) {
-    const inner = [];
-    let top = 0;
+    const buf = new Float64Array(m * m); // a typed array sorts numerically, and fast
+    let count = 0, top = 0;
     for (let i = 0; i < m; i++) {
       for (let j = 0; j < m; j++) {
         const a = Math.abs(vals[i * m + j]);
         if (!visible(i, j) || !Number.isFinite(a)) continue;
         top = Math.max(top, a);
-        if (j > 0 || m === 1) inner.push(a);
+        if (j > 0 || m === 1) buf[count++] = a;
       }
     }
     let s = 0;
-    if (inner.length) {
-      inner.sort((x, y) => x - y);
+    if (count) {
+      const inner = buf.subarray(0, count).sort();
       const pos = (q / 100) * (inner.length - 1);
       const lo = Math.floor(pos), hi = Math.min(inner.length - 1, lo + 1), t = pos - lo;
       const d = inner[hi] - inner[lo];
