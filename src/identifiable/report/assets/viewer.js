@@ -758,6 +758,21 @@
       return [lo - pad, hi + pad];
     }
 
+    // The row table's legend: the bars' axis and the colour of each mark.
+    function barLegend(ax, withEffective) {
+      const legend = el("p", null, "idf-legend");
+      legend.append("bar axis fitted to this row: " + fmt(ax[0]) + " … " + fmt(ax[1]) +
+        " (its least to greatest value, padded 4%): ");
+      const keys = [["#9fbfe3", "interval"], ["#1b7a3a", "interval of an identifiable weight"], ["#1d232b", "raw weight"],
+        ["#d1495b", "witness"], ["#7b4fc4", "constrained"]].concat(withEffective ? [["#e08a00", "effective"]] : []);
+      keys.forEach(([colourCss, label]) => {
+        const sw = el("i");
+        sw.style.background = colourCss;
+        legend.append(sw, label);
+      });
+      return legend;
+    }
+
     // The shown head's effective row i over all n keys, or null (head absent, or a preview).
     function effectiveRow(i) {
       const m = state.mats;
@@ -811,24 +826,10 @@
           " (quantised); the identifiable marks come from the exact bounds.", "idf-note"));
       }
       if (entry && entry.note) panel.appendChild(el("p", entry.note, "idf-note"));
-      const legend = el("p", null, "idf-legend");
       const drawn = keys.flatMap((j) => [iv.lo[j], iv.hi[j], iv.weights[j]].concat(
         witness ? [witness[j]] : [], con ? [con[j]] : [], eff ? [eff[j]] : []));
       const ax = rowAxis(drawn);
-      legend.append("bar axis fitted to this row: " + fmt(ax[0]) + " … " + fmt(ax[1]) +
-        " (its least to greatest value, padded 4%): ");
-      const addKey = (colourCss, label) => {
-        const sw = el("i");
-        sw.style.background = colourCss;
-        legend.append(sw, label);
-      };
-      addKey("#9fbfe3", "interval");
-      addKey("#1b7a3a", "interval of an identifiable weight");
-      addKey("#1d232b", "raw weight");
-      addKey("#d1495b", "witness");
-      addKey("#7b4fc4", "constrained");
-      if (eff) addKey("#e08a00", "effective");
-      panel.appendChild(legend);
+      panel.appendChild(barLegend(ax, eff !== null));
       const table = el("table");
       table.dataset.axis = ax.join(",");
       const head = el("tr");
