@@ -48,32 +48,34 @@ def _figure(**kwargs: Any) -> Figure:
 
 
 def heatmaps(res: Any, panels: list, title: str) -> Figure:
-    import numpy as np
+    """Panels side by side, each on the shared diverging colormap with its own scale ±s
+    (`identifiable.colormap.panel_scale`: the rule is in each colour bar's label)."""
+    from identifiable.colormap import matplotlib_cmap, panel_scale
 
-    arrays = [np.asarray(a, dtype=float) for _, a, _, _ in panels]
-    lo = min(float(np.nanmin(a)) for a in arrays)
-    hi = max(float(np.nanmax(a)) for a in arrays)
-    if lo < 0 < hi:  # effective and null attention have negative entries: centre the scale
-        bound = max(-lo, hi)
-        lo, hi, cmap = -bound, bound, "RdBu_r"
-    else:
-        cmap = "viridis"
-    fig = _figure(figsize=(4.2 * len(panels) + 1.0, 4.6), layout="constrained")
+    cmap = matplotlib_cmap()
+    fig = _figure(figsize=(4.6 * len(panels) + 0.6, 4.8), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    image = None
     for ax, (name, arr, dims, coords) in zip(axes, panels, strict=True):
-        image = ax.imshow(np.asarray(arr, dtype=float), cmap=cmap, vmin=lo, vmax=hi,
-                          aspect="auto", interpolation="nearest")  # fmt: skip
+        values = np.asarray(arr, dtype=float)
         ydim, xdim = dims
+        # key 0 ([CLS] / BOS) takes most attention; the scale is read past it
+        s = panel_scale(values, skip_first_key=xdim == "key")
+        image = ax.imshow(values, cmap=cmap, vmin=-s, vmax=s, aspect="auto",
+                          interpolation="nearest")  # fmt: skip
         _ticks(ax, "y", res._labels(ydim, list(coords[ydim])), coords[ydim])
         _ticks(ax, "x", res._labels(xdim, list(coords[xdim])), coords[xdim])
         ax.set_ylabel(ydim)
         ax.set_xlabel(xdim)
         ax.set_title(name)
-    if image is not None:  # None only for no panels
-        fig.colorbar(image, ax=list(axes), shrink=0.85)
+        bar = fig.colorbar(image, ax=ax, shrink=0.85, location="bottom", pad=0.02)
+        bar.set_label(f"±s, s = {s:.3g}: {_scale_rule(xdim == 'key')}", fontsize=7)
     fig.suptitle(_figure_title(res, title))
     return fig
+
+
+def _scale_rule(skip_first_key: bool) -> str:
+    where = " outside key 0" if skip_first_key else ""
+    return f"99th pct of |value|{where}"
 
 
 def _figure_title(res: Any, where: str) -> str:
@@ -121,8 +123,15 @@ def interval_plot(res: Any, names: list[str], chosen: dict[str, Any], title: str
         ax.plot(x, point, "o", color="black", markersize=3, label=names[2])
     _ticks(ax, "x", res._labels(dim, list(coords[dim])), coords[dim])
     ax.set_xlabel(dim)
-    ax.set_ylabel("attention weight")
-    ax.set_ylim(-0.02, 1.02)
+    # the axis fits the row (its least to greatest value, padded 4%), as the viewer's row
+    # table does: on 0..1 a 0.05-wide interval would be a few pixels
+    drawn = np.concatenate(
+        [np.ravel(lower), np.ravel(upper)] + ([np.ravel(point)] if point is not None else [])
+    )
+    lo, hi = float(np.nanmin(drawn)), float(np.nanmax(drawn))
+    pad = max(0.04 * (hi - lo), (0.01 - (hi - lo)) / 2 if hi - lo < 0.01 else 0.0)
+    ax.set_ylim(lo - pad, hi + pad)
+    ax.set_ylabel("attention weight (axis fitted to the row)")
     ax.legend(fontsize=8)
     fig.suptitle(_figure_title(res, title))
     return fig

@@ -229,8 +229,11 @@ class Result:
         return f"{type(self).__name__}({', '.join(parts)})"
 
     def _repr_html_(self) -> str:
-        """A compact summary table for Jupyter (every piece of text escaped; no tensors)."""
+        """A headline, a small inline SVG picture and the arrays' table, for Jupyter (every
+        piece of text escaped; no tensors, no script): `identifiable.result_html`."""
         from markupsafe import Markup, escape
+
+        from identifiable import result_html
 
         head = [Markup("<b>{}</b>").format(type(self).__name__)]
         if self._model:
@@ -245,7 +248,7 @@ class Result:
             value = self._raw_value(name)
             dims = self._dims[name]
             shape = ", ".join(f"{d}={s}" for d, s in zip(dims, value.shape, strict=False))
-            lo, hi = _min_max(value)
+            lo, hi = _min_max(name, value)
             rows.append(
                 Markup(
                     "<tr><td><code>{}</code></td><td>[{}]</td><td>{}</td>"
@@ -281,8 +284,12 @@ class Result:
             tail = Markup(" … ({} more)").format(more) if more > 0 else Markup("")
             tokens_html = Markup("<div><small>tokens: {}{}</small></div>").format(spans, tail)
         return str(
-            Markup('<div class="idf-result">{}{}{}</div>').format(
-                escape(" · ").join(head) if head else "", table_html, tokens_html
+            Markup('<div class="idf-result">{}{}{}{}{}</div>').format(
+                escape(" · ").join(head) if head else "",
+                result_html.headline_html(self),
+                result_html.picture(self),
+                table_html,
+                tokens_html,
             )
         )
 
@@ -528,17 +535,15 @@ def _shape_text(value: Any, dims: Sequence[str]) -> str:
     return f"{_dtype_name(value)}[{inner}]"
 
 
-def _min_max(value: Any) -> tuple[str, str]:
-    import numpy as np
+def _min_max(name: str, value: Any) -> tuple[str, str]:
+    """min and max as text; "—" where they mean nothing (token ids, masks) or cost a pass
+    over a very large array."""
+    from identifiable.result_html import stats
 
-    arr = _to_numpy(value)
-    if arr is None or arr.size == 0 or arr.size > HTML_STATS_LIMIT:
+    if getattr(value, "numel", lambda: getattr(value, "size", 0))() > HTML_STATS_LIMIT:
         return "—", "—"
-    if arr.dtype == bool:
-        return str(bool(arr.min())), str(bool(arr.max()))
-    if not np.issubdtype(arr.dtype, np.number):
-        return "—", "—"
-    return f"{arr.min():.4g}", f"{arr.max():.4g}"
+    got = stats(name, value)
+    return got if got is not None else ("—", "—")
 
 
 def _position(dim: str, coord: np.ndarray, wanted: Any) -> int:

@@ -29,6 +29,7 @@ from identifiable.report.viewer_encoding import (
     IntervalRow,
     MixingMaps,
     PatchGrid,
+    null_fraction,
     png_bytes,
     spread_order,
 )
@@ -461,18 +462,9 @@ def _certify_note(
 
 
 def head_distance(raw: torch.Tensor, effective: torch.Tensor) -> torch.Tensor:
-    """`[L, H]` float64 ‖A − A_eff‖_F / ‖A‖_F per head, from raw, effective `[L, H, n, n]`.
-
-    0 where the head's attention is identifiable (effective = raw); it grows with the share
-    of the attention pattern that lies in the null space, so the viewer's head grid shades
-    heads by it. One layer at a time in float64, to bound memory on long texts.
-    """
-    out = torch.empty(raw.shape[:2], dtype=torch.float64)
-    for layer in range(raw.shape[0]):
-        a = raw[layer].double().flatten(-2)
-        diff = a - effective[layer].double().flatten(-2)
-        out[layer] = diff.norm(dim=-1) / a.norm(dim=-1).clamp_min(1e-300)
-    return out
+    """`[L, H]` float64 ‖A − A_eff‖_F / ‖A‖_F per head (the null fraction), from raw and
+    effective `[L, H, n, n]`: `identifiable.report.viewer_encoding.null_fraction`."""
+    return null_fraction(raw, effective)
 
 
 def _null_dims(result: Any) -> torch.Tensor:

@@ -27,6 +27,8 @@ FLOORS = {
     "unicode": 0,  # text a tokenizer can take (no lone surrogates)
     "progress": 0,  # the one progress helper (rich bars on stderr, lines in a log)
     "stage_tables": 0,  # the stage → report contract: the tables each stage hands over
+    "result_html": 0,  # Result._repr_html_: headline, inline SVG picture, table
+    "colormap": 0,  # the one diverging colormap and the panel-scale rule (plots and viewer)
     "corpus": 1,
     "models": 2,
     "attention": 3,
@@ -47,7 +49,7 @@ FLOORS = {
     "__version__": 0,  # `from identifiable import __version__` is a constant
 }
 # report renders: it may import only these, whatever their floor
-REPORT_MAY_IMPORT = {"report", "store", "errors", "stage_tables"}
+REPORT_MAY_IMPORT = {"report", "store", "errors", "stage_tables", "colormap"}
 
 
 def _part(module: str) -> str | None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 from playwright.sync_api import expect
 
+from identifiable.colormap import STOPS
 from identifiable.report.viewer_encoding import IntervalRow
 from identifiable.report.viewer_page import viewer_html
 from identifiable.store.files import atomic_write_text
@@ -109,7 +110,8 @@ def test_viewer_renders_and_click_updates_interval_panel(tmp_path: Path, open_pa
     for kind in ("raw", "effective", "null"):
         assert page.evaluate(CANVAS_STATS, P(f"map-{kind}")) > 3, f"{kind} heatmap is blank"
     assert page.locator("table.idf-grid td").count() == 12
-    assert page.locator("table.idf-grid td.idf-current").inner_text() == "6"
+    current = page.locator("table.idf-grid td.idf-current")
+    assert (current.get_attribute("data-layer"), current.get_attribute("data-head")) == ("1", "2")
     assert "not a probability distribution" in page.inner_text(P("not-distribution"))
 
     page.click(".idf-tokens span[data-index='3']")
@@ -125,7 +127,9 @@ def test_viewer_renders_and_click_updates_interval_panel(tmp_path: Path, open_pa
 
     page.select_option(P("layer"), index=2)  # third layer: value "2", labelled "3"
     # selecting decodes the head's matrices asynchronously: wait for the grid to follow
-    expect(page.locator("table.idf-grid td.idf-current")).to_have_text("10", timeout=10_000)
+    expect(page.locator("table.idf-grid td.idf-current")).to_have_attribute(
+        "data-layer", "2", timeout=10_000
+    )
     assert_clean(loaded)
     loaded.screenshot("viewer-synthetic.png")
 
@@ -202,17 +206,18 @@ def test_axes_are_labelled_with_tokens_and_a_colour_bar_shows_the_scale(
     assert abs(tick["y"] + tick["height"] / 2 - row_centre) < 3
     assert page.evaluate(CANVAS_STATS, P("colourbar")) > 20, "colour bar is blank"
     status = page.inner_text(P("head-status"))
-    scale = status.split("colour scale ±")[1].split(" ")[0]
-    assert page.inner_text(P("colourbar-hi")) == "+" + scale
-    assert page.inner_text(P("colourbar-lo")) == "-" + scale
-    # the colour bar's ends are the maps' extreme colours: red at -max, blue at +max
+    scale = status.split("colour scales raw ±")[1].split(",")[0]
+    assert abs(float(page.inner_text(P("scale-raw")).split("s = ")[1]) - float(scale)) < 6e-4
+    assert page.inner_text(P("colourbar-hi")) == "+s"
+    assert page.inner_text(P("colourbar-lo")) == "−s"
+    # the colour bar's ends are the maps' extreme colours: blue at -s, red at +s
     ends = page.evaluate(
         """(sel) => { const c = document.querySelector(sel); const g = c.getContext('2d');
         return [g.getImageData(0, 6, 1, 1).data.slice(0, 3), g.getImageData(c.width - 1, 6, 1, 1).data.slice(0, 3)]
           .map((d) => Array.from(d)); }""",
         P("colourbar"),
     )
-    assert ends == [[196, 60, 50], [31, 95, 168]]
+    assert ends == [list(STOPS[0]), list(STOPS[-1])]
     assert_clean(loaded)
 
 

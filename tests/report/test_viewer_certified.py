@@ -17,6 +17,8 @@ import identifiable.attention as attention
 import identifiable.viewer_compute as viewer_mod
 from identifiable.attention import constrained_attention, interval_map
 from identifiable.cli import main
+from identifiable.colormap import STOPS, panel_scale
+from identifiable.colormap import colour as shared_colour
 from identifiable.report.viewer_encoding import (
     IDENTIFIABLE_BELOW,
     CertifiedHead,
@@ -189,9 +191,14 @@ def test_bands_render_for_every_computed_row(tmp_path: Path, open_page: Any, cau
         spans = page.evaluate(BAND_SPANS, P("interval-panel"))
         seen = np.flatnonzero(cert.keys[k])
         assert sorted(s[0] for s in spans) == seen.tolist()  # one band per key the row sees
+        # bars are drawn on the row's own axis [x0, x1] (the table states it)
+        x0, x1 = map(
+            float, page.get_attribute(P("interval-panel") + " table", "data-axis").split(",")
+        )
         for j, left, width, _, _ in spans:
-            assert abs(left - 100 * cert.lower[k, j]) < 0.01
-            want = max(0.5, 100 * (cert.upper[k, j] - cert.lower[k, j]))
+            lo, hi = (100 * (v - x0) / (x1 - x0) for v in (cert.lower[k, j], cert.upper[k, j]))
+            assert abs(left - lo) < 0.02
+            want = max(0.5, hi - lo)
             assert abs(width - want) < 0.01
         assert "constrained row C" in page.inner_text(P("interval-panel"))
     # the width map: computed rows are drawn, the others pale, unseen keys grey
@@ -264,36 +271,38 @@ def test_a_stricter_threshold_changes_the_marks(tmp_path: Path, open_page: Any) 
 
 def colour(v: float, m: float) -> list[int]:
     """The page's diverging colour (viewer.js `colour`), for checking pixels."""
-    t = min(1.0, abs(v) / m)
-    c = (31, 95, 168) if v >= 0 else (196, 60, 50)
-    return [int(np.floor(255 + (x - 255) * t + 0.5)) for x in c]
+    return list(shared_colour(v, m))
 
 
 @pytest.mark.browser
-def test_the_constrained_map_renders_on_the_shared_scale(tmp_path: Path, open_page: Any) -> None:
+def test_the_constrained_map_renders_on_its_own_scale(tmp_path: Path, open_page: Any) -> None:
     rows = [0, 1, 2, 3, 4, 5, 6, 7]
     args, cert = certified_args(rows)
-    # a constrained weight above every raw/effective/null value sets the shared scale
+    # one constrained weight far above the rest: the 99th percentile rule keeps the scale
+    # below it (it saturates), and raw attention keeps its own scale
     cert.constrained[5, 2] = 1.7
     loaded = open_page(atomic_write_text(tmp_path / "v.html", viewer_html(**args)))
     page = loaded.page
     n = len(HOSTILE)
-    status = page.inner_text(P("head-status"))
-    scale = float(status.split("colour scale ±")[1].split(" ")[0])
-    assert abs(scale - 1.7) < 1e-3 and page.inner_text(P("colourbar-hi")) == "+1.700"
     (data,) = read_viewer_data(page.content())
     got = decode_certified(data["certified"], n)["constrained"]
+    s_con = panel_scale(got)
+    assert s_con < 1.7
+    shown = float(page.get_attribute(P("scale-constrained"), "data-scale"))
+    assert abs(shown - s_con) < 1e-9
     for i in (0, 5, 7):
         for j in (0, 2, 6):
-            want = colour(got[i, j], 1.7)
+            want = colour(got[i, j], s_con)
             assert all(
                 abs(a - b) <= 1
                 for a, b in zip(cell_colour(page, "constrained", i, j, n), want, strict=True)
             )
-    # raw attention is drawn on the same scale (its own maximum is below 1)
+    # raw attention is drawn on its own scale
     raw, _ = decode_head(data["matrices"]["1,2"], n)
+    s_raw = panel_scale(raw)
+    assert abs(float(page.get_attribute(P("scale-raw"), "data-scale")) - s_raw) < 1e-9
     for j in range(n):
-        want = colour(raw[0, j], 1.7)
+        want = colour(raw[0, j], s_raw)
         assert all(
             abs(a - b) <= 1 for a, b in zip(cell_colour(page, "raw", 0, j, n), want, strict=True)
         )
@@ -306,7 +315,7 @@ def test_the_constrained_map_renders_on_the_shared_scale(tmp_path: Path, open_pa
     assert pale == [244, 246, 248]  # the placeholder's background
     page.locator("table.idf-grid td[data-layer='1'][data-head='2']").click()
     expect(page.locator(P("head-status"))).to_contain_text("layer 1, head 2")
-    assert cell_colour(page, "constrained", 5, 2, n) == list(colour(1.7, 1.7))
+    assert cell_colour(page, "constrained", 5, 2, n) == colour(1.7, s_con) == list(STOPS[-1])
     assert_clean(loaded)
 
 

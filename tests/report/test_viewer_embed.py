@@ -196,8 +196,9 @@ def test_two_inline_viewers_on_one_page_both_render_and_leave_the_host_alone(
     assert "query 6 “tok6”" in roots.nth(1).locator(P("interval-panel")).inner_text()
     assert "query 3" in roots.nth(0).locator(P("interval-panel")).inner_text()
     roots.nth(2).locator(P("layer")).select_option(index=2)  # layer 3
-    roots.nth(2).locator("table.idf-grid td.idf-current").filter(has_text="10").wait_for()
-    assert roots.nth(0).locator("table.idf-grid td.idf-current").inner_text() == "6"
+    roots.nth(2).locator("table.idf-grid td.idf-current[data-layer='2'][data-head='2']").wait_for()
+    current = roots.nth(0).locator("table.idf-grid td.idf-current")
+    assert (current.get_attribute("data-layer"), current.get_attribute("data-head")) == ("1", "2")
     # the host page keeps its own look: no global rule of ours reaches it
     assert page.evaluate(HOST_STYLE) == host_alone
     assert page.evaluate("() => document.body.dataset.ready") is None

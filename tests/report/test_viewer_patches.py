@@ -23,6 +23,7 @@ from playwright.sync_api import expect
 
 from helpers.cli import run_main as run
 from helpers.families import VISION_FAMILIES, build_tiny_hf_model
+from identifiable.colormap import colour
 from identifiable.errors import IdentifiableError
 from identifiable.models import Model
 from identifiable.report.viewer_encoding import (
@@ -305,10 +306,8 @@ CELL_STATE = """(root) => Array.from(document.querySelectorAll(
 
 
 def js_colour(v: float, m: float) -> tuple[int, int, int]:
-    """viewer.js colour(): blue above 0, red below, white at 0, linear in |v| / m."""
-    t = min(1.0, abs(v) / m)
-    c = (31, 95, 168) if v >= 0 else (196, 60, 50)
-    return tuple(int(np.floor(255 + (x - 255) * t + 0.5)) for x in c)  # type: ignore[return-value]
+    """viewer.js colour(): the shared diverging colormap on ±m."""
+    return colour(v, m)
 
 
 def js_purple(t: float) -> tuple[int, int, int]:
@@ -410,7 +409,7 @@ def test_clicking_a_patch_shades_the_keys_by_every_map(
         page.select_option(P("patch-map"), kind)
         expect(grid).to_have_attribute("data-map", kind)
         check_shading(read_cells(page, n), np.asarray(want), err, alpha=0.72, **extra)
-    # null attention has negative entries in this row: red on the diverging scale
+    # null attention has negative entries in this row: blue on the diverging scale
     null_row = (tr.attentions[0, 0, q].double() - eff[0, 0, q]).numpy()
     page.select_option(P("patch-map"), "null")
     expect(grid).to_have_attribute("data-map", "null")
@@ -419,7 +418,7 @@ def test_clicking_a_patch_shades_the_keys_by_every_map(
     for k in range(n):
         r, _, b = rgba(shown[k][1])[0]
         if abs(null_row[k]) > 0.01:
-            assert (r > b) == (null_row[k] < 0), (k, null_row[k], shown[k])
+            assert (b > r) == (null_row[k] < 0), (k, null_row[k], shown[k])
 
     # a mixing method's map of the layer shown
     rollout = context_mixing(m, pixels(), "rollout").global_map

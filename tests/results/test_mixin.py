@@ -160,7 +160,7 @@ def test_coordinates_follow_rows_and_layers() -> None:
     assert "row 4" in fig._suptitle.get_text()
 
 
-def test_plot_draws_each_field_on_one_centred_scale() -> None:
+def test_plot_draws_each_field_on_a_centred_scale() -> None:
     m = _maps()
     fig = m.plot(layer=1, head=2)
     panels = [ax for ax in fig.axes if ax.get_title()]
@@ -170,7 +170,7 @@ def test_plot_draws_each_field_on_one_centred_scale() -> None:
     lo, hi = images[0].get_clim()
     assert lo == -hi and lo < 0  # null attention is negative somewhere: diverging scale
     assert [t.get_text() for t in panels[0].get_yticklabels()][1] == TOKENS[1]
-    assert len(fig.axes) == 4  # three panels and a colour bar
+    assert len(fig.axes) == 6  # three panels, each with its own colour bar
     with pytest.raises(IdentifiableError, match="not a dimension"):
         m.plot(depth=1)
 

@@ -241,6 +241,21 @@ def spread_order(rows: Sequence[int]) -> list[int]:
     return order
 
 
+def null_fraction(raw: torch.Tensor, effective: torch.Tensor) -> torch.Tensor:
+    """`[L, H]` float64 ‖A − A_eff‖_F / ‖A‖_F per head, from raw, effective `[L, H, n, n]`.
+
+    0 where the head's attention is identifiable (effective = raw); it grows with the share
+    of the attention pattern that lies in the null space, so the viewer's head grid shows
+    it. One layer at a time in float64, to bound memory on long texts.
+    """
+    out = torch.empty(raw.shape[:2], dtype=torch.float64)
+    for layer in range(raw.shape[0]):
+        a = raw[layer].double().flatten(-2)
+        diff = a - effective[layer].double().flatten(-2)
+        out[layer] = diff.norm(dim=-1) / a.norm(dim=-1).clamp_min(1e-300)
+    return out
+
+
 def interval_json(
     row: IntervalRow, digits: int = 4, threshold: float = IDENTIFIABLE_BELOW
 ) -> dict[str, object]:

@@ -27,6 +27,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from identifiable.colormap import SCALE_RULE, page_colormap
 from identifiable.report.html import (
     Markup,
     h,
@@ -45,6 +46,7 @@ from identifiable.report.viewer_encoding import (
     encode_heads,
     encode_mixing,
     interval_json,
+    null_fraction,
 )
 from identifiable.report.viewer_options import (
     DEFAULT_INTERVAL_SECONDS,
@@ -214,7 +216,8 @@ def _page_data(p: ViewerPage, image: Markup | None) -> dict[str, Any]:
         max_bytes=max_bytes - mixing_bytes - certified_bytes,
         causal=causal,
     )
-    distance = p.head_distance
+    # The head grid shows each head's null fraction: given, or computed from the maps here.
+    distance = p.head_distance if p.head_distance is not None else null_fraction(raw, p.effective)
     return {
         "model": p.model_name,
         "tokens": [str(t) for t in p.tokens],
@@ -227,9 +230,7 @@ def _page_data(p: ViewerPage, image: Markup | None) -> dict[str, Any]:
         "start": [int(o.layer), int(o.head)],
         "start_row": int(o.rows[0]) if o.rows else None,
         "null_dims": [[int(v) for v in r] for r in p.null_dims.tolist()],
-        "distance": None
-        if distance is None
-        else [[round(float(v), 6) for v in r] for r in distance.tolist()],
+        "distance": [[round(float(v), 6) for v in r] for r in distance.tolist()],
         "matrices": heads,
         "omitted": [list(q) for q in omitted],
         "intervals": {
@@ -241,6 +242,7 @@ def _page_data(p: ViewerPage, image: Markup | None) -> dict[str, Any]:
         "mixing": mixing_data,
         "certified": certified_data,
         "patches": None if p.patches is None else _patches_json(p.patches),
+        "colormap": page_colormap(),
     }
 
 
@@ -272,7 +274,7 @@ def _viewer_root(p: ViewerPage, *, standalone: bool) -> tuple[str, Markup]:
         _controls(),
         h(
             "div",
-            _overview(p.head_distance is not None),
+            _overview(),
             _heatmaps(p.certified),
             class_="idf-top",
         ),
@@ -320,18 +322,15 @@ def _header(title: str, data: dict[str, Any]) -> Any:
     )
 
 
-def _overview(shaded: bool) -> Any:
+def _overview() -> Any:
     grid_note = (
-        "Shade: how far effective attention is from raw attention in that head, "
-        "‖A − A_eff‖_F / ‖A‖_F (white = identical). Number: dim LN(T), how many independent "
-        "directions attention can move without changing the head's output (0 = identifiable)."
-        if shaded
-        else "dim LN(T): how many independent directions attention can move without changing "
-        "the head's output (0 = identifiable)."
+        "Each cell: the head's null fraction for this text, ‖A − A_eff‖_F / ‖A‖_F, the share "
+        "of its attention that does not change the head's output (0 = none; shade: white 0 "
+        "to dark, the largest here)."
     )
     return h(
         "section",
-        h("h2", "Heads: null-space dimension and raw–effective distance"),
+        h("h2", "Heads: null fraction ‖A − A_eff‖ / ‖A‖"),
         h(
             "p",
             grid_note + " Click a cell to show that head; italic cells are stored as "
@@ -340,6 +339,7 @@ def _overview(shaded: bool) -> Any:
         ),
         h("table", class_="idf-grid", data_part="null-grid"),
         h("p", class_="idf-note", data_part="grid-legend"),
+        h("p", class_="idf-note", data_part="null-dims-note"),
         class_="idf-overview",
     )
 
@@ -392,7 +392,11 @@ def _map(kind: str, caption: str, hidden: bool = False) -> Any:
             h("div", class_="idf-xaxis", data_part=f"xaxis-{kind}", aria_label="key tokens"),
             class_="idf-plot",
         ),
-        h("figcaption", caption, data_part=f"caption-{kind}"),
+        h(
+            "figcaption",
+            h("span", caption, data_part=f"caption-{kind}"),
+            h("span", class_="idf-scale", data_part=f"scale-{kind}"),
+        ),
         class_="idf-map",
         data_part=f"figure-{kind}",
         hidden=hidden or None,
@@ -407,9 +411,10 @@ def _colour_bar() -> Any:
         h("span", class_="idf-cb-hi", data_part="colourbar-hi"),
         h(
             "span",
-            "shared colour scale of raw, effective, null and constrained attention: blue above "
-            "0, red below 0, white at 0 (interval widths: white 0 to purple, the widest)",
+            f"Colour scale of the attention and mixing maps: {SCALE_RULE} (s is in each "
+            "map's caption). Interval widths: white 0 to purple, the widest.",
             class_="idf-note",
+            data_part="scale-rule",
         ),
         class_="idf-colourbar",
         data_part="colourbar-box",

@@ -29,11 +29,44 @@
     return new Uint8Array(await new Response(stream).arrayBuffer());
   }
 
-  // Diverging colours on one linear scale shared by the three maps: blue > 0, red < 0.
-  function colour(v, m) {
-    const t = Math.min(1, Math.abs(v) / m);
-    const c = v >= 0 ? [31, 95, 168] : [196, 60, 50];
-    return c.map((x) => Math.round(255 + (x - 255) * t));
+  // The diverging colormap of identifiable.colormap (its stops come in the page data):
+  // t = clamp(v / s, -1, 1), linear in RGB between the stops around (t + 1) / 2, rounded
+  // half up, exactly as colormap.colour computes it in Python.
+  function divergingColour(stops) {
+    return (v, s) => {
+      let t = s > 0 ? Math.max(-1, Math.min(1, v / s)) : 0;
+      if (Number.isNaN(t)) t = 0;
+      const pos = ((t + 1) / 2) * (stops.length - 1);
+      const k = Math.min(stops.length - 2, Math.floor(pos));
+      const f = pos - k;
+      return stops[k].map((x, c) => Math.floor(x + (stops[k + 1][c] - x) * f + 0.5));
+    };
+  }
+
+  // A panel's scale s (identifiable.colormap.panel_scale): the q-th percentile of |value|
+  // over the visible cells outside key column 0 (numpy's linear rule, its lerp included);
+  // else the panel's largest |value|; else 1. vals: m×m; visible(i, j) says which count.
+  function panelScale(vals, m, visible, q) {
+    const buf = new Float64Array(m * m); // a typed array sorts numerically, and fast
+    let count = 0, top = 0;
+    for (let i = 0; i < m; i++) {
+      for (let j = 0; j < m; j++) {
+        const a = Math.abs(vals[i * m + j]);
+        if (!visible(i, j) || !Number.isFinite(a)) continue;
+        top = Math.max(top, a);
+        if (j > 0 || m === 1) buf[count++] = a;
+      }
+    }
+    let s = 0;
+    if (count) {
+      const inner = buf.subarray(0, count).sort();
+      const pos = (q / 100) * (inner.length - 1);
+      const lo = Math.floor(pos), hi = Math.min(inner.length - 1, lo + 1), t = pos - lo;
+      const d = inner[hi] - inner[lo];
+      s = t >= 0.5 ? inner[hi] - d * (1 - t) : inner[lo] + d * t;
+    }
+    if (!(s > 0)) s = top;
+    return s > 0 ? s : 1;
   }
 
   // Sequential shade for the head grid: white (0) to dark teal (1).
@@ -48,14 +81,20 @@
     return c.map((x) => Math.round(255 + (x - 255) * Math.max(0, Math.min(1, t))));
   }
 
+  // A null fraction in a grid cell: two decimals, or two significant digits below 0.095
+  // (a [CLS]-dominated head can have a small one, and the cells must still differ).
+  const fraction = (v) => (v === 0 ? "0" : v >= 0.095 ? v.toFixed(2) : v.toPrecision(2));
+
   const bit = (bytes, k) => (bytes[k >> 3] >> (7 - (k & 7))) & 1;
 
   function start(root) {
     root.dataset.init = "1";
     const D = JSON.parse(root.querySelector("script.idf-viewer-data").textContent);
     const n = D.n;
+    const colour = divergingColour(D.colormap.stops);
+    const Q = D.colormap.percentile;
     const cache = new Map();
-    const state = { layer: D.start[0], head: D.start[1], row: D.start_row ?? null, mats: null, show: "attention", mix: null, cert: null, scale: 1 };
+    const state = { layer: D.start[0], head: D.start[1], row: D.start_row ?? null, mats: null, show: "attention", mix: null, cert: null };
     const THRESHOLD = D.threshold ?? 0.01;
     const METHODS = D.mixing || {};
     const part = (name) => root.querySelector('[data-part="' + name + '"]');
@@ -81,7 +120,9 @@
         nul[k] = raw[k] - eff[k];
         top = Math.max(top, Math.abs(raw[k]), Math.abs(eff[k]), Math.abs(nul[k]));
       }
-      const mats = { raw, effective: eff, null: nul, max: top || 1, err: [entry.raw[1] / 2, entry.eff[1] / 2], f, m };
+      const seen = (i, j) => !masked(i, j);
+      const scale = { raw: panelScale(raw, m, seen, Q), effective: panelScale(eff, m, seen, Q), null: panelScale(nul, m, seen, Q) };
+      const mats = { raw, effective: eff, null: nul, max: top || 1, scale, err: [entry.raw[1] / 2, entry.eff[1] / 2], f, m };
       cache.set(key, mats);
       return mats;
     }
@@ -102,7 +143,7 @@
         v[k] = entry.v[0] + codes[k] * entry.v[1];
         top = Math.max(top, Math.abs(v[k]));
       }
-      const mats = { mixing: v, max: top || 1, err: entry.v[1] / 2, f, m };
+      const mats = { mixing: v, max: top || 1, scale: { mixing: panelScale(v, m, (i, j) => !masked(i, j), Q) }, err: entry.v[1] / 2, f, m };
       cache.set(key, mats);
       return mats;
     }
@@ -135,8 +176,14 @@
         maxWidth = Math.max(maxWidth, arrays.upper[k] - arrays.lower[k]);
         if (conRows.has(C.rows[Math.floor(k / n)])) maxConstrained = Math.max(maxConstrained, Math.abs(arrays.constrained[k]));
       }
+      // The constrained panel's scale by the same rule, over its computed rows and seen keys.
+      const conVals = new Float64Array(n * n), rowIndex = new Map(C.rows.map((r, i) => [r, i]));
+      const conSeen = (i, j) => conRows.has(i) && rowIndex.has(i) && bit(keys, rowIndex.get(i) * n + j) === 1;
+      if (arrays.constrained) {
+        rowIndex.forEach((r, i) => conVals.set(arrays.constrained.subarray(r * n, (r + 1) * n), i * n));
+      }
       return {
-        layer: C.layer, head: C.head, rows: new Map(C.rows.map((r, i) => [r, i])),
+        layer: C.layer, head: C.head, rows: rowIndex, conScale: panelScale(conVals, n, conSeen, Q),
         raw: arrays.raw, lower: arrays.lower, upper: arrays.upper, constrained: arrays.constrained || null,
         keys, ident, err: C.q[1] / 2, maxWidth, maxConstrained, conRows,
       };
@@ -196,7 +243,7 @@
       for (let i = 0; i < m; i++) {
         for (let j = 0; j < m; j++) {
           const p = 4 * (i * m + j);
-          const rgb = masked(i, j) ? GREY : colour(vals[i * m + j], kind === "mixing" ? mats.max : state.scale);
+          const rgb = masked(i, j) ? GREY : colour(vals[i * m + j], mats.scale[kind]);
           img.data[p] = rgb[0];
           img.data[p + 1] = rgb[1];
           img.data[p + 2] = rgb[2];
@@ -236,7 +283,7 @@
           else {
             const k = r * n + j;
             if (!bit(c.keys, k)) rgb = GREY;
-            else if (kind === "constrained") rgb = colour(c.constrained[k], state.scale);
+            else if (kind === "constrained") rgb = colour(c.constrained[k], c.conScale);
             else if (bit(c.ident, k)) rgb = GREEN;
             else rgb = purple(c.maxWidth > 0 ? (c.upper[k] - c.lower[k]) / c.maxWidth : 0);
           }
@@ -252,19 +299,39 @@
       markRow(canvas, ctx);
     }
 
+    // The scale s of each panel shown, by the page's rule (D.colormap.rule).
+    function panelScales() {
+      const out = {};
+      const mats = current();
+      if (state.show !== "attention") {
+        if (mats) out.mixing = mats.scale.mixing;
+        return out;
+      }
+      if (mats) KINDS.forEach((k) => (out[k] = mats.scale[k]));
+      const c = certHere();
+      if (c && c.conRows.size) out.constrained = c.conScale;
+      return out;
+    }
+
+    // One bar for every panel, drawn from -s to +s; each panel's s is in its caption.
     function drawColourBar() {
       const canvas = part("colourbar");
       const ctx = canvas.getContext("2d");
       const w = canvas.width, hgt = canvas.height;
-      const mats = current();
-      const max = !mats ? 1 : state.show === "attention" ? state.scale : mats.max;
       for (let x = 0; x < w; x++) {
-        const rgb = colour(((2 * x) / (w - 1) - 1) * max, max);
+        const rgb = colour((2 * x) / (w - 1) - 1, 1);
         ctx.fillStyle = "rgb(" + rgb.join(",") + ")";
         ctx.fillRect(x, 0, 1, hgt);
       }
-      part("colourbar-lo").textContent = mats ? (-max).toFixed(3) : "";
-      part("colourbar-hi").textContent = mats ? "+" + max.toFixed(3) : "";
+      part("colourbar-lo").textContent = "−s";
+      part("colourbar-hi").textContent = "+s";
+      const scales = panelScales();
+      ALL_KINDS.forEach((kind) => {
+        const box = part("scale-" + kind);
+        if (!box) return;
+        box.textContent = kind in scales ? " · s = " + scales[kind].toFixed(4) : "";
+        box.dataset.scale = kind in scales ? String(scales[kind]) : "";
+      });
     }
 
     function drawAll() {
@@ -331,24 +398,29 @@
       table.appendChild(head);
       const omitted = new Set(D.omitted.map((p) => p[0] + "," + p[1]));
       let dmax = 0;
-      const value = D.distance ? (l, k) => D.distance[l][k] : (l, k) => D.null_dims[l][k];
-      D.null_dims.forEach((r, l) => r.forEach((_, k) => (dmax = Math.max(dmax, value(l, k)))));
-      const legend = part("grid-legend");
-      legend.textContent = D.distance
-        ? "Shade from white (‖A − A_eff‖_F / ‖A‖_F = 0) to dark (" + dmax.toFixed(3) + ", the largest here)."
-        : "Shade from white (dim 0) to dark (dim " + dmax + ").";
+      const value = (l, k) => D.distance[l][k];
+      D.distance.forEach((r) => r.forEach((v) => (dmax = Math.max(dmax, v))));
+      part("grid-legend").textContent =
+        "Shade from white (null fraction 0) to dark (" + dmax.toFixed(3) + ", the largest here).";
+      // dim LN(T) = n − rank(T) (n − d_v for a full-rank head) is usually one number for
+      // every head: said once here, per head in each cell's tooltip.
+      const dims = D.null_dims.flat();
+      const lo = Math.min(...dims), hi = Math.max(...dims);
+      part("null-dims-note").textContent = "Null-space dimension dim LN(T) = n − rank(T): " +
+        (lo === hi ? lo + " for every head" : "from " + lo + " to " + hi + " (per head in each cell's tooltip)") +
+        " (n = " + n + " tokens, head width d_v = " + D.head_dim +
+        (n > D.head_dim ? ", n − d_v = " + (n - D.head_dim) : ": n ≤ d_v, attention can be identifiable") + ").";
       D.null_dims.forEach((r, layer) => {
         const tr = el("tr");
         tr.appendChild(el("th", layer));
         r.forEach((v, k) => {
-          const td = el("td", v);
+          const td = el("td", fraction(value(layer, k)));
           td.dataset.layer = layer;
           td.dataset.head = k;
           const t = dmax > 0 ? value(layer, k) / dmax : 0;
           td.style.background = "rgb(" + shade(t).join(",") + ")";
           td.style.color = t > 0.55 ? "#fff" : "#1d232b";
-          let title = "layer " + layer + ", head " + k + ": null-space dim " + v;
-          if (D.distance) title += ", ‖A − A_eff‖_F / ‖A‖_F = " + D.distance[layer][k].toFixed(4);
+          let title = "layer " + layer + ", head " + k + ": ‖A − A_eff‖_F / ‖A‖_F = " + value(layer, k).toFixed(4) + ", null-space dim " + v;
           if (omitted.has(layer + "," + k)) {
             td.classList.add("idf-absent");
             title += " (preview only: page size limit)";
@@ -421,17 +493,15 @@
       part("head").value = String(head);
       state.mats = await matrices(layer, head);
       state.mix = state.show === "attention" ? null : await mixingMap(state.show, layer);
-      // One colour scale for raw, effective, null and (for the certified head) constrained.
-      const c = certHere();
-      state.scale = Math.max(state.mats ? state.mats.max : 0, c ? c.maxConstrained : 0) || 1;
       const dim = D.null_dims[layer][head];
       const rerun = (PG ? "identifiable view --image FILE" : "identifiable view TEXT") + " --layer " + layer + " --head " + head;
       const mats = state.mats;
       let status = "layer " + layer + ", head " + head + ": null-space dimension " + dim;
-      if (D.distance) status += ", ‖A − A_eff‖_F / ‖A‖_F = " + D.distance[layer][head].toFixed(3);
+      status += ", ‖A − A_eff‖_F / ‖A‖_F = " + D.distance[layer][head].toFixed(3);
       if (!mats) status += " · matrices not embedded (page size limit). Run: " + rerun;
       else {
-        status += " · colour scale ±" + state.scale.toFixed(3) + " (shared by the attention maps)";
+        status += " · colour scales raw ±" + mats.scale.raw.toFixed(3) + ", effective ±" + mats.scale.effective.toFixed(3) +
+          ", null ±" + mats.scale.null.toFixed(3) + " (each panel its own)";
         if (mats.f > 1) status += " · preview: means of " + mats.f + "×" + mats.f + " token blocks (page size limit); full resolution: " + rerun;
       }
       if (state.show !== "attention") {
@@ -439,7 +509,7 @@
         status = "layer " + layer + " · " + state.show + " (one map per layer: the head selector does not apply)";
         if (!mix) status += " · map not embedded";
         else {
-          status += " · colour scale ±" + mix.max.toFixed(3);
+          status += " · colour scale ±" + mix.scale.mixing.toFixed(3);
           if (mix.f > 1) status += " · preview: means of " + mix.f + "×" + mix.f + " token blocks (page size limit)";
         }
       }
@@ -633,7 +703,7 @@
         text = label + " from query “" + D.tokens[i] + "” (token " + i + "), " + res.where + ". " +
           (res.width
             ? "White 0 to purple " + max.toFixed(4) + " (the widest in this row); green: identifiable (width < " + THRESHOLD + ")."
-            : "Blue above 0, red below 0, white at 0; scale ±" + max.toFixed(4) + ", the largest |value| in this row.") +
+            : "Red above 0, blue below 0, grey at 0; scale ±" + max.toFixed(4) + ", the largest |value| in this row.") +
           (res.f > 1 ? " Preview: means of " + res.f + "×" + res.f + " token blocks (page size limit)." : "") +
           " Values within ±" + res.err.toPrecision(2) + " (quantised)." + (PG.image ? " Cells are translucent over the image." : "");
       }
@@ -661,25 +731,53 @@
         (res.width && res.ident[j] ? " ✓ identifiable" : "");
     }
 
-    function bar(lo, hi, a, w, cw, ok) {
+    // One key's bar on the row's own axis [x0, x1] (see rowAxis): the interval as a band,
+    // the raw weight (black), witness (red), constrained (purple) and effective (orange) marks.
+    function bar(ax, lo, hi, a, w, cw, e, ok) {
+      const at = (v) => (100 * (v - ax[0])) / (ax[1] - ax[0]);
       const b = el("div", null, "idf-bar");
       const span = el("div", null, ok ? "idf-span idf-span-ident" : "idf-span");
-      span.style.left = (100 * lo).toFixed(2) + "%";
-      span.style.width = Math.max(0.5, 100 * (hi - lo)).toFixed(2) + "%";
-      const mark = el("div", null, "idf-mark");
-      mark.style.left = (100 * a).toFixed(2) + "%";
-      b.append(span, mark);
-      if (w !== null) {
-        const wit = el("div", null, "idf-wit");
-        wit.style.left = (100 * w).toFixed(2) + "%";
-        b.append(wit);
-      }
-      if (cw !== null) {
-        const con = el("div", null, "idf-con");
-        con.style.left = (100 * cw).toFixed(2) + "%";
-        b.append(con);
-      }
+      span.style.left = at(lo).toFixed(2) + "%";
+      span.style.width = Math.max(0.5, at(hi) - at(lo)).toFixed(2) + "%";
+      b.append(span);
+      [[a, "idf-mark"], [w, "idf-wit"], [cw, "idf-con"], [e, "idf-eff"]].forEach(([v, cls]) => {
+        if (v === null) return;
+        const mark = el("div", null, cls);
+        mark.style.left = at(v).toFixed(2) + "%";
+        b.append(mark);
+      });
       return b;
+    }
+
+    // The axis of a row's bars: from the least to the greatest value drawn in the row
+    // (bounds, raw, witness, constrained, effective), padded by 4% of that range on each
+    // side (at least 0.01 wide), so that narrow intervals stay visible.
+    function rowAxis(values) {
+      const lo = Math.min(...values), hi = Math.max(...values);
+      const pad = Math.max(0.04 * (hi - lo), hi - lo < 0.01 ? (0.01 - (hi - lo)) / 2 : 0);
+      return [lo - pad, hi + pad];
+    }
+
+    // The row table's legend: the bars' axis and the colour of each mark.
+    function barLegend(ax, withEffective) {
+      const legend = el("p", null, "idf-legend");
+      legend.append("bar axis fitted to this row: " + fmt(ax[0]) + " … " + fmt(ax[1]) +
+        " (its least to greatest value, padded 4%): ");
+      const keys = [["#9fbfe3", "interval"], ["#1b7a3a", "interval of an identifiable weight"], ["#1d232b", "raw weight"],
+        ["#d1495b", "witness"], ["#7b4fc4", "constrained"]].concat(withEffective ? [["#e08a00", "effective"]] : []);
+      keys.forEach(([colourCss, label]) => {
+        const sw = el("i");
+        sw.style.background = colourCss;
+        legend.append(sw, label);
+      });
+      return legend;
+    }
+
+    // The shown head's effective row i over all n keys, or null (head absent, or a preview).
+    function effectiveRow(i) {
+      const m = state.mats;
+      if (!m || m.f > 1) return null;
+      return Array.from(m.effective.subarray(i * n, (i + 1) * n));
     }
 
     // The chosen row's intervals: bounds from the interval map where the page has it (else
@@ -703,6 +801,7 @@
       const iv = fromMap || entry;
       const witness = entry ? entry.witness : null;
       const con = fromMap ? fromMap.constrained : null;
+      const eff = effectiveRow(i);
       const identSet = fromMap ? null : new Set(entry.ident || []);
       const isIdent = (j) => (fromMap ? fromMap.ident[j] : identSet.has(j));
       // Keys the row cannot see (causal or windowed) are left out.
@@ -727,32 +826,25 @@
           " (quantised); the identifiable marks come from the exact bounds.", "idf-note"));
       }
       if (entry && entry.note) panel.appendChild(el("p", entry.note, "idf-note"));
-      const legend = el("p", null, "idf-legend");
-      legend.append("bar 0 … 1: ");
-      const addKey = (colourCss, label) => {
-        const sw = el("i");
-        sw.style.background = colourCss;
-        legend.append(sw, label);
-      };
-      addKey("#9fbfe3", "interval");
-      addKey("#1b7a3a", "interval of an identifiable weight");
-      addKey("#1d232b", "raw weight");
-      addKey("#d1495b", "witness");
-      addKey("#7b4fc4", "constrained");
-      panel.appendChild(legend);
+      const drawn = keys.flatMap((j) => [iv.lo[j], iv.hi[j], iv.weights[j]].concat(
+        witness ? [witness[j]] : [], con ? [con[j]] : [], eff ? [eff[j]] : []));
+      const ax = rowAxis(drawn);
+      panel.appendChild(barLegend(ax, eff !== null));
       const table = el("table");
+      table.dataset.axis = ax.join(",");
       const head = el("tr");
-      ["key", "token", "raw a", "witness ã", "constrained c", "min", "max", "identifiable", ""].forEach((t) => head.appendChild(el("th", t)));
+      ["key", "token", "raw a", "effective a_eff", "witness ã", "constrained c", "min", "max", "width", "identifiable", ""].forEach((t) => head.appendChild(el("th", t)));
       table.appendChild(head);
       keys.forEach((j) => {
         const tr = el("tr");
         tr.dataset.key = j;
         const ok = isIdent(j);
         if (ok) tr.classList.add("idf-ident");
-        tr.append(el("td", j), el("td", D.tokens[j], "idf-tok"), el("td", fmt(iv.weights[j])), el("td", witness ? fmt(witness[j]) : "–"),
-          el("td", con ? fmt(con[j]) : "–"), el("td", fmt(iv.lo[j])), el("td", fmt(iv.hi[j])), el("td", ok ? "✓" : "", "idf-ident-mark"));
+        tr.append(el("td", j), el("td", D.tokens[j], "idf-tok"), el("td", fmt(iv.weights[j])), el("td", eff ? fmt(eff[j]) : "–", "idf-eff-cell"),
+          el("td", witness ? fmt(witness[j]) : "–"), el("td", con ? fmt(con[j]) : "–"), el("td", fmt(iv.lo[j])), el("td", fmt(iv.hi[j])),
+          el("td", fmt(iv.hi[j] - iv.lo[j])), el("td", ok ? "✓" : "", "idf-ident-mark"));
         const td = el("td");
-        td.appendChild(bar(iv.lo[j], iv.hi[j], iv.weights[j], witness ? witness[j] : null, con ? con[j] : null, ok));
+        td.appendChild(bar(ax, iv.lo[j], iv.hi[j], iv.weights[j], witness ? witness[j] : null, con ? con[j] : null, eff ? eff[j] : null, ok));
         tr.appendChild(td);
         table.appendChild(tr);
       });
