@@ -46,7 +46,7 @@ def test_a_batch_over_the_budget_is_refused_naming_the_batch(llama):
     one = llama.memory_plan(len(llama.encode(long)), llama.info.n_layers, None).total
     # one sequence fits; four of them padded to the same length do not
     it = llama.trace_many([long] * 4, batch_size=4, memory_budget=int(one * 1.5))
-    with pytest.raises(IdentifiableError, match="4 sequences of .* tokens") as err:
+    with pytest.raises(IdentifiableError, match=r"4 sequences of \d+ tokens") as err:
         next(iter(it))
     assert "memory_budget=" in str(err.value)
     assert len(list(llama.trace_many([long] * 4, batch_size=1, memory_budget=int(one * 1.5)))) == 4
