@@ -174,6 +174,15 @@ def discover_spec(base: nn.Module, tokenizer: Any = None) -> Discovery:
         "write an ArchSpec (README 'Adding an architecture') and pass it as "
         "Model.from_hf(model, spec=...)"
     )
+    config = base.config
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+    if not heads or not getattr(config, "hidden_size", None):
+        # state-space and recurrent models (Mamba, RWKV) have no attention to identify
+        raise IdentifiableError(
+            f"architecture '{model_type}' has no attention heads (its config gives no "
+            "num_attention_heads): identifiable analyses self-attention, so attention-free "
+            "models (state-space, recurrent) are not supported; use a Transformer"
+        )
     found = _layer_list(base)
     if found is None:
         raise IdentifiableError(

@@ -40,7 +40,7 @@ from identifiable.models.encoding import (
 from identifiable.models.fingerprint import model_fingerprint
 from identifiable.models.hooks import get_submodule
 from identifiable.models.protocol import ModelInfo, TracedModel
-from identifiable.models.selection import indices, layer_range
+from identifiable.models.selection import Selection, indices, layer_range
 from identifiable.models.specs import (
     ArchSpec,
     Seq2SeqSpec,
@@ -342,8 +342,10 @@ class Model:
         what: str,
         *,
         streaming: bool = False,
+        batch: int = 1,
     ) -> None:
-        """Refuse in one line a trace over `memory_budget` bytes (None: available memory)."""
+        """Refuse in one line a trace over `memory_budget` bytes (None: available memory);
+        `batch` sequences padded to n tokens take `batch` times one's bytes."""
         if memory_budget is not None and (
             isinstance(memory_budget, bool)
             or not isinstance(memory_budget, int)
@@ -355,8 +357,10 @@ class Model:
             )
         if memory_budget is None:
             memory_budget = budget.available_memory()
-        need = self.memory_plan(n, n_layers, heads, streaming=streaming)
-        budget.check(need, memory_budget, f"{what} ({n} tokens)")
+        one = self.memory_plan(n, n_layers, heads, streaming=streaming)
+        need = budget.TracePlan(one.result * batch, one.forward * batch)
+        size = f"{n} tokens" if batch == 1 else f"{batch} sequences of {n} tokens"
+        budget.check(need, memory_budget, f"{what} ({size})")
 
     def trace_many(
         self,
@@ -367,6 +371,9 @@ class Model:
         progress: bool = False,
         column: str | None = None,
         pair_columns: tuple[str, str] | None = None,
+        layers: Sequence[int] | None = None,
+        heads: Sequence[int] | None = None,
+        memory_budget: int | None = None,
     ) -> Iterator[Trace]:
         """Stream Traces in input order, batching with padding internally.
 
@@ -377,26 +384,42 @@ class Model:
 
         Each result equals `trace(text)` up to float rounding (tested). Within a
         window of a few batches texts are sorted by length, so padding stays small.
+        `layers`, `heads` and `memory_budget` as for `trace`; the budget is checked
+        before each batch's forward pass, for the batch padded to its longest text.
         """
         if batch_size < 1:
             raise IdentifiableError(f"batch_size must be ≥ 1, got {batch_size}")
+        chosen = layer_range(indices(layers, self.stack.n_layers, "layers"), self.stack.n_layers)
+        kept = indices(heads, self.stack.n_heads, "heads")
+        if memory_budget is not None:  # a bad value is refused before any text is read
+            self.check_memory(1, len(chosen), kept, memory_budget, "trace_many")
         items = many_items(texts, column, pair_columns)
         window = batch_size * 4
         buf: list[Encoding] = []
+        select = Selection(chosen, kept, memory_budget)
         for text in with_progress(items, progress):
             buf.append(self.inputs.encode_any(text, truncate))
             if len(buf) == window:
-                yield from self._trace_window(buf, batch_size)
+                yield from self._trace_window(buf, batch_size, select)
                 buf = []
         if buf:
-            yield from self._trace_window(buf, batch_size)
+            yield from self._trace_window(buf, batch_size, select)
 
-    def _trace_window(self, encs: Sequence[Encoding], batch_size: int) -> Iterator[Trace]:
+    def _trace_window(
+        self, encs: Sequence[Encoding], batch_size: int, select: Selection
+    ) -> Iterator[Trace]:
         order = sorted(range(len(encs)), key=lambda i: len(encs[i]))
         out: dict[int, Trace] = {}
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            for i, tr in zip(idx, self._trace_batch([encs[i] for i in idx]), strict=True):
+            batch = [encs[i] for i in idx]
+            n = max(len(e) for e in batch)
+            self.check_memory(
+                n, len(select.layers), select.heads, select.memory_budget, "trace_many",
+                batch=len(batch),
+            )  # fmt: skip
+            traces = self._trace_batch(batch, layers=select.layers, heads=select.heads)
+            for i, tr in zip(idx, traces, strict=True):
                 out[i] = tr
         for i in range(len(encs)):
             yield out.pop(i)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from identifiable.errors import IdentifiableError
 
@@ -60,3 +61,14 @@ def layer_range(layers: list[int] | None, count: int) -> range:
             "its first layer to the output of its last); iter_layers streams any layers",
         )
     return range(chosen[0], chosen[-1] + 1)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What each batch of `Model.trace_many` keeps: `layers` (consecutive, the model's
+    indices), `heads` (None: all) and the `memory_budget` in bytes (None: memory
+    available at each batch)."""
+
+    layers: range
+    heads: list[int] | None
+    memory_budget: int | None
