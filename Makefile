@@ -4,8 +4,13 @@ setup:
 	./scripts/setup.sh
 
 # The main job: the reproduction report on the embedded model and the Wikipedia sample.
+# Two ranks of one thread each (torch.distributed, gloo): the shards of every stage are
+# split between them, and the output is byte-identical to one process on one thread
+# (tests/distributed). One OpenMP thread per process also avoids the stalls of two threads
+# on a machine whose other core is busy (benchmarks/bench_distributed.py).
 run: setup
-	.venv/bin/identifiable reproduce --force
+	OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node 2 \
+		-m identifiable reproduce --force
 
 test: setup
 	.venv/bin/ruff check src tests benchmarks
