@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_main
+from helpers.cli import run_main
 from identifiable import IdentifiableError, load_model
 
 

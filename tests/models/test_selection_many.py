@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import build_tiny_hf_model
+from helpers.families import build_tiny_hf_model
 from identifiable import IdentifiableError
 from identifiable.models import Model
 
