@@ -108,6 +108,23 @@ def check(need: TracePlan, budget: int | None, what: str) -> None:
     )
 
 
+def check_trace(one: TracePlan, memory_budget: int | None, what: str, n: int, batch: int) -> None:
+    """`check` for `batch` sequences of n tokens, each planned as `one`; `memory_budget`
+    (bytes, None: the memory available now) is checked to be a positive integer first."""
+    if memory_budget is not None and (
+        isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1
+    ):
+        raise IdentifiableError(
+            f"memory_budget= takes a number of bytes ≥ 1, got {memory_budget!r}",
+            cli=f"--memory-budget takes a positive number of MiB, got {memory_budget!r}",
+        )
+    if memory_budget is None:
+        memory_budget = available_memory()
+    need = TracePlan(one.result * batch, one.forward * batch)
+    size = f"{n} tokens" if batch == 1 else f"{batch} sequences of {n} tokens"
+    check(need, memory_budget, f"{what} ({size})")
+
+
 def _gb(n: int) -> str:
     return f"{n / 1e9:.3g} GB" if n >= 1e8 else f"{n / 1e6:.3g} MB"
 

@@ -346,21 +346,8 @@ class Model:
     ) -> None:
         """Refuse in one line a trace over `memory_budget` bytes (None: available memory);
         `batch` sequences padded to n tokens take `batch` times one's bytes."""
-        if memory_budget is not None and (
-            isinstance(memory_budget, bool)
-            or not isinstance(memory_budget, int)
-            or memory_budget < 1
-        ):
-            raise IdentifiableError(
-                f"memory_budget= takes a number of bytes ≥ 1, got {memory_budget!r}",
-                cli=f"--memory-budget takes a positive number of MiB, got {memory_budget!r}",
-            )
-        if memory_budget is None:
-            memory_budget = budget.available_memory()
         one = self.memory_plan(n, n_layers, heads, streaming=streaming)
-        need = budget.TracePlan(one.result * batch, one.forward * batch)
-        size = f"{n} tokens" if batch == 1 else f"{batch} sequences of {n} tokens"
-        budget.check(need, memory_budget, f"{what} ({size})")
+        budget.check_trace(one, memory_budget, what, n, batch)
 
     def trace_many(
         self,
