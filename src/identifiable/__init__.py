@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "discover_spec": "identifiable.models",
     "supported_model_types": "identifiable.models",
     "trace_from_lens": "identifiable.models",
+    "trace_from_nnsight": "identifiable.models",
     # attention (Sec. 3) and its certificates
     "null_space": "identifiable.attention",
     "effective_attention": "identifiable.attention",
@@ -142,6 +143,7 @@ if TYPE_CHECKING:  # static types for the public API; runtime imports stay lazy
         register_spec,
         supported_model_types,
         trace_from_lens,
+        trace_from_nnsight,
     )
     from identifiable.models.loading import RemoteCodeNotRun
     from identifiable.peers import register_inseq
@@ -180,6 +182,7 @@ __all__ = [  # noqa: RUF022 - grouped as the table above; a test checks the two 
     "discover_spec",
     "supported_model_types",
     "trace_from_lens",
+    "trace_from_nnsight",
     "null_space",
     "effective_attention",
     "iter_effective_attention",
