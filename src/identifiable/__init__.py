@@ -69,6 +69,7 @@ _EXPORTS: dict[str, str] = {
     "viewer_html": "identifiable.report.viewer_page",
     "viewer_iframe": "identifiable.report.viewer_page",
     "viewer_fragment": "identifiable.report.viewer_page",
+    "viewer_widget": "identifiable.widget",
     "load_result": "identifiable.results",
     "register_inseq": "identifiable.peers",
     # errors
@@ -153,6 +154,7 @@ if TYPE_CHECKING:  # static types for the public API; runtime imports stay lazy
     from identifiable.tokens import ProbeConfig
     from identifiable.training import null_attention_penalty
     from identifiable.viewer_compute import build_viewer
+    from identifiable.widget import viewer_widget
 
 del TYPE_CHECKING  # only public names are attributes
 
@@ -216,6 +218,7 @@ __all__ = [  # noqa: RUF022 - grouped as the table above; a test checks the two 
     "viewer_html",
     "viewer_iframe",
     "viewer_fragment",
+    "viewer_widget",
     "load_result",
     "register_inseq",
     "IdentifiableError",

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from identifiable.errors import IdentifiableError
 from identifiable.models.backends import AttentionChoice, EagerFallback, check_choice
@@ -82,7 +83,6 @@ def load_model(
     Without tokenizer files in the directory, the model traces token ids only.
     """
     from identifiable.models.devices import resolve_device
-    from identifiable.models.nnsight_bridge import is_nnsight, unwrap
 
     if is_nnsight(name_or_path):  # the transformers model inside an nnsight wrapper
         tokenizer = tokenizer if tokenizer is not None else getattr(name_or_path, "tokenizer", None)
@@ -194,6 +194,40 @@ def _held(
     config = getattr(hf_model, "config", None)
     name = str(getattr(config, "_name_or_path", "") or type(hf_model).__name__)
     return Model.from_hf(hf_model, tokenizer, name=name, attention=attention)
+
+
+# ---- a model held in an nnsight wrapper (models/nnsight_bridge.py) -------------------------
+
+
+def is_nnsight(obj: object) -> bool:
+    """Whether `obj` is an nnsight wrapper (`NNsight`, `LanguageModel`, `TransformersModel`, …)
+    around a torch module."""
+    kind = type(obj)
+    return kind.__module__.split(".")[0] == "nnsight" and isinstance(
+        vars(obj).get("_module") if hasattr(obj, "__dict__") else None, nn.Module
+    )
+
+
+def unwrap(nn_model: Any) -> nn.Module:
+    """The torch module an nnsight wrapper holds, or one line when it is no such wrapper."""
+    if not is_nnsight(nn_model):
+        raise IdentifiableError(
+            "trace_from_nnsight takes an nnsight model (nnsight.TransformersModel, "
+            f"LanguageModel or NNsight around a transformers model), got {type(nn_model).__name__}"
+        )
+    module: nn.Module = vars(nn_model)["_module"]
+    if not hasattr(module, "config"):
+        raise IdentifiableError(
+            f"the nnsight model wraps a {type(module).__name__}, not a transformers model (it "
+            "has no config); wrap a transformers model, e.g. nnsight.TransformersModel(hf_model, "
+            "tokenizer=tok)"
+        )
+    if getattr(module, "device", None) is not None and str(module.device) == "meta":
+        raise IdentifiableError(
+            "the nnsight model has not loaded its weights yet (dispatch=False leaves them on the "
+            "meta device); build it with dispatch=True or run one nnsight trace first"
+        )
+    return module
 
 
 def _source(name_or_path: str) -> tuple[str, bool]:

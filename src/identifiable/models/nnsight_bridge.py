@@ -10,8 +10,9 @@ through outside an nnsight `trace` block); interventions written inside a
 `with wrapper.trace(...)` block are not applied to our trace. Nothing is remote: a
 wrapper around a local model needs no network (`remote=True` is never used).
 
-The wrapper object is not imported here (nnsight is the optional extra `nnsight`): it is
-recognised by its module and its `_module`.
+nnsight itself is not imported (it is the optional extra `nnsight`): a wrapper is
+recognised by its class's module and its `_module` (`loading.is_nnsight`, which
+`load_model` uses too).
 """
 
 from __future__ import annotations
@@ -21,40 +22,11 @@ from weakref import WeakKeyDictionary
 
 from torch import nn
 
-from identifiable.errors import IdentifiableError
 from identifiable.models.backends import AttentionChoice
+from identifiable.models.loading import is_nnsight, load_model, unwrap
 from identifiable.models.trace import Trace
 
-
-def is_nnsight(obj: object) -> bool:
-    """Whether `obj` is an nnsight wrapper (`NNsight`, `LanguageModel`, `TransformersModel`, …)
-    around a torch module."""
-    kind = type(obj)
-    return kind.__module__.split(".")[0] == "nnsight" and isinstance(
-        vars(obj).get("_module") if hasattr(obj, "__dict__") else None, nn.Module
-    )
-
-
-def unwrap(nn_model: Any) -> nn.Module:
-    """The torch module an nnsight wrapper holds, or one line when it is no such wrapper."""
-    if not is_nnsight(nn_model):
-        raise IdentifiableError(
-            "trace_from_nnsight takes an nnsight model (nnsight.TransformersModel, "
-            f"LanguageModel or NNsight around a transformers model), got {type(nn_model).__name__}"
-        )
-    module: nn.Module = vars(nn_model)["_module"]
-    if not hasattr(module, "config"):
-        raise IdentifiableError(
-            f"the nnsight model wraps a {type(module).__name__}, not a transformers model (it "
-            "has no config); wrap a transformers model, e.g. nnsight.TransformersModel(hf_model, "
-            "tokenizer=tok)"
-        )
-    if getattr(module, "device", None) is not None and str(module.device) == "meta":
-        raise IdentifiableError(
-            "the nnsight model has not loaded its weights yet (dispatch=False leaves them on the "
-            "meta device); build it with dispatch=True or run one nnsight trace first"
-        )
-    return module
+__all__ = ["is_nnsight", "model_from_nnsight", "trace_from_nnsight", "unwrap"]
 
 
 _MODELS: WeakKeyDictionary[nn.Module, tuple[Any, str, Any]] = WeakKeyDictionary()
@@ -71,8 +43,6 @@ def model_from_nnsight(
         tokenizer: default: the wrapper's own (`nn_model.tokenizer`), else the model's saved one.
         attention: as for `load_model`.
     """
-    from identifiable.models.loading import load_model
-
     module = unwrap(nn_model)
     tokenizer = tokenizer if tokenizer is not None else getattr(nn_model, "tokenizer", None)
     cached = _MODELS.get(module)
