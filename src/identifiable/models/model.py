@@ -369,7 +369,7 @@ class Model:
         *,
         batch_size: int = 8,
         truncate: bool = True,
-        progress: bool = False,
+        progress: bool | None = None,
         column: str | None = None,
         pair_columns: tuple[str, str] | None = None,
     ) -> Iterator[Trace]:
@@ -380,6 +380,7 @@ class Model:
         `pair_columns=(a, b)` (a pair per row); a Dataset with a single text
         column needs neither.
 
+        `progress`: a bar of the texts traced (None: when a person is watching).
         Each result equals `trace(text)` up to float rounding (tested). Within a
         window of a few batches texts are sorted by length, so padding stays small.
         """
