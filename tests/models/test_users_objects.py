@@ -10,7 +10,7 @@ import torch
 
 import identifiable as idf
 from conftest import build_tiny_hf_model
-from identifiable.models import backends
+from identifiable.models import backends, recompute
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 
@@ -41,7 +41,8 @@ def test_the_users_classifier_keeps_its_attention_and_answers_the_same(
     with torch.no_grad():
         logits = clf(**ids).logits.clone()
     model = idf.load_model(clf, tokenizer=bert_tokenizer, attention=attention)
-    assert model.attention == ("sdpa" if attention == "auto" else "eager")
+    recomputed = attention == "auto" and recompute.supported()
+    assert model.attention == ("sdpa" if recomputed else "eager")
     assert clf.config._attn_implementation == "sdpa"  # after wrapping
     trace = model.trace(TEXT)
     assert clf.config._attn_implementation == "sdpa"  # after a trace
@@ -50,6 +51,12 @@ def test_the_users_classifier_keeps_its_attention_and_answers_the_same(
     t = torch.einsum("lhnv,lhvd->lhnd", trace.values.double(), trace.out_proj.double())
     lhs, rhs = eff.effective @ t, trace.attentions.double() @ t
     assert ((lhs - rhs).abs() / rhs.abs().amax(dim=(-2, -1), keepdim=True)).max() < 1e-9
+    if not recompute.supported():
+        pytest.skip(
+            "transformers 4.x builds BERT's sdpa attention modules at construction: switching "
+            "the config does not make them eager, so HTA's forward-mode pass cannot run on an "
+            "sdpa-loaded BERT there (as before this change); the trace part above ran"
+        )
     hta = idf.hidden_token_attribution(model, TEXT, progress=False)
     assert clf.config._attn_implementation == "sdpa"  # after HTA (it runs eager inside)
     assert hta.contributions.shape[0] == 2
