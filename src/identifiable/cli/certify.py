@@ -65,7 +65,6 @@ def certify(
     row (≥ 0, summing to 1) with the same head output, and the constrained effective attention
     (the valid row closest to uniform). Prints a summary per head."""
     from identifiable.attention import constrained_attention, interval_map
-    from identifiable.progress import status
 
     _check_flags(out, workers, time_budget, force)
     m = load(model)
@@ -74,10 +73,8 @@ def certify(
     layers = [layer] if layer is not None else None
     heads = [head] if head is not None else None
     rows = [row] if row is not None else None
-    n_heads = (1 if layer is not None else tr.n_layers) * (1 if head is not None else tr.n_heads)
-    with status(f"attention intervals of {n_heads} heads × {tr.n_tokens} rows"):
-        imap = interval_map(tr, layers=layers, heads=heads, rows=rows, workers=workers,
-                            time_budget=time_budget)  # fmt: skip
+    imap = interval_map(tr, layers=layers, heads=heads, rows=rows, workers=workers,
+                        time_budget=time_budget, progress=True)  # fmt: skip
     records: dict[str, list[Any]] = {c: [] for c in COLUMNS}
     table = Table(
         title=f"{m.info.name}: {tr.n_tokens} tokens; intervals of valid rows with the same head "
