@@ -109,19 +109,32 @@ def _tracked_lines(items: Iterable[T], description: str, total: int | None) -> I
 
 
 def status(text: str, *, enabled: bool = True) -> AbstractContextManager[Any]:
-    """A spinner with `text` on stderr while the block runs (in a log: a line when it
-    starts and one with its time when it ends)."""
+    """A spinner with `text` on stderr while the block runs (in a log: a line with its time
+    when it ends, and a line when it starts if it is still running after
+    `STATUS_START_LINE_S`, so that a step refused at once leaves only its error)."""
     if not enabled:
         return nullcontext()
     return _console().status(text) if watching() else _status_lines(text)
 
 
+STATUS_START_LINE_S = 3.0
+
+
 @contextmanager
 def _status_lines(text: str) -> Iterator[None]:
+    import threading
+
     label = text.rstrip(" .…")
-    print(f"{label} …", file=sys.stderr, flush=True)
     start = time.monotonic()
-    yield
+    timer = threading.Timer(
+        STATUS_START_LINE_S, lambda: print(f"{label} …", file=sys.stderr, flush=True)
+    )
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
     print(f"{label}: done in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
 
 
