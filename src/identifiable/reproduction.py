@@ -82,7 +82,8 @@ def reproduce(
         seed: seeds every random choice (pairs, probes, splits, attribution probes).
         device: where a model given by name runs ("cpu", "cuda"); results do not depend on it
             beyond float rounding, so it is not part of the resume settings.
-        column, pair_fields: the text column(s) of a `datasets.Dataset` corpus.
+        column: the text column of a `datasets.Dataset` corpus (one text per row).
+        pair_fields: two columns of a `datasets.Dataset` corpus, a pair per row.
 
     Under `torchrun` (or any initialised `torch.distributed` process group) call this on
     every rank with the same arguments: the ranks share the shards of every stage through

@@ -190,7 +190,8 @@ def viewer_widget(
     """The viewer of `text` through `model` as a notebook widget (`ViewerWidget`).
 
     Args:
-        model, text: as for `build_viewer` (a loaded `Model`, a text or a pair).
+        model: a loaded `Model`, as for `build_viewer`.
+        text: a text or a pair, as for `build_viewer`.
         page_html: a viewer page you already built (`build_viewer`, `viewer_html`) instead.
         height: the frame's height in CSS pixels (a traitlet: change it later).
         options: `ViewerOptions` fields for `build_viewer` (layer=, head=, mixing=, …).
