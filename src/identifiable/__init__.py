@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "discover_spec": "identifiable.models",
     "supported_model_types": "identifiable.models",
     "trace_from_lens": "identifiable.models",
+    "trace_from_nnsight": "identifiable.models",
     # attention (Sec. 3) and its certificates
     "null_space": "identifiable.attention",
     "effective_attention": "identifiable.attention",
@@ -68,6 +69,7 @@ _EXPORTS: dict[str, str] = {
     "viewer_html": "identifiable.report.viewer_page",
     "viewer_iframe": "identifiable.report.viewer_page",
     "viewer_fragment": "identifiable.report.viewer_page",
+    "viewer_widget": "identifiable.widget",
     "load_result": "identifiable.results",
     "register_inseq": "identifiable.peers",
     # errors
@@ -142,6 +144,7 @@ if TYPE_CHECKING:  # static types for the public API; runtime imports stay lazy
         register_spec,
         supported_model_types,
         trace_from_lens,
+        trace_from_nnsight,
     )
     from identifiable.models.loading import RemoteCodeNotRun
     from identifiable.peers import register_inseq
@@ -151,6 +154,7 @@ if TYPE_CHECKING:  # static types for the public API; runtime imports stay lazy
     from identifiable.tokens import ProbeConfig
     from identifiable.training import null_attention_penalty
     from identifiable.viewer_compute import build_viewer
+    from identifiable.widget import viewer_widget
 
 del TYPE_CHECKING  # only public names are attributes
 
@@ -180,6 +184,7 @@ __all__ = [  # noqa: RUF022 - grouped as the table above; a test checks the two 
     "discover_spec",
     "supported_model_types",
     "trace_from_lens",
+    "trace_from_nnsight",
     "null_space",
     "effective_attention",
     "iter_effective_attention",
@@ -213,6 +218,7 @@ __all__ = [  # noqa: RUF022 - grouped as the table above; a test checks the two 
     "viewer_html",
     "viewer_iframe",
     "viewer_fragment",
+    "viewer_widget",
     "load_result",
     "register_inseq",
     "IdentifiableError",

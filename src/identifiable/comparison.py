@@ -47,7 +47,7 @@ def _labels(names: Sequence[str]) -> list[str]:
 
 def compare(
     models: Sequence[str],
-    corpus: str = "wikipedia-sample",
+    corpus: Any = "wikipedia-sample",
     out: str | Path = "comparison",
     *,
     budget: str = "quick",
@@ -55,11 +55,18 @@ def compare(
     force: bool = False,
     seed: int = 0,
     progress: bool = True,
+    column: str = "text",
+    pair_fields: tuple[str, str] | None = None,
 ) -> Comparison:
-    """Reproduce every model on the same texts and write OUT/index.html (see the module)."""
-    from identifiable.reproduction import reproduce
+    """Reproduce every model on the same texts and write OUT/index.html (see the module).
+
+    corpus: a corpus name or path, a list of texts or (text, text) pairs, or a
+    `datasets.Dataset` (its `column`, or `pair_fields=(a, b)`), as for `reproduce`.
+    """
+    from identifiable.reproduction import given_corpus, reproduce
 
     t0 = time.perf_counter()
+    corpus = given_corpus(corpus, column, pair_fields)
     if len(models) < 2:
         raise IdentifiableError("compare takes two or more models")
     plan = resolve_budget(budget)

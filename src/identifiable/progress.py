@@ -7,6 +7,9 @@
 - `track(items, description, enabled=...)`: items, with a transient bar while they are
   consumed.
 - `status(text, enabled=...)`: a spinner with elapsed time, for work without a count.
+
+Each of them, enabled where nobody watches (stderr is not a terminal: a log, a batch
+job), writes plain lines instead: one per step at most once a second, and the last.
 - `watching()`: a person is watching (stderr is a terminal, or a Jupyter kernel runs).
 
 Everything goes to stderr, so that stdout keeps only what a command prints as output.
@@ -58,6 +61,10 @@ def task_bar(
     if not enabled:
         yield _Bar()
         return
+    if not watching():  # a log: one line per step (at most one a second), not a bar
+        lines = _Lines(sys.stderr)
+        yield _Bar(_LinesAsProgress(lines), lines.add_task(description, total=total))
+        return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     with Progress(
@@ -77,18 +84,58 @@ def track(
     """`items`, with a transient bar while they are consumed (`total`: len(items) if sized)."""
     if not enabled:
         return items
-    from rich.progress import track as rich_track
-
     if total is None and hasattr(items, "__len__"):
         total = len(items)  # type: ignore[arg-type]
+    if not watching():  # a log: one line per step (at most one a second), not a bar
+        return _tracked_lines(items, description, total)
+    from rich.progress import track as rich_track
+
     return rich_track(
         items, description=description, total=total, transient=True, console=_console()
     )
 
 
+def _tracked_lines(items: Iterable[T], description: str, total: int | None) -> Iterator[T]:
+    lines = _Lines(sys.stderr)
+    task = lines.add_task(description, total=total)
+    done = 0
+    for item in items:
+        yield item
+        done += 1
+        lines.update(task, completed=done)
+    if total is None or done < total:  # the last line says how many there were
+        lines.tasks[task].update(total=done, done=-1)
+        lines.update(task, completed=done)
+
+
 def status(text: str, *, enabled: bool = True) -> AbstractContextManager[Any]:
-    """A spinner with `text` on stderr while the block runs."""
-    return _console().status(text) if enabled else nullcontext()
+    """A spinner with `text` on stderr while the block runs (in a log: a line with its time
+    when it ends, and a line when it starts if it is still running after
+    `STATUS_START_LINE_S`, so that a step refused at once leaves only its error)."""
+    if not enabled:
+        return nullcontext()
+    return _console().status(text) if watching() else _status_lines(text)
+
+
+STATUS_START_LINE_S = 3.0
+
+
+@contextmanager
+def _status_lines(text: str) -> Iterator[None]:
+    import threading
+
+    label = text.rstrip(" .…")
+    start = time.monotonic()
+    timer = threading.Timer(
+        STATUS_START_LINE_S, lambda: print(f"{label} …", file=sys.stderr, flush=True)
+    )
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+    print(f"{label}: done in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
 
 
 class _Quiet:
@@ -147,8 +194,21 @@ class _Lines:
                 f"({100 * completed / t['total']:.0f}%) elapsed {elapsed:.0f} s, eta {eta:.0f} s"
             )
         else:
-            line = f"{t['label']}: done in {elapsed:.0f} s"
+            line = f"{t['label']}: {completed:g} so far, elapsed {elapsed:.0f} s"
         print(line, file=self.stream, flush=True)
+
+
+class _LinesAsProgress:
+    """`_Lines` behind rich's `Progress` methods that `_Bar` calls."""
+
+    def __init__(self, lines: _Lines) -> None:
+        self.lines = lines
+
+    def advance(self, task: int, n: float = 1) -> None:
+        self.lines.advance(task, n)
+
+    def update(self, task: int, *, completed: float, total: float | None = None) -> None:
+        self.lines.update(task, completed=completed, total=total)
 
 
 @contextmanager

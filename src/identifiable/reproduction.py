@@ -64,13 +64,16 @@ def reproduce(
     seed: int = 0,
     device: str = "cpu",
     progress: bool = True,
+    column: str = "text",
+    pair_fields: tuple[str, str] | None = None,
 ) -> Reproduction:
     """Run the reproduction and write DIR/index.html, figures, tables and summary.json.
 
     Args:
         model: a name for `load_model` ("minilm", a local folder, a hub id) or a Model.
         corpus: a name for `load_corpus` (texts are formatted as pairs [CLS] a [SEP] b [SEP]
-            of up to `budget.max_tokens` tokens) or a list of texts / pairs.
+            of up to `budget.max_tokens` tokens), a list of texts / pairs, or a
+            `datasets.Dataset` (its `column`, or `pair_fields=(a, b)`: each row as given).
         out: the output folder; must be empty unless `resume` or `force`.
         budget: "quick" (default, ≤ 5 min on 2 CPU cores), "paper" ("full"), "smoke" or a `Budget`.
         resume: continue an interrupted run with the same arguments.
@@ -79,6 +82,8 @@ def reproduce(
         seed: seeds every random choice (pairs, probes, splits, attribution probes).
         device: where a model given by name runs ("cpu", "cuda"); results do not depend on it
             beyond float rounding, so it is not part of the resume settings.
+        column: the text column of a `datasets.Dataset` corpus (one text per row).
+        pair_fields: two columns of a `datasets.Dataset` corpus, a pair per row.
 
     Under `torchrun` (or any initialised `torch.distributed` process group) call this on
     every rank with the same arguments: the ranks share the shards of every stage through
@@ -88,6 +93,7 @@ def reproduce(
     t_start = time.perf_counter()
     plan = resolve_budget(budget)
     out = Path(out)
+    corpus = given_corpus(corpus, column, pair_fields)
     if isinstance(model, str | Path):
         from identifiable.models.devices import resolve_device
 
@@ -101,19 +107,7 @@ def reproduce(
         if world.is_main:
             folder.check()
         with progress_bars(progress and world.is_main) as bars:
-            task = bars.add_task("loading model and corpus", total=None)
-            m = resolve_model(model, local_device(device))
-            items, corpus_info = corpus_items(corpus, m, plan, seed)
-            bars.update(task, total=1, completed=1)
-            settings = {
-                "model": m.info.name,
-                "model_fingerprint": m.fingerprint,
-                "architecture": m.info.architecture,
-                "corpus": corpus_info,
-                "budget": asdict(plan),
-                "seed": seed,
-                "format": 2,
-            }
+            m, items, settings = _prepare(model, corpus, plan, seed, device, bars)
             check_same_run(world, settings_key(settings))
             owner = (
                 folder.run(lambda d: RunCache(d, settings).check_resumable())
@@ -121,32 +115,70 @@ def reproduce(
                 else contextlib.nullcontext(folder.partial)
             )
             with owner as work:
-                barrier(world, "out-ready")
-                cache = RunCache(work, settings)
-                if world.is_main:
-                    cache.start()
-                barrier(world, "cache-ready")
-                # world_size: how many processes shared the stages (in .cache, not the outputs)
-                timings: dict[str, float] = {
-                    "load_s": time.perf_counter() - t_start,
-                    "world_size": world.size,
-                }
-                stage_list = stages(m, items, plan, seed, work / CACHE_DIR)
-                t_stages = time.perf_counter()
-                done = run_stages(cache, stage_list, bars, world)
-                timings["stages_s"] = time.perf_counter() - t_stages  # the part that shards
-                if done is None:  # not rank 0: rank 0 reduces and renders
+                files, summary, timings = _run(
+                    work, world, m, items, plan, seed, settings, bars, t_start
+                )
+                if summary is None:  # not rank 0: rank 0 reduces and renders
                     summary = json.loads(broadcast(world, "summary", None))
                     timings["total_s"] = time.perf_counter() - t_start
                     return Reproduction(out, [], summary, timings)
-                results: dict[str, dict[str, pd.DataFrame]] = {}
-                for name, (tables, seconds) in done.items():
-                    results[name], timings[f"{name}_s"] = tables, seconds
-                task = bars.add_task("writing report", total=None)
-                files, summary = write_report(work, m, results, settings)
-                bars.update(task, total=1, completed=1)
-                timings["total_s"] = time.perf_counter() - t_start
-                atomic_write_text(work / CACHE_DIR / "timings.json", json.dumps(timings, indent=2))
             files = [out / f.relative_to(work) for f in files]  # `work` is now `out`
         broadcast(world, "summary", json.dumps(summary, default=str))
     return Reproduction(out, files, summary, timings)
+
+
+def given_corpus(corpus: Any, column: str, pair_fields: tuple[str, str] | None) -> Any:
+    """A `datasets.Dataset` as its list of texts (or pairs); anything else as it is."""
+    from identifiable.corpus.sources import dataset_items, is_dataset
+
+    return dataset_items(corpus, column, pair_fields) if is_dataset(corpus) else corpus
+
+
+def _prepare(
+    model: Any, corpus: Any, plan: Budget, seed: int, device: str, bars: Any
+) -> tuple[Any, list[Any], dict[str, Any]]:
+    """(the model, the run's items, the settings that key the run's cache)."""
+    task = bars.add_task("loading model and corpus", total=None)
+    m = resolve_model(model, local_device(device))
+    items, corpus_info = corpus_items(corpus, m, plan, seed)
+    bars.update(task, total=1, completed=1)
+    settings = {
+        "model": m.info.name,
+        "model_fingerprint": m.fingerprint,
+        "architecture": m.info.architecture,
+        "corpus": corpus_info,
+        "budget": asdict(plan),
+        "seed": seed,
+        "format": 2,
+    }
+    return m, items, settings
+
+
+def _run(
+    work: Path, world: Any, m: Any, items: list[Any], plan: Budget, seed: int,
+    settings: dict[str, Any], bars: Any, t_start: float,
+) -> tuple[list[Path], dict[str, Any] | None, dict[str, float]]:  # fmt: skip
+    """Every stage (shared by the ranks), then on rank 0 the report in `work`: (files,
+    summary, timings); ([], None, timings) on the other ranks."""
+    barrier(world, "out-ready")
+    cache = RunCache(work, settings)
+    if world.is_main:
+        cache.start()
+    barrier(world, "cache-ready")
+    # world_size: how many processes shared the stages (in .cache, not the outputs)
+    timings: dict[str, float] = {"load_s": time.perf_counter() - t_start, "world_size": world.size}
+    stage_list = stages(m, items, plan, seed, work / CACHE_DIR)
+    t_stages = time.perf_counter()
+    done = run_stages(cache, stage_list, bars, world)
+    timings["stages_s"] = time.perf_counter() - t_stages  # the part that shards
+    if done is None:
+        return [], None, timings
+    results: dict[str, dict[str, pd.DataFrame]] = {}
+    for name, (tables, seconds) in done.items():
+        results[name], timings[f"{name}_s"] = tables, seconds
+    task = bars.add_task("writing report", total=None)
+    files, summary = write_report(work, m, results, settings)
+    bars.update(task, total=1, completed=1)
+    timings["total_s"] = time.perf_counter() - t_start
+    atomic_write_text(work / CACHE_DIR / "timings.json", json.dumps(timings, indent=2))
+    return files, summary, timings

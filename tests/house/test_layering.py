@@ -44,6 +44,7 @@ FLOORS = {
     "comparison": 5,  # `identifiable compare`: reproductions side by side
     "cli": 6,
     "peers": 6,  # adapters to bertviz and inseq
+    "widget": 6,  # the viewer as a notebook widget (anywidget)
     "__init__": 7,
     "__main__": 7,
     "__version__": 0,  # `from identifiable import __version__` is a constant

@@ -98,7 +98,7 @@ def test_sdpa_model_is_traced_under_sdpa_or_switched_to_eager(bert_tokenizer):
         warnings.simplefilter("error")
         m = Model.from_hf(hf, bert_tokenizer)
     assert m.attention == "sdpa" and m.recompute_error < 1e-6
-    assert hf.config._attn_implementation == "eager"  # at rest: HTA and training need it
+    assert hf.config._attn_implementation == "sdpa"  # the user's own, kept between calls
     m.trace("it still works").verify()
     falcon = build_tiny_hf_model("falcon", attn_implementation="sdpa")
     with pytest.warns(

@@ -74,7 +74,7 @@ def test_recomputed_maps_equal_eager_maps(arch, bert_tokenizer):
 def test_attention_sdpa_switches_an_eager_model_and_falls_back_with_a_warning(bert_tokenizer):
     m = Model.from_hf(build_tiny_hf_model("llama"), bert_tokenizer, attention="sdpa")
     assert m.attention == "sdpa"
-    assert m.hf_model.config._attn_implementation == "eager"  # rests eager between traces
+    assert m.hf_model.config._attn_implementation == "eager"  # the user's own, kept
     with pytest.warns(
         UserWarning, match="cannot be recomputed under sdpa.*switched the model to eager"
     ):

@@ -204,19 +204,22 @@ def test_bad_arguments_are_one_line_errors(tiny64) -> None:
         null_attention_penalty(m, 3)
 
 
-def test_a_model_without_attention_maps_is_refused(bert_tokenizer) -> None:
+def test_a_model_without_attention_maps_is_refused(bert_tokenizer, monkeypatch) -> None:
+    import contextlib
+
     from helpers.families import build_tiny_hf_model
-
-    hf = build_tiny_hf_model("bert")
     from identifiable.models import Model
+    from identifiable.training import capture
 
+    hf = build_tiny_hf_model("bert", attn_implementation="sdpa")
     m = Model.from_hf(hf, bert_tokenizer)
-    hf.config._attn_implementation = "sdpa"  # returns no probabilities
-    try:
-        with pytest.raises(IdentifiableError, match="no attention probabilities"):
-            null_attention_penalty(m, batch_for(m, TEXTS))
-    finally:
-        hf.config._attn_implementation = "eager"
+    # the penalty switches an sdpa model to eager for its pass and back afterwards
+    assert float(null_attention_penalty(m, batch_for(m, TEXTS))) > 0
+    assert hf.config._attn_implementation == "sdpa"
+    # without that switch sdpa returns no probabilities: one line
+    monkeypatch.setattr(capture, "running", lambda *a: contextlib.nullcontext())
+    with pytest.raises(IdentifiableError, match="no attention probabilities"):
+        null_attention_penalty(m, batch_for(m, TEXTS))
 
 
 def test_texts_are_tokenised_and_hf_models_wrapped_without_changing_their_mode(tiny64) -> None:

@@ -23,6 +23,7 @@ from identifiable.attention.effective import HeadFactors
 from identifiable.attention.linalg import add_ones, column_basis, head_factors
 from identifiable.errors import IdentifiableError, seconds
 from identifiable.models.trace import Trace
+from identifiable.progress import task_bar, watching
 from identifiable.results import Result
 
 
@@ -413,6 +414,7 @@ def interval_map(
     workers: int = 1,
     time_budget: float | None = None,
     chains_per_row: int | None = None,
+    progress: bool | None = None,
 ) -> IntervalMap:
     """Attention intervals of whole heads (default: every layer, head and row).
 
@@ -435,6 +437,8 @@ def interval_map(
         chains_per_row: simplex chains per row when rows are solved one by one
             (default: enough to keep ~128 in step; unused for a bidirectional head of
             8 rows or more, which runs one chain per key).
+        progress: a bar of the rows solved on stderr (lines in a log); None: only when a
+            person is watching (a terminal or Jupyter).
     Raises: IdentifiableError for out-of-range indices, a corrupt trace (naming layer
         and head) or a budget that is too small.
     """
@@ -457,12 +461,14 @@ def interval_map(
     if time_budget is not None:
         _check_budget(trace, jobs[0], row_list, key_mask, len(jobs) * len(row_list), parallel,
                       time_budget, start)  # fmt: skip
-    solved = _solve_jobs(trace, jobs, row_list, key_mask, chains_per_row, pool_size, deadline,
-                         time_budget, start)  # fmt: skip
+    shown = watching() if progress is None else progress
+    with task_bar("attention intervals (rows)", len(jobs) * len(row_list), enabled=shown) as bar:
+        solved = _solve_jobs(trace, jobs, row_list, key_mask, chains_per_row, pool_size,
+                             deadline, time_budget, start, bar)  # fmt: skip
     return _assemble(trace, layers, heads, row_list, jobs, solved, start)
 
 
-def _solve_jobs(trace, jobs, row_list, key_mask, chains, pool_size, deadline, budget, start):
+def _solve_jobs(trace, jobs, row_list, key_mask, chains, pool_size, deadline, budget, start, bar):
     """Per job, the list of (light row set, result) pairs; one line if the budget runs out."""
     done = 0
     out: dict = {}
@@ -489,6 +495,7 @@ def _solve_jobs(trace, jobs, row_list, key_mask, chains, pool_size, deadline, bu
                         zip(map(_light, sets), fut.result(), strict=True)
                     )
                     done += sum(rs.rows.size for rs in sets)
+                    bar.update(done)
         else:
             for job in jobs:
                 for sets, extra in tasks(job):
@@ -496,6 +503,7 @@ def _solve_jobs(trace, jobs, row_list, key_mask, chains, pool_size, deadline, bu
                         zip(map(_light, sets), _solve_head((sets, *extra)), strict=True)
                     )
                     done += sum(rs.rows.size for rs in sets)
+                    bar.update(done)
     except OutOfTime:
         total = len(jobs) * len(row_list)
         raise IdentifiableError(

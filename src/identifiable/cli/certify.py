@@ -74,7 +74,7 @@ def certify(
     heads = [head] if head is not None else None
     rows = [row] if row is not None else None
     imap = interval_map(tr, layers=layers, heads=heads, rows=rows, workers=workers,
-                        time_budget=time_budget)  # fmt: skip
+                        time_budget=time_budget, progress=True)  # fmt: skip
     records: dict[str, list[Any]] = {c: [] for c in COLUMNS}
     table = Table(
         title=f"{m.info.name}: {tr.n_tokens} tokens; intervals of valid rows with the same head "

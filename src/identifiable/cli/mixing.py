@@ -100,9 +100,13 @@ def mixing(
         )
     check_writable(json_out, force=force)
     m = load(model)
-    result = context_mixing(
-        m, (text, pair) if pair is not None else text, method, truncate=not no_truncate, **options
-    )
+    from identifiable.progress import status
+
+    with status(f"context mixing ({method})"):
+        result = context_mixing(
+            m, (text, pair) if pair is not None else text, method, truncate=not no_truncate,
+            **options,
+        )  # fmt: skip
     shown = result.global_map
     kind = "rolled out" if result.rolled is not None else "per layer"
     table = Table(

@@ -17,7 +17,6 @@ from identifiable.cli.common import (
     check_reads_text,
     check_writable,
     console,
-    err_console,
     load,
 )
 from identifiable.errors import IdentifiableError
@@ -239,9 +238,9 @@ def view(
         raise IdentifiableError(
             f"--layer {layer} is out of range: valid layers are 0..{trace.n_layers - 1}"
         )
-    with err_console.status(
-        "computing effective attention" + (" and interval bands …" if certify else " …")
-    ):
+    from identifiable.progress import status
+
+    with status("computing effective attention" + (" and interval bands" if certify else "")):
         maps = mixing_maps(m, source, options.mixing)
         html = viewer_html_for_trace(trace, options, mixing=maps, image=picture_rgb)
     check_writable(out, "--out", force=force)  # a file made while we computed is not replaced

@@ -289,17 +289,41 @@ def is_dataset(source: Any) -> bool:
     return hasattr(source, "column_names") and hasattr(source, "features")
 
 
+def _check_columns(source: Any, field: str, pair_fields: tuple[str, str] | None) -> None:
+    """One line listing the dataset's columns when the text column is not one of them."""
+    columns = list(source.column_names)
+    wanted = list(pair_fields) if pair_fields is not None else [field]
+    missing = [c for c in wanted if c not in columns]
+    if missing:
+        raise IdentifiableError(
+            f"the dataset has no column {missing[0]!r} (its columns: {', '.join(columns)}); "
+            "pass column=... (or pair_fields=...) naming the text column"
+        )
+
+
+def dataset_items(
+    source: Any, column: str = "text", pair_fields: tuple[str, str] | None = None
+) -> list[str | tuple[str, str]]:
+    """The texts of a `datasets.Dataset` (its `column`), or (a, b) pairs of two columns,
+    each row as it is (whitespace kept, nothing segmented): what `reproduce` and `compare`
+    run on when given a dataset. Empty texts are skipped; a non-text cell is one line."""
+    _check_columns(source, column, pair_fields)
+    items: list[str | tuple[str, str]] = []
+    for i, record in enumerate(source):
+        where = f"dataset row {i + 1}"
+        if pair_fields is not None:
+            a, b = (_field(record, k, where) for k in pair_fields)
+            if a.strip() and b.strip():
+                items.append((a, b))
+        elif (text := _field(record, column, where)).strip():
+            items.append(text)
+    return items
+
+
 def _read_memory(source: Any, field: str, pair_fields: tuple[str, str] | None) -> SourceData:
     """A `datasets.Dataset` held in memory, or a list of texts, as a source."""
     if is_dataset(source):
-        columns = list(source.column_names)
-        wanted = list(pair_fields) if pair_fields is not None else [field]
-        missing = [c for c in wanted if c not in columns]
-        if missing:
-            raise IdentifiableError(
-                f"the dataset has no column {missing[0]!r} (its columns: {', '.join(columns)}); "
-                "pass column=... (or pair_fields=...) naming the text column"
-            )
+        _check_columns(source, field, pair_fields)
         records: Iterable[tuple[str, Any]] = (
             (f"dataset row {i + 1}", r) for i, r in enumerate(source)
         )

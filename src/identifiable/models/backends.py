@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -113,16 +113,70 @@ def set_implementation(hf_model: nn.Module, impl: str) -> None:
 
 @contextlib.contextmanager
 def running(hf_model: nn.Module, impl: str) -> Iterator[None]:
-    """The model on implementation `impl` inside the block, restored afterwards."""
+    """The model on implementation `impl` inside the block, restored afterwards: the
+    model a user holds keeps its own implementation between our calls."""
+    if impl == "eager":
+        with eager(hf_model):
+            yield
+        return
     before = implementation(hf_model)
     if before == impl:
         yield
         return
+    saved = _settings(hf_model)
     set_implementation(hf_model, impl)
     try:
         yield
     finally:
-        set_implementation(hf_model, before)
+        _restore(hf_model, before, saved)
+
+
+@contextlib.contextmanager
+def eager(hf_model: nn.Module) -> Iterator[None]:
+    """Eager attention inside the block (it returns the probabilities: traces of families
+    that cannot be recomputed, Hidden Token Attribution's forward-mode derivatives,
+    training's attention maps, discovery's probes); the model's own implementation,
+    every config's setting included, is restored afterwards."""
+    before = implementation(hf_model)
+    if before == "eager":
+        yield
+        return
+    saved = _settings(hf_model)
+    ensure_eager(hf_model, quiet=True)
+    try:
+        yield
+    finally:
+        _restore(hf_model, before, saved)
+
+
+def _settings(hf_model: nn.Module) -> list[tuple[Any, Any]]:
+    """(config, its `_attn_implementation`) of every distinct config in the model."""
+    seen: dict[int, tuple[Any, Any]] = {}
+    for module in hf_model.modules():
+        config = getattr(module, "config", None)
+        if (
+            config is not None
+            and id(config) not in seen
+            and hasattr(config, "_attn_implementation")
+        ):
+            seen[id(config)] = (config, vars(config).get("_attn_implementation_internal", _UNSET))
+    return list(seen.values())
+
+
+_UNSET = object()
+
+
+def _restore(hf_model: nn.Module, before: str, saved: list[tuple[Any, Any]]) -> None:
+    """Back to `before`: through `set_attn_implementation` where the class has it (so
+    that whatever else it sets follows), then every config's own value as it was."""
+    with contextlib.suppress(Exception):
+        if hasattr(hf_model, "set_attn_implementation"):
+            hf_model.set_attn_implementation(before)  # type: ignore[operator]
+    for config, value in saved:
+        if value is _UNSET:
+            vars(config).pop("_attn_implementation_internal", None)
+        else:
+            vars(config)["_attn_implementation_internal"] = value
 
 
 def ensure_eager(hf_model: nn.Module, *, quiet: bool = False) -> None:
@@ -218,10 +272,3 @@ def prove(
     if not err <= tolerance(dtype):
         return False, err, f"recomputed maps differ from eager's by {err:.1e} on a probe"
     return True, err, ""
-
-
-def resting_eager(hf_model: nn.Module) -> None:
-    """Between traces the model rests on eager attention (Hidden Token Attribution's
-    forward-mode derivatives and training's attention maps need it); traces switch to
-    their implementation for the pass (`running`)."""
-    ensure_eager(hf_model, quiet=True)

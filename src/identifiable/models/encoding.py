@@ -20,7 +20,7 @@ import torch
 from identifiable.errors import IdentifiableError
 from identifiable.models.compat import dtype_of
 from identifiable.models.specs import ArchSpec
-from identifiable.progress import track
+from identifiable.progress import track, watching
 from identifiable.unicode import check_unicode
 
 TextOrPair = str | tuple[str, str]
@@ -358,8 +358,9 @@ def many_items(
     return texts  # type: ignore[no-any-return]
 
 
-def with_progress(items: Iterable[Any], enabled: bool) -> Iterable[Any]:
-    return track(items, "tracing", enabled=enabled)
+def with_progress(items: Iterable[Any], enabled: bool | None) -> Iterable[Any]:
+    """`items` with a bar of the texts traced (None: only when a person is watching)."""
+    return track(items, "tracing", enabled=watching() if enabled is None else enabled)
 
 
 def is_dataset(obj: Any) -> bool:

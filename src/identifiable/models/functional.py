@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.backends import running
 from identifiable.models.encoding import Encoding, InputEncoder
 from identifiable.models.hooks import (
     HookSet,
@@ -75,7 +76,8 @@ def layer_outputs(
     device = next(hf_model.parameters()).device
     ids = input_ids.to(device).reshape(1, -1).expand(x.shape[0], -1)
     outs: list[torch.Tensor] = []
-    with HookSet() as hooks, _forward_mode_experts(hf_model):
+    # eager attention (sdpa kernels have no forward-mode derivative), the model's own after
+    with running(hf_model, "eager"), HookSet() as hooks, _forward_mode_experts(hf_model):
         _forward_ad_substitutes(stack, hooks)
         hooks.pre(
             stack.layers[0],

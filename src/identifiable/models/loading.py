@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from identifiable.errors import IdentifiableError
 from identifiable.models.backends import AttentionChoice, EagerFallback, check_choice
@@ -54,7 +55,9 @@ def load_model(
         name_or_path: "minilm" (the embedded all-MiniLM-L6-v2), a local model
             directory, a Hugging Face hub id (needs the network or the local cache), or
             a model you already hold (any `transformers` model, task heads included):
-            it is wrapped as `Model.from_hf` does, where and in the dtype it is.
+            it is wrapped as `Model.from_hf` does, where and in the dtype it is, and
+            keeps its attention implementation; or an nnsight wrapper of one
+            (`nnsight.TransformersModel(hf_model)`: the model inside, its tokenizer).
         tokenizer: the tokenizer to use (default: the one saved with the model).
         device: "cpu" (default for a loaded model), "cuda", "cuda:N", "mps" or "auto"
             (the first available of cuda, mps, cpu); a held model stays where it is
@@ -81,8 +84,40 @@ def load_model(
     """
     from identifiable.models.devices import resolve_device
 
+    if is_nnsight(name_or_path):  # the transformers model inside an nnsight wrapper
+        tokenizer = tokenizer if tokenizer is not None else getattr(name_or_path, "tokenizer", None)
+        name_or_path = unwrap(name_or_path)
     if isinstance(name_or_path, torch.nn.Module):
         return _held(name_or_path, tokenizer, device, dtype, device_map, attention)
+    name_or_path = _checked_name(name_or_path)
+    check_choice(attention)
+    target = resolve_device(device if device is not None else "cpu")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    source, local = _source(name_or_path)
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": True}
+    config = _load_config(name_or_path, source, local, kwargs)
+    _check_remote_code(config, name_or_path, trust_remote_code)
+    check_size(config, name_or_path, dtype=dtype, weights_in_ram=device_map is None)
+    given_tokenizer = tokenizer
+    tokenizer = given_tokenizer or _load_tokenizer(source, local, kwargs)
+    hf_model = _from_pretrained(
+        name_or_path, source, local, config, attention, dtype, device_map, kwargs
+    )
+    if device_map is None:
+        hf_model.to(target)
+    with warnings.catch_warnings():
+        if attention == "auto":  # sdpa was our choice, not the caller's: eager needs no word
+            warnings.simplefilter("ignore", EagerFallback)
+        model = Model.from_hf(hf_model, tokenizer, name=name_or_path, attention=attention)
+    if given_tokenizer is None and tokenizer is None and local and not _has_tokenizer_files(source):
+        model.tokenizer = None  # Model looks beside the weights again and would find the stub
+    return model
+
+
+def _checked_name(name_or_path: Any) -> str:
+    """A name, directory or hub id as a str, or one line saying what load_model takes."""
     if isinstance(name_or_path, Path):
         name_or_path = str(name_or_path)
     if not isinstance(name_or_path, str) or not name_or_path.strip():
@@ -92,35 +127,38 @@ def load_model(
             f"transformers model you hold; got {type(name_or_path).__name__} ({shown}); e.g. "
             "load_model('minilm'), or load_model(hf_model, tokenizer=tok)"
         )
-    check_choice(attention)
-    target = resolve_device(device if device is not None else "cpu")
-    from transformers import AutoModel
-    from transformers.utils import logging as hf_logging
+    return name_or_path
 
-    hf_logging.disable_progress_bar()
-    source, local = _source(name_or_path)
-    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": True}
-    config = _load_config(name_or_path, source, local, kwargs)
+
+def _check_remote_code(config: Any, name: str, trust_remote_code: bool) -> None:
+    """Refuse a config that needs its own modelling code, unless transformers has its model
+    type built in (then those classes are used, with a `RemoteCodeNotRun` warning)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    native = getattr(config, "model_type", None) in CONFIG_MAPPING_NAMES
-    if getattr(config, "auto_map", None) and not trust_remote_code:
-        if not native:
-            raise _remote_code_error(name_or_path)
-        # transformers has this model type built in and uses it; the repository's code is
-        # never run (what from_pretrained itself does without trust_remote_code)
-        warnings.warn(
-            f"'{name_or_path}' names its own modelling code (config.json has auto_map); it is "
-            f"not run: the model loads with transformers' built-in '{config.model_type}' "
-            "classes, and verify() checks the trace against that model",
-            RemoteCodeNotRun,
-            stacklevel=2,
-        )
-    check_size(config, name_or_path, dtype=dtype, weights_in_ram=device_map is None)
-    given_tokenizer = tokenizer
-    tokenizer = given_tokenizer or _load_tokenizer(source, local, kwargs)
+    if not getattr(config, "auto_map", None) or trust_remote_code:
+        return
+    if getattr(config, "model_type", None) not in CONFIG_MAPPING_NAMES:
+        raise _remote_code_error(name)
+    # transformers has this model type built in and uses it; the repository's code is
+    # never run (what from_pretrained itself does without trust_remote_code)
+    warnings.warn(
+        f"'{name}' names its own modelling code (config.json has auto_map); it is "
+        f"not run: the model loads with transformers' built-in '{config.model_type}' "
+        "classes, and verify() checks the trace against that model",
+        RemoteCodeNotRun,
+        stacklevel=3,
+    )
+
+
+def _from_pretrained(
+    name: str, source: str, local: bool, config: Any, attention: AttentionChoice,
+    dtype: torch.dtype | None, device_map: Any, kwargs: dict[str, Any],
+) -> torch.nn.Module:  # fmt: skip
+    """The weights, safetensors only; sdpa where the class has it unless eager is asked for."""
+    from transformers import AutoModel
+
     try:
-        hf_model = AutoModel.from_pretrained(
+        return AutoModel.from_pretrained(
             source,
             config=config,
             # None: transformers' default (sdpa where the class has it), recomputed maps
@@ -131,16 +169,7 @@ def load_model(
             **kwargs,
         )
     except Exception as exc:
-        raise _load_error(name_or_path, local, exc) from None
-    if device_map is None:
-        hf_model.to(target)
-    with warnings.catch_warnings():
-        if attention == "auto":  # sdpa was our choice, not the caller's: eager needs no word
-            warnings.simplefilter("ignore", EagerFallback)
-        model = Model.from_hf(hf_model, tokenizer, name=name_or_path, attention=attention)
-    if given_tokenizer is None and tokenizer is None and local and not _has_tokenizer_files(source):
-        model.tokenizer = None  # Model looks beside the weights again and would find the stub
-    return model
+        raise _load_error(name, local, exc) from None
 
 
 def _held(
@@ -165,6 +194,40 @@ def _held(
     config = getattr(hf_model, "config", None)
     name = str(getattr(config, "_name_or_path", "") or type(hf_model).__name__)
     return Model.from_hf(hf_model, tokenizer, name=name, attention=attention)
+
+
+# ---- a model held in an nnsight wrapper (models/nnsight_bridge.py) -------------------------
+
+
+def is_nnsight(obj: object) -> bool:
+    """Whether `obj` is an nnsight wrapper (`NNsight`, `LanguageModel`, `TransformersModel`, …)
+    around a torch module."""
+    kind = type(obj)
+    return kind.__module__.split(".")[0] == "nnsight" and isinstance(
+        vars(obj).get("_module") if hasattr(obj, "__dict__") else None, nn.Module
+    )
+
+
+def unwrap(nn_model: Any) -> nn.Module:
+    """The torch module an nnsight wrapper holds, or one line when it is no such wrapper."""
+    if not is_nnsight(nn_model):
+        raise IdentifiableError(
+            "trace_from_nnsight takes an nnsight model (nnsight.TransformersModel, "
+            f"LanguageModel or NNsight around a transformers model), got {type(nn_model).__name__}"
+        )
+    module: nn.Module = vars(nn_model)["_module"]
+    if not hasattr(module, "config"):
+        raise IdentifiableError(
+            f"the nnsight model wraps a {type(module).__name__}, not a transformers model (it "
+            "has no config); wrap a transformers model, e.g. nnsight.TransformersModel(hf_model, "
+            "tokenizer=tok)"
+        )
+    if getattr(module, "device", None) is not None and str(module.device) == "meta":
+        raise IdentifiableError(
+            "the nnsight model has not loaded its weights yet (dispatch=False leaves them on the "
+            "meta device); build it with dispatch=True or run one nnsight trace first"
+        )
+    return module
 
 
 def _source(name_or_path: str) -> tuple[str, bool]:

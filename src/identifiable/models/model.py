@@ -102,6 +102,7 @@ class Model:
                 "identifiable.models.lens.trace_from_lens(bridge, tokens)"
             )
         config: Any = hf_model.config
+        name = name or str(getattr(config, "_name_or_path", "") or type(hf_model).__name__)
         self.task_model = hf_model
         loaded = backends.implementation(hf_model)
         hf_model.eval()
@@ -121,8 +122,8 @@ class Model:
         ):
             base = getattr(base, spec.tower)  # CLIP: the vision tower (images in)
         if spec is None:
-            ensure_eager(hf_model)  # discovery's probes read the attention modules' outputs
-            self.discovery = discover_spec(base, tokenizer)
+            with backends.eager(hf_model):  # discovery's probes read the modules' outputs
+                self.discovery = discover_spec(base, tokenizer)
             spec = self.discovery.spec
         self.hf_model = base.eval()
         self.stack = stack_of(base, spec)
@@ -145,12 +146,11 @@ class Model:
     def _capture_with(self, attention: AttentionChoice, loaded: str) -> tuple[str, float | None]:
         """(the implementation traces run under, the probe's |A_recomputed − A_eager|).
 
-        The model rests on eager attention between traces (backends.resting_eager)."""
+        The model keeps its own implementation between calls (backends.running)."""
         impl = "eager" if self.discovery is not None else loaded
         if self.discovery is None:
             with backends.running(self.hf_model, loaded):
                 impl = backends.capture_implementation(self.hf_model, self.stack, attention)
-        backends.resting_eager(self.hf_model)
         if impl == "eager":
             return "eager", None
         with backends.running(self.hf_model, impl):
@@ -179,7 +179,7 @@ class Model:
         model was loaded with where its maps can be recomputed from Q and K (sdpa, flash;
         proved equal to eager's on a probe), else eager; "sdpa" also switches an eager
         model to sdpa; "eager" always runs eager attention. `Model.attention` says which
-        one traces run under; between traces the model rests on eager.
+        one traces run under; the model keeps its own implementation between calls.
 
         Task-head models (`AutoModelForMaskedLM`, `…ForSequenceClassification`, …)
         are traced through their base model. Without `tokenizer`, the one saved
@@ -355,7 +355,7 @@ class Model:
         *,
         batch_size: int = 8,
         truncate: bool = True,
-        progress: bool = False,
+        progress: bool | None = None,
         column: str | None = None,
         pair_columns: tuple[str, str] | None = None,
         layers: Sequence[int] | None = None,
@@ -369,6 +369,7 @@ class Model:
         `pair_columns=(a, b)` (a pair per row); a Dataset with a single text
         column needs neither.
 
+        `progress`: a bar of the texts traced (None: when a person is watching).
         Each result equals `trace(text)` up to float rounding (tested). Within a
         window of a few batches texts are sorted by length, so padding stays small.
         `layers`, `heads` and `memory_budget` as for `trace`; the budget is checked

@@ -21,6 +21,7 @@ from weakref import WeakKeyDictionary
 from torch import Tensor, nn
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.backends import running
 from identifiable.models.compat import ask_for_attention_weights
 from identifiable.models.hooks import HookSet, first_tensor, get_submodule
 from identifiable.models.protocol import TracedModel
@@ -28,8 +29,8 @@ from identifiable.models.protocol import TracedModel
 
 def as_model(model: TracedModel) -> Any:
     """An identifiable `Model` for `model`: itself, or a wrapper of a Hugging Face (or peft)
-    model built once per model and cached. Wrapping switches to eager attention where
-    needed but leaves every module's train/eval mode as it was."""
+    model built once per model and cached. Wrapping leaves every module's train/eval mode
+    and attention implementation as they were (`capture` runs eager for its block)."""
     if hasattr(model, "spec") and hasattr(model, "hf_model"):
         return model
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):
@@ -133,7 +134,8 @@ def capture(model: TracedModel) -> Iterator[Captured]:
         got.attentions.append(maps[-1])
 
     parent = spec.value.rsplit(".", 1)[0] if "." in spec.value else ""
-    with HookSet() as hooks:
+    # eager returns the probabilities; the model's own implementation comes back after
+    with running(model.hf_model, "eager"), HookSet() as hooks:
         for layer in _distinct(model.layers):
             hooks.post(get_submodule(layer, spec.value), on_value)
             attn = get_submodule(layer, parent) if parent else layer
