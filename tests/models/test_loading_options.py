@@ -30,7 +30,7 @@ def test_device_map_reaches_from_pretrained(saved, monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(transformers.AutoModel, "from_pretrained", spy)
-    m = load_model(str(saved), device_map="auto")
+    m = load_model(str(saved), device_map="auto", tokenizer=False)
     from identifiable.models.recompute import supported
 
     # None: transformers' default (sdpa), whose maps are recomputed; 4.x: eager
@@ -38,7 +38,7 @@ def test_device_map_reaches_from_pretrained(saved, monkeypatch):
     assert seen["attn_implementation"] == (None if supported() else "eager")
     m.trace([101, 2000, 2001, 102]).verify()
     seen.clear()
-    load_model(str(saved))
+    load_model(str(saved), tokenizer=False)
     assert "device_map" not in seen
 
 

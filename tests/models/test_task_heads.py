@@ -74,9 +74,46 @@ def test_without_any_tokenizer_ids_still_trace(tmp_path):
     from identifiable.errors import IdentifiableError
 
     _head_model("gpt2", "AutoModelForCausalLM").save_pretrained(tmp_path / "lm")
-    m = load_model(str(tmp_path / "lm"))  # no tokenizer files
+    with pytest.raises(IdentifiableError, match="tokenizer=False to trace token ids only"):
+        load_model(str(tmp_path / "lm"))  # no tokenizer files: refused at load
+    m = load_model(str(tmp_path / "lm"), tokenizer=False)
     tr = m.trace([5, 6, 7, 8])
     assert tr.tokens == ["<5>", "<6>", "<7>", "<8>"]
     tr.verify()
     with pytest.raises(IdentifiableError, match="has no tokenizer"):
         m.trace("text needs a tokenizer")
+
+
+def test_a_checkpoint_with_a_head_loads_without_transformers_report(
+    tmp_path, bert_tokenizer, capfd
+):
+    """The classifier's weights are not the base model's: left out, without the report
+    transformers prints for them ("classifier.weight | UNEXPECTED")."""
+    import warnings
+
+    _head_model("bert", "AutoModelForSequenceClassification").save_pretrained(tmp_path / "ckpt")
+    bert_tokenizer.save_pretrained(tmp_path / "ckpt")
+    capfd.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is missing, so nothing to warn about
+        load_model(str(tmp_path / "ckpt"))
+    out = capfd.readouterr()
+    assert "UNEXPECTED" not in out.err + out.out and "classifier" not in out.err + out.out
+
+
+def test_weights_missing_from_a_checkpoint_are_named_in_one_warning(tmp_path, bert_tokenizer):
+    from safetensors.torch import load_file, save_file
+
+    _head_model("bert", "AutoModelForMaskedLM").base_model.save_pretrained(tmp_path / "cut")
+    bert_tokenizer.save_pretrained(tmp_path / "cut")
+    weights = load_file(tmp_path / "cut" / "model.safetensors")
+    gone = [k for k in weights if k.endswith("attention.self.value.weight")]
+    assert gone
+    save_file(
+        {k: v for k, v in weights.items() if k not in gone},
+        tmp_path / "cut" / "model.safetensors",
+        metadata={"format": "pt"},
+    )
+    with pytest.warns(UserWarning, match=rf"': {len(gone)} weights of the base model") as seen:
+        load_model(str(tmp_path / "cut"))
+    assert "value.weight" in str(seen[0].message)

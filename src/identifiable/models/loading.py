@@ -58,7 +58,8 @@ def load_model(
             it is wrapped as `Model.from_hf` does, where and in the dtype it is, and
             keeps its attention implementation; or an nnsight wrapper of one
             (`nnsight.TransformersModel(hf_model)`: the model inside, its tokenizer).
-        tokenizer: the tokenizer to use (default: the one saved with the model).
+        tokenizer: the tokenizer to use (default: the one saved with the model; a folder
+            without one is refused); False: none, the model traces token ids only.
         device: "cpu" (default for a loaded model), "cuda", "cuda:N", "mps" or "auto"
             (the first available of cuda, mps, cpu); a held model stays where it is
             unless a device is given. Traces are returned on the CPU.
@@ -80,7 +81,8 @@ def load_model(
 
     Safetensors weights only. Encoder–decoder models trace eager. A fine-tuned checkpoint of a task-head
     model (`*ForSequenceClassification`, `*ForMaskedLM`, …) loads its base model.
-    Without tokenizer files in the directory, the model traces token ids only.
+    Its task head's weights are left out without transformers' load report; weights the
+    base model lacks in the checkpoint are named in one `UserWarning`.
     """
     from identifiable.models.devices import resolve_device
 
@@ -101,7 +103,8 @@ def load_model(
     _check_remote_code(config, name_or_path, trust_remote_code)
     check_size(config, name_or_path, dtype=dtype, weights_in_ram=device_map is None)
     given_tokenizer = tokenizer
-    tokenizer = given_tokenizer or _load_tokenizer(source, local, kwargs)
+    if tokenizer is None or tokenizer is False:  # False: the caller wants token ids only
+        tokenizer = None if tokenizer is False else _load_tokenizer(source, local, kwargs)
     hf_model = _from_pretrained(
         name_or_path, source, local, config, attention, dtype, device_map, kwargs
     )
@@ -111,9 +114,25 @@ def load_model(
         if attention == "auto":  # sdpa was our choice, not the caller's: eager needs no word
             warnings.simplefilter("ignore", EagerFallback)
         model = Model.from_hf(hf_model, tokenizer, name=name_or_path, attention=attention)
-    if given_tokenizer is None and tokenizer is None and local and not _has_tokenizer_files(source):
-        model.tokenizer = None  # Model looks beside the weights again and would find the stub
+    if tokenizer is None:
+        _without_tokenizer(model, name_or_path, refuse=given_tokenizer is None)
     return model
+
+
+def _without_tokenizer(model: Model | Seq2SeqModel, name: str, refuse: bool) -> None:
+    """No tokenizer: token ids only if the caller said so (tokenizer=False), else one line."""
+    model.tokenizer = None  # Model looks beside the weights again and would find the stub
+    if not refuse or getattr(model, "modality", "text") != "text":
+        return
+    files = ", ".join(_TOKENIZER_FILES[:3])
+    raise IdentifiableError(
+        f"'{name}' has no tokenizer ({files} or the like), so it cannot read text: pass "
+        "tokenizer= (a tokenizer you hold), copy the tokenizer files of the model it came "
+        "from into its folder, or pass tokenizer=False to trace token ids only",
+        cli=f"'{name}' has no tokenizer, so it cannot read text: copy the tokenizer files of "
+        "the model it came from (tokenizer.json or vocab.txt, tokenizer_config.json) into "
+        "its folder",
+    )
 
 
 def _checked_name(name_or_path: Any) -> str:
@@ -156,20 +175,39 @@ def _from_pretrained(
 ) -> torch.nn.Module:  # fmt: skip
     """The weights, safetensors only; sdpa where the class has it unless eager is asked for."""
     from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
 
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report lists a task head's weights as noise
     try:
-        return AutoModel.from_pretrained(
+        model, info = AutoModel.from_pretrained(
             source,
             config=config,
             # None: transformers' default (sdpa where the class has it), recomputed maps
             attn_implementation=None if attention != "eager" and supported() else "eager",
             use_safetensors=True,
             dtype=dtype,
+            output_loading_info=True,
             **({"device_map": device_map} if device_map is not None else {}),
             **kwargs,
         )
     except Exception as exc:
         raise _load_error(name, local, exc) from None
+    finally:
+        hf_logging.set_verbosity(level)
+    # the pooler (a task-head checkpoint may lack it) feeds no hidden state or attention
+    missing = sorted(k for k in info.get("missing_keys") or () if not k.startswith("pooler."))
+    if missing:
+        shown = ", ".join(missing[:3]) + (
+            f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        )
+        warnings.warn(
+            f"'{name}': {len(missing)} weights of the base model are not in the checkpoint and "
+            f"start at random values ({shown}); the analyses describe that model",
+            UserWarning,
+            stacklevel=3,
+        )
+    return model
 
 
 def _held(
