@@ -94,3 +94,28 @@ def test_a_model_built_from_a_config_is_named(bert_tokenizer) -> None:
     assert model.trace(TEXT).model_name == "BertForSequenceClassification"
     named = idf.Model.from_hf(_classifier(), bert_tokenizer, name="my-clf")
     assert repr(named).startswith("Model('my-clf'")
+
+
+@pytest.mark.parametrize("arch", ["t5", "bart"])
+def test_an_encoder_decoder_model_keeps_its_attention(bert_tokenizer, arch) -> None:
+    """Encoder–decoder traces run eager for their pass only (they used to switch the
+    user's model for good)."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    from helpers.families import tiny_config
+
+    torch.manual_seed(0)
+    hf = AutoModelForSeq2SeqLM.from_config(tiny_config(arch), attn_implementation="sdpa").eval()
+    before = _settings(hf)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        logits = hf(input_ids=ids, decoder_input_ids=ids).logits
+    m = idf.load_model(hf, tokenizer=bert_tokenizer)
+    tr = m.trace("a few words here", "and a target")
+    assert float(tr.encoder.verify().max()) < 1e-4 and float(tr.decoder.verify().max()) < 1e-4
+    assert float(tr.cross.attentions.sum(-1).sub(1).abs().max()) < 1e-5  # eager's probabilities
+    assert _settings(hf) == before
+    if recompute.supported():
+        assert "eager" not in before  # the check above could fail
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=ids, decoder_input_ids=ids).logits, logits)

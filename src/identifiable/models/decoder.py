@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from identifiable.errors import IdentifiableError
+from identifiable.models import backends
 from identifiable.models.capture import TraceBuilder, TraceMeta
 from identifiable.models.compat import seq2seq_forward_options
 from identifiable.models.encoding import Encoding, ModelInput, as_id_vector, is_int
@@ -130,7 +131,8 @@ def trace_pair(
     decoder = TraceBuilder(stacks[1], [dec])
     cross = TraceBuilder(stacks[2], [dec], [src], hidden=False)
     device = next(hf_model.parameters()).device
-    with HookSet() as hooks, torch.no_grad():
+    # eager for the pass only: the cross- and decoder maps come from eager's probabilities
+    with HookSet() as hooks, torch.no_grad(), backends.eager(hf_model):
         for builder in (encoder, decoder, cross):
             builder.stack.tap(hooks, builder, builder.taps, map_shape=builder.map_shape)
         ids, dids = src.input_ids[None].to(device), dec.input_ids[None].to(device)

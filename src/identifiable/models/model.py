@@ -22,7 +22,7 @@ from torch import nn
 
 from identifiable.errors import IdentifiableError
 from identifiable.models import backends, budget, functional
-from identifiable.models.backends import AttentionChoice, check_choice, ensure_eager
+from identifiable.models.backends import AttentionChoice, check_choice
 from identifiable.models.capture import TraceMeta, trace_batch
 from identifiable.models.decoder import decoder_ids, decoder_side, seq2seq_spec, trace_pair
 from identifiable.models.discover import Discovery, discover_spec, probe_ids
@@ -536,8 +536,7 @@ class Seq2SeqModel:
     ) -> None:
         config: Any = hf_model.config
         spec = spec or seq2seq_spec(str(config.model_type))
-        self.task_model = hf_model
-        ensure_eager(hf_model)
+        self.task_model = hf_model  # keeps its implementation: each pass is eager, then back
         hf_model.eval()
         base = base_model_of(hf_model)
         self.hf_model, self.spec = base, spec
@@ -545,8 +544,9 @@ class Seq2SeqModel:
         name = name or str(getattr(config, "_name_or_path", ""))
         # The encoder stack alone is an encoder-only model: trace and HTA reuse `Model`.
         self.encoder = Model(
-            get_submodule(base, spec.encoder_stack), self.tokenizer, name=name, spec=spec.encoder
-        )
+            get_submodule(base, spec.encoder_stack), self.tokenizer, name=name,
+            spec=spec.encoder, attention="eager",
+        )  # fmt: skip
         self.encoder.stack.label = "encoder"
         self.info = self.encoder.info
         side = decoder_side(base, spec, self.info, name)
