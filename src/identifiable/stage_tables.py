@@ -117,6 +117,7 @@ class MixingStageTables(StageTables):
     STAGE: ClassVar[str] = "mixing"
     correlations: pd.DataFrame  # per sequence: correlations of each mixing method with HTA
     summary: pd.DataFrame  # their means with bootstrap intervals
+    unavailable: pd.DataFrame  # methods that cannot run on the model: method, reason
 
 
 @dataclass(frozen=True)

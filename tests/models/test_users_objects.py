@@ -119,3 +119,19 @@ def test_an_encoder_decoder_model_keeps_its_attention(bert_tokenizer, arch) -> N
         assert "eager" not in before  # the check above could fail
     with torch.no_grad():
         torch.testing.assert_close(hf(input_ids=ids, decoder_input_ids=ids).logits, logits)
+
+
+def test_a_model_in_training_mode_stays_in_it_and_traces_without_dropout(bert_tokenizer) -> None:
+    """Each pass runs in eval mode (dropout off) and puts every module's flag back: the
+    user's model is not switched to eval for good."""
+    hf = _classifier().train()
+    hf.bert.encoder.layer[0].eval()  # a mixed state is put back as it was, module by module
+    flags = [m.training for m in hf.modules()]
+    assert any(flags) and not all(flags)
+    m = idf.load_model(hf, tokenizer=bert_tokenizer)
+    first, second = m.trace(TEXT), m.trace(TEXT)
+    torch.testing.assert_close(first.attentions, second.attentions, rtol=0, atol=0)  # no dropout
+    assert float(first.verify().max()) < 1e-5
+    idf.hidden_token_attribution(m, TEXT, probes=2, seed=0)
+    idf.effective_attention(first)
+    assert [mod.training for mod in hf.modules()] == flags

@@ -217,7 +217,7 @@ def test_a_model_without_attention_maps_is_refused(bert_tokenizer, monkeypatch) 
     assert float(null_attention_penalty(m, batch_for(m, TEXTS))) > 0
     assert hf.config._attn_implementation == "sdpa"
     # without that switch sdpa returns no probabilities: one line
-    monkeypatch.setattr(capture, "running", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(capture, "running", lambda *a, **k: contextlib.nullcontext())
     with pytest.raises(IdentifiableError, match="no attention probabilities"):
         null_attention_penalty(m, batch_for(m, TEXTS))
 

@@ -29,7 +29,7 @@ from identifiable.experiments.attribution import (
     items_in_length_range,
 )
 from identifiable.experiments.certify import certify_reduce, certify_tables
-from identifiable.experiments.mixing import mixing_tables, reduce_mixing
+from identifiable.experiments.mixing import DEFAULT_METHODS, mixing_tables, reduce_mixing
 from identifiable.experiments.pipeline import (
     Item,
     Stage,
@@ -37,6 +37,7 @@ from identifiable.experiments.pipeline import (
     shard_items,
 )
 from identifiable.experiments.tokens import token_tables
+from identifiable.mixing import unavailable
 
 
 @dataclass(frozen=True)
@@ -153,10 +154,20 @@ BUDGETS: dict[str, Budget] = {
 MIXING_SHARD = 1  # sequences per cached mixing shard (each costs seconds)
 
 
-def _mixing_reduce(parts: Sequence[dict[str, pd.DataFrame]], seed: int) -> dict[str, pd.DataFrame]:
-    """Per-sequence correlations in shard order, and their means with bootstrap intervals."""
+def _mixing_reduce(
+    parts: Sequence[dict[str, pd.DataFrame]], seed: int, skipped: dict[str, str]
+) -> dict[str, pd.DataFrame]:
+    """Per-sequence correlations in shard order, their means with bootstrap intervals, and
+    the methods that could not run on the model (`mixing.unavailable`) with the reason."""
     table = concat_reduce(parts)["correlations"]
-    return {"correlations": table, "summary": reduce_mixing(table, seed=seed)}
+    unavailable = pd.DataFrame(
+        {"method": list(skipped), "reason": list(skipped.values())}, dtype=object
+    )
+    return {
+        "correlations": table,
+        "summary": reduce_mixing(table, seed=seed),
+        "unavailable": unavailable,
+    }
 
 
 def _samples(model: Any, items: list[Item], budget: Any) -> tuple[list[list[Item]], ...]:
@@ -186,6 +197,10 @@ def stages(model: Any, items: list[Item], budget: Any, seed: int, cache_dir: Pat
     """The paper's three stages in paper order, then context mixing and certified attention."""
     att, hta, mix, cert = _samples(model, items, budget)
     n_layers = model.info.n_layers
+    # what each method needs of the model is checked here, before the first stage starts:
+    # a method that cannot run on this family is left out and named in its section
+    skipped = unavailable(model, DEFAULT_METHODS)
+    methods = tuple(m for m in DEFAULT_METHODS if m not in skipped)
     return [
         Stage(
             "attention",
@@ -235,9 +250,15 @@ def stages(model: Any, items: list[Item], budget: Any, seed: int, cache_dir: Pat
             mix,
             [len(x) for x in mix],
             lambda shard, i, adv: mixing_tables(
-                model, shard, i * MIXING_SHARD, adv, seed=seed, probes=budget.mixing_probes
+                model,
+                shard,
+                i * MIXING_SHARD,
+                adv,
+                methods=methods,
+                seed=seed,
+                probes=budget.mixing_probes,
             ),
-            lambda parts: _mixing_reduce(parts, seed),
+            lambda parts: _mixing_reduce(parts, seed, skipped),
         ),
         Stage(
             "certify",

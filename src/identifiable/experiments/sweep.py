@@ -29,6 +29,7 @@ from identifiable.attention import effective_attention
 from identifiable.experiments.attribution import attribution_shard_tables, items_in_length_range
 from identifiable.experiments.stages import with_budget
 from identifiable.experiments.tokens import token_tables
+from identifiable.models.backends import inference
 from identifiable.models.protocol import TracedModel
 
 NULL_GOAL = 0.5  # the median null fraction falls to at most half of the original's
@@ -91,7 +92,7 @@ def sentence_embeddings(
     from identifiable.training.finetune import encode_batch, mean_pool
 
     out = []
-    with torch.no_grad():
+    with torch.no_grad(), inference(model.hf_model):
         for start in range(0, len(sentences), batch_size):
             enc = encode_batch(model, list(sentences[start : start + batch_size]))
             hidden = model.hf_model(**enc).last_hidden_state

@@ -15,6 +15,7 @@ from identifiable.mixing.api import (
     get_method,
     method_names,
     register,
+    unavailable,
 )
 from identifiable.mixing.result import MixingResult
 
@@ -26,4 +27,5 @@ __all__ = [
     "get_method",
     "method_names",
     "register",
+    "unavailable",
 ]

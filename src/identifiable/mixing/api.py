@@ -10,7 +10,7 @@ normalisation captures of `identifiable.models.blocks`, and the functional view
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -74,6 +74,22 @@ def get_method(name: str) -> Method:
     if name not in METHODS:
         raise IdentifiableError(f"unknown mixing method {name!r}; known: {', '.join(METHODS)}")
     return METHODS[name]
+
+
+def unavailable(model: TracedModel, methods: Sequence[str]) -> dict[str, str]:
+    """method → why it cannot run on `model`, for those of `methods` that cannot; known
+    before any text is traced (a run checks this before its first stage). Today that is
+    the norm-based methods on a family whose normalisation layout is undescribed."""
+    from identifiable.models.blocks import norm_layout
+
+    out: dict[str, str] = {}
+    for name in methods:
+        if get_method(name).needs_blocks:
+            try:
+                norm_layout(model)
+            except IdentifiableError as exc:
+                out[name] = str(exc)
+    return out
 
 
 class _Inputs:

@@ -112,31 +112,48 @@ def set_implementation(hf_model: nn.Module, impl: str) -> None:
 
 
 @contextlib.contextmanager
-def running(hf_model: nn.Module, impl: str) -> Iterator[None]:
+def running(hf_model: nn.Module, impl: str, *, keep_mode: bool = False) -> Iterator[None]:
     """The model on implementation `impl` inside the block, restored afterwards: the
-    model a user holds keeps its own implementation between our calls."""
-    if impl == "eager":
-        with eager(hf_model):
-            yield
-        return
-    before = implementation(hf_model)
-    if before == impl:
+    model a user holds keeps its own implementation between our calls. It is also in
+    eval mode inside the block (`inference`), unless `keep_mode` (training's penalty
+    runs in the mode the caller chose)."""
+    with contextlib.ExitStack() as stack:
+        if not keep_mode:
+            stack.enter_context(inference(hf_model))
+        if impl == "eager":
+            stack.enter_context(_switched_to_eager(hf_model))
+        elif implementation(hf_model) != impl:
+            before, saved = implementation(hf_model), _settings(hf_model)
+            set_implementation(hf_model, impl)
+            stack.callback(_restore, hf_model, before, saved)
         yield
-        return
-    saved = _settings(hf_model)
-    set_implementation(hf_model, impl)
-    try:
-        yield
-    finally:
-        _restore(hf_model, before, saved)
 
 
 @contextlib.contextmanager
-def eager(hf_model: nn.Module) -> Iterator[None]:
+def eager(hf_model: nn.Module, *, keep_mode: bool = False) -> Iterator[None]:
     """Eager attention inside the block (it returns the probabilities: traces of families
     that cannot be recomputed, Hidden Token Attribution's forward-mode derivatives,
     training's attention maps, discovery's probes); the model's own implementation,
-    every config's setting included, is restored afterwards."""
+    every config's setting included, is restored afterwards. Eval mode as in `running`."""
+    with running(hf_model, "eager", keep_mode=keep_mode):
+        yield
+
+
+@contextlib.contextmanager
+def inference(hf_model: nn.Module) -> Iterator[None]:
+    """Eval mode (dropout off) inside the block; each module's own training flag is put
+    back afterwards, so a model the user holds in training mode stays in it."""
+    training = [m for m in hf_model.modules() if m.training]
+    hf_model.eval()
+    try:
+        yield
+    finally:
+        for module in training:  # the flag alone: Module.train() would recurse
+            module.training = True
+
+
+@contextlib.contextmanager
+def _switched_to_eager(hf_model: nn.Module) -> Iterator[None]:
     before = implementation(hf_model)
     if before == "eager":
         yield
@@ -223,7 +240,7 @@ def probe_maps(
         recompute.fill_maps(x, 0, None, n, n, out)
         got.append(out)
 
-    with HookSet() as hooks, torch.no_grad():
+    with HookSet() as hooks, torch.no_grad(), inference(hf_model):
         if from_call:
             for mod in {id(m): m for m in stack.attention_modules}.values():
                 recompute.watch(hooks, mod, lambda m, out, call: sink("maps", len(got), call()))

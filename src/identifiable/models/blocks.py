@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.backends import inference
 from identifiable.models.encoding import Encoding
 from identifiable.models.hooks import HookSet, first_tensor, replace_hidden_input
 from identifiable.models.protocol import TracedModel
@@ -251,7 +252,7 @@ def capture_blocks(
     model: TracedModel, input_ids: torch.Tensor, token_type_ids: Any = None
 ) -> BlockCapture:
     """Run one sequence `[n]` and capture both norms' inputs and outputs per layer."""
-    with record_blocks(model) as rec, torch.no_grad():
+    with record_blocks(model) as rec, torch.no_grad(), inference(model.hf_model):
         model.hf_model(**model.batch_inputs([_encoding(input_ids, token_type_ids)]))
     return rec.result()
 
@@ -305,7 +306,7 @@ def rerun_layers_zeroing_values(
         x = layer_inputs[layer].to(device=device, dtype=_dtype(model)).expand(b, n, -1)
         return replace_hidden_input(x)(module, args, kwargs)
 
-    with HookSet() as hooks, torch.no_grad():
+    with HookSet() as hooks, torch.no_grad(), inference(model.hf_model):
         for layer in distinct(model.layers):
             hooks.pre(layer, feed, with_kwargs=True)
             hooks.post(layer, lambda m, a, o: outs.append(first_tensor(o)))

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from identifiable.errors import IdentifiableError
-from identifiable.models.backends import running
+from identifiable.models.backends import inference, running
 from identifiable.models.encoding import Encoding, InputEncoder
 from identifiable.models.hooks import (
     HookSet,
@@ -56,7 +56,7 @@ def embed(
         raise _Embedded
 
     enc = Encoding(input_ids, [], 0, token_type_ids, pixel_values)
-    with HookSet() as hooks, torch.no_grad():
+    with HookSet() as hooks, torch.no_grad(), inference(hf_model):
         hooks.pre(stack.layers[0], stop, with_kwargs=True)
         with contextlib.suppress(_Embedded):
             hf_model(**inputs.batch([enc], hf_model))

@@ -105,8 +105,7 @@ class Model:
         name = name or str(getattr(config, "_name_or_path", "") or type(hf_model).__name__)
         self.task_model = hf_model
         loaded = backends.implementation(hf_model)
-        hf_model.eval()
-        base = base_model_of(hf_model)
+        base = base_model_of(hf_model)  # left in its mode: each pass runs in eval (backends)
         tokenizer = resolve_tokenizer(hf_model, tokenizer)
         self.discovery: Discovery | None = None
         if spec is None and getattr(config, "is_encoder_decoder", False):
@@ -125,7 +124,7 @@ class Model:
             with backends.eager(hf_model):  # discovery's probes read the modules' outputs
                 self.discovery = discover_spec(base, tokenizer)
             spec = self.discovery.spec
-        self.hf_model = base.eval()
+        self.hf_model = base
         self.stack = stack_of(base, spec)
         self.inputs: InputEncoder = input_encoder(
             base, self.stack.spec, tokenizer, name=name, image_processor=image_processor,
@@ -536,8 +535,9 @@ class Seq2SeqModel:
     ) -> None:
         config: Any = hf_model.config
         spec = spec or seq2seq_spec(str(config.model_type))
-        self.task_model = hf_model  # keeps its implementation: each pass is eager, then back
-        hf_model.eval()
+        self.task_model = (
+            hf_model  # keeps its implementation and mode: each pass is eager, then back
+        )
         base = base_model_of(hf_model)
         self.hf_model, self.spec = base, spec
         self.tokenizer = resolve_tokenizer(hf_model, tokenizer)

@@ -99,3 +99,11 @@ def mixing_claim(summary: pd.DataFrame, reference: str = "hta") -> tuple[str, st
         f"({n_seq} sequences)."
     )
     return status, sentence
+
+
+def unavailable_note(unavailable: pd.DataFrame) -> str:
+    """A sentence naming the methods that could not run on this model, and why ('' if none)."""
+    if unavailable.empty:
+        return ""
+    parts = [f"{r.method} ({r.reason})" for r in unavailable.itertuples()]
+    return " Not computed on this model: " + "; ".join(parts) + "."

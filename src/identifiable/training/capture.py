@@ -135,7 +135,8 @@ def capture(model: TracedModel) -> Iterator[Captured]:
 
     parent = spec.value.rsplit(".", 1)[0] if "." in spec.value else ""
     # eager returns the probabilities; the model's own implementation comes back after
-    with running(model.hf_model, "eager"), HookSet() as hooks:
+    # keep_mode: the penalty trains in the mode the caller chose (dropout on in train mode)
+    with running(model.hf_model, "eager", keep_mode=True), HookSet() as hooks:
         for layer in _distinct(model.layers):
             hooks.post(get_submodule(layer, spec.value), on_value)
             attn = get_submodule(layer, parent) if parent else layer
