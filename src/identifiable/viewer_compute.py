@@ -172,7 +172,7 @@ def mixing_maps(
         get_method(name)
     out = []
     for name in names:
-        res = context_mixing(model, text, name)
+        res = context_mixing(model, text, name, progress=False)
         if res.rolled is not None:
             caption = "rolled out from the input to the chosen layer; rows: receiving token"
         elif name in ("grad-input", "erasure", "hta"):

@@ -105,7 +105,7 @@ def mixing(
     with status(f"context mixing ({method})"):
         result = context_mixing(
             m, (text, pair) if pair is not None else text, method, truncate=not no_truncate,
-            **options,
+            progress=False, **options,
         )  # fmt: skip
     shown = result.global_map
     kind = "rolled out" if result.rolled is not None else "per layer"

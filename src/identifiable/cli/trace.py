@@ -193,13 +193,16 @@ def _model_parts(
         )
     if memory_budget is not None and memory_budget < 1:
         raise IdentifiableError(f"--memory-budget must be at least 1 MiB, got {memory_budget}")
-    tr = m.trace(
-        source,
-        truncate=truncate,
-        layers=_index_list(layers, "--layers"),
-        heads=_index_list(heads, "--heads"),
-        memory_budget=None if memory_budget is None else memory_budget * 1024**2,
-    )
+    from identifiable.progress import status
+
+    with status("tracing …"):  # a long context takes seconds; a log gets a line after 3 s
+        tr = m.trace(
+            source,
+            truncate=truncate,
+            layers=_index_list(layers, "--layers"),
+            heads=_index_list(heads, "--heads"),
+            memory_budget=None if memory_budget is None else memory_budget * 1024**2,
+        )
     return {"": tr}, {"": f"{m.info.name}: {tr.n_tokens} tokens"}
 
 

@@ -97,13 +97,15 @@ def mixing_tables(
     for k, item in enumerate(shard):
         seq = first + k
         refs = {
-            "hta": context_mixing(model, item, "hta", probes=probes, seed=seed + seq),
-            "erasure": context_mixing(model, item, "erasure"),
+            "hta": context_mixing(
+                model, item, "hta", probes=probes, seed=seed + seq, progress=False
+            ),
+            "erasure": context_mixing(model, item, "erasure", progress=False),
         }
         causal = refs["hta"].is_causal
         n = refs["hta"].n_tokens
         for name in methods:
-            res = refs[name] if name in refs else context_mixing(model, item, name)
+            res = refs[name] if name in refs else context_mixing(model, item, name, progress=False)
             a = res.global_map.numpy()
             for ref_name, ref in refs.items():
                 if ref_name == name:

@@ -30,6 +30,7 @@ from identifiable.mixing.rollout import (
     with_residual,
 )
 from identifiable.models.protocol import TracedModel
+from identifiable.progress import status, watching
 
 TextOrPair = str | tuple[str, str]
 Computed = tuple[Tensor, Tensor | None, dict[str, Any]]
@@ -165,6 +166,7 @@ def context_mixing(
     method: str = "rollout",
     *,
     truncate: bool = True,
+    progress: bool | None = None,
     **options: Any,
 ) -> MixingResult:
     """How much each token mixes into each other token, per layer, by `method`.
@@ -174,6 +176,8 @@ def context_mixing(
         text: a text or a pair (a, b), tokenised in the model's own format.
         method: a registry name (`method_names()`); see docs/mixing.md for definitions.
         truncate: cut texts longer than the model's maximum (else raise).
+        progress: a status line while it computes (None: when a person watches; in a
+            log, one line once it has taken 3 s).
         **options: the method's options (`METHODS[method].defaults`), e.g.
             `residual_weight=0.5` for rollout, `second_norm=False` for globenc,
             `probes=32` for hta. Unknown options are an error.
@@ -190,7 +194,9 @@ def context_mixing(
     opts = {**spec.defaults, **options}
     start = time.perf_counter()
     inputs = _Inputs(model, text, truncate, spec.needs_blocks)
-    layerwise, rolled, meta = spec.compute(inputs, opts)
+    shown = watching() if progress is None else bool(progress)
+    with status(f"context mixing by {method} …", enabled=shown):
+        layerwise, rolled, meta = spec.compute(inputs, opts)
     if inputs.is_causal:  # the contract every method's tests check: no entry above the diagonal
         for maps in (layerwise, rolled):
             if maps is not None:
