@@ -128,7 +128,8 @@ def _tables(results: Results) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
     if mixing is not None:
         tables["mixing_correlations"] = mixing.correlations
         tables["mixing_summary"] = mixing.summary
-        tables["mixing_unavailable"] = mixing.unavailable
+        if not mixing.unavailable.empty:  # written only when a method was left out
+            tables["mixing_unavailable"] = mixing.unavailable
     if certify is not None:
         tables["certify_rows"] = certify.rows
         tables["certify_by_layer"] = certify.by_layer
@@ -370,7 +371,7 @@ def _beyond(tables: dict[str, pd.DataFrame], name: str, fig: Any) -> list[Sectio
                 "and with erasure (right), averaged over rows and then over sequences; bands are 95% "
                 "bootstrap intervals over sequences. Rolled-out methods are compared through their "
                 "rollout; attention and norm are single-layer maps. Definitions: docs/mixing.md."
-                + mixing_section.unavailable_note(tables["mixing_unavailable"]),
+                + mixing_section.unavailable_note(tables.get("mixing_unavailable")),
                 [
                     fig(
                         "mixing_correlations",

@@ -101,9 +101,9 @@ def mixing_claim(summary: pd.DataFrame, reference: str = "hta") -> tuple[str, st
     return status, sentence
 
 
-def unavailable_note(unavailable: pd.DataFrame) -> str:
+def unavailable_note(unavailable: pd.DataFrame | None) -> str:
     """A sentence naming the methods that could not run on this model, and why ('' if none)."""
-    if unavailable.empty:
+    if unavailable is None or unavailable.empty:
         return ""
     parts = [f"{r.method} ({r.reason})" for r in unavailable.itertuples()]
     return " Not computed on this model: " + "; ".join(parts) + "."
