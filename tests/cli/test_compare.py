@@ -90,9 +90,16 @@ def test_differences_match_the_nearest_relative_depth() -> None:
     assert list(d["difference"]) == [9.0, 19.0, 29.0, 38.0]
 
 
-def test_texts_that_cannot_be_aligned_are_refused(tmp_path, models, corpus, capsys) -> None:
+@pytest.mark.parametrize(
+    ("arch", "expected"),
+    # a folder without tokenizer files is refused at load; an image model reads no text
+    [("bert", "has no tokenizer, so it cannot read text"), ("vit", "cannot align texts")],
+)
+def test_texts_that_cannot_be_aligned_are_refused(
+    tmp_path, models, corpus, capsys, arch, expected
+) -> None:
     bare = tmp_path / "no-tokenizer"
-    build_tiny_hf_model("bert").save_pretrained(bare)
+    build_tiny_hf_model(arch).save_pretrained(bare)
     capsys.readouterr()
     rc, _, err = run_main(
         [
@@ -108,7 +115,7 @@ def test_texts_that_cannot_be_aligned_are_refused(tmp_path, models, corpus, caps
         ],
         capsys,
     )
-    assert rc == 2 and err.count("\n") == 1 and "cannot align texts" in err, err
+    assert rc == 2 and err.count("\n") == 1 and expected in err, err
     assert not (tmp_path / "o").exists()
 
 
