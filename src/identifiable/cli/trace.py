@@ -193,9 +193,11 @@ def _model_parts(
         )
     if memory_budget is not None and memory_budget < 1:
         raise IdentifiableError(f"--memory-budget must be at least 1 MiB, got {memory_budget}")
-    from identifiable.progress import status
+    from identifiable.progress import status, watching
 
-    with status("tracing …"):  # a long context takes seconds; a log gets a line after 3 s
+    # a spinner while a person watches (a long context takes seconds); a log keeps only the
+    # command's own output, whose stderr must stay empty on success
+    with status("tracing …", enabled=watching()):
         tr = m.trace(
             source,
             truncate=truncate,
