@@ -15,7 +15,7 @@ from identifiable.models import backends, recompute
 TEXT = "the quick brown fox jumps over the lazy dog"
 
 
-def _classifier(arch: str = "bert"):
+def _classifier(arch: str = "bert", **options):
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     cfg = AutoConfig.for_model(
@@ -23,7 +23,7 @@ def _classifier(arch: str = "bert"):
         intermediate_size=64, max_position_embeddings=128, pad_token_id=0, num_labels=3,
     )  # fmt: skip
     torch.manual_seed(0)
-    return AutoModelForSequenceClassification.from_config(cfg).eval()
+    return AutoModelForSequenceClassification.from_config(cfg, **options).eval()
 
 
 def _settings(hf) -> list[str]:
@@ -104,6 +104,8 @@ def test_an_encoder_decoder_model_keeps_its_attention(bert_tokenizer, arch) -> N
 
     from helpers.families import tiny_config
 
+    if arch == "t5" and not recompute.supported():
+        pytest.skip("transformers 4.x's T5 has no sdpa attention to keep (it loads eager only)")
     torch.manual_seed(0)
     hf = AutoModelForSeq2SeqLM.from_config(tiny_config(arch), attn_implementation="sdpa").eval()
     before = _settings(hf)
@@ -124,7 +126,8 @@ def test_an_encoder_decoder_model_keeps_its_attention(bert_tokenizer, arch) -> N
 def test_a_model_in_training_mode_stays_in_it_and_traces_without_dropout(bert_tokenizer) -> None:
     """Each pass runs in eval mode (dropout off) and puts every module's flag back: the
     user's model is not switched to eval for good."""
-    hf = _classifier().train()
+    # eager: transformers 4.x cannot run HTA's forward-mode pass on an sdpa-built BERT (above)
+    hf = _classifier(attn_implementation="eager").train()
     hf.bert.encoder.layer[0].eval()  # a mixed state is put back as it was, module by module
     flags = [m.training for m in hf.modules()]
     assert any(flags) and not all(flags)
