@@ -234,16 +234,29 @@
         return;
       }
       const m = mats.m;
+      const vals = mats[kind];
+      const off = pixels(m, (i) => (j) =>
+        masked(i, j) ? GREY : colour(vals[i * m + j], mats.scale[kind]));
+      ctx.imageSmoothingEnabled = false;
+      // A preview's last block may be partial: scale so that blocks line up with token positions.
+      const side = (canvas.width * m * mats.f) / n;
+      ctx.drawImage(off, 0, 0, side, side);
+      markRow(canvas, ctx);
+    }
+
+    // An m×m offscreen canvas whose pixel (i, j) is rowColours(i)(j), an [r, g, b] triple;
+    // rowColours(i) is called once per row, so per-row look-ups stay out of the inner loop.
+    function pixels(m, rowColours) {
       const off = document.createElement("canvas");
       off.width = m;
       off.height = m;
       const octx = off.getContext("2d");
       const img = octx.createImageData(m, m);
-      const vals = mats[kind];
       for (let i = 0; i < m; i++) {
+        const at = rowColours(i);
         for (let j = 0; j < m; j++) {
           const p = 4 * (i * m + j);
-          const rgb = masked(i, j) ? GREY : colour(vals[i * m + j], mats.scale[kind]);
+          const rgb = at(j);
           img.data[p] = rgb[0];
           img.data[p + 1] = rgb[1];
           img.data[p + 2] = rgb[2];
@@ -251,11 +264,7 @@
         }
       }
       octx.putImageData(img, 0, 0);
-      ctx.imageSmoothingEnabled = false;
-      // A preview's last block may be partial: scale so that blocks line up with token positions.
-      const side = (canvas.width * m * mats.f) / n;
-      ctx.drawImage(off, 0, 0, side, side);
-      markRow(canvas, ctx);
+      return off;
     }
 
     function markRow(canvas, ctx) {
@@ -269,31 +278,17 @@
     // Constrained attention (shared scale) or interval widths (white to purple, identifiable
     // weights green) of the certified head; rows not computed are pale, unseen keys grey.
     function drawCertified(canvas, ctx, kind, c) {
-      const off = document.createElement("canvas");
-      off.width = n;
-      off.height = n;
-      const octx = off.getContext("2d");
-      const img = octx.createImageData(n, n);
-      for (let i = 0; i < n; i++) {
+      const off = pixels(n, (i) => {
         const r = c.rows.get(i);
-        for (let j = 0; j < n; j++) {
-          const p = 4 * (i * n + j);
-          let rgb;
-          if (r === undefined || (kind === "constrained" && !c.conRows.has(i))) rgb = PALE;
-          else {
-            const k = r * n + j;
-            if (!bit(c.keys, k)) rgb = GREY;
-            else if (kind === "constrained") rgb = colour(c.constrained[k], c.conScale);
-            else if (bit(c.ident, k)) rgb = GREEN;
-            else rgb = purple(c.maxWidth > 0 ? (c.upper[k] - c.lower[k]) / c.maxWidth : 0);
-          }
-          img.data[p] = rgb[0];
-          img.data[p + 1] = rgb[1];
-          img.data[p + 2] = rgb[2];
-          img.data[p + 3] = 255;
-        }
-      }
-      octx.putImageData(img, 0, 0);
+        if (r === undefined || (kind === "constrained" && !c.conRows.has(i))) return () => PALE;
+        return (j) => {
+          const k = r * n + j;
+          if (!bit(c.keys, k)) return GREY;
+          if (kind === "constrained") return colour(c.constrained[k], c.conScale);
+          if (bit(c.ident, k)) return GREEN;
+          return purple(c.maxWidth > 0 ? (c.upper[k] - c.lower[k]) / c.maxWidth : 0);
+        };
+      });
       ctx.imageSmoothingEnabled = false;
       ctx.drawImage(off, 0, 0, canvas.width, canvas.height);
       markRow(canvas, ctx);
