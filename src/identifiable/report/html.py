@@ -14,6 +14,7 @@ import base64
 import hashlib
 import html
 import json
+import re
 from collections.abc import Iterable
 from functools import cache
 from importlib import resources
@@ -91,12 +92,18 @@ def data_script(element_id: str, obj: Any) -> Markup:
     )
 
 
+# A stylesheet line `/* include NAME.css */` stands for that asset's text: the colours the
+# report and the viewer share live in palette.css once, and each page still inlines them.
+_INCLUDE = re.compile(r"^[ \t]*/\* include ([\w.-]+\.css) \*/\n", re.MULTILINE)
+
+
 @cache
 def asset(name: str) -> str:
-    """Text of a file shipped in `identifiable/report/assets/`."""
-    return (
+    """Text of a file shipped in `identifiable/report/assets/`, its includes inlined."""
+    text = (
         resources.files("identifiable.report").joinpath("assets").joinpath(name).read_text("utf-8")
     )
+    return _INCLUDE.sub(lambda m: asset(m.group(1)), text) if name.endswith(".css") else text
 
 
 def inline_style(*names: str) -> Markup:
