@@ -28,6 +28,8 @@ from identifiable.report.verdicts import (
     SUPPORTED,
     Verdict,
     _f,
+    both_halves,
+    judged,
 )
 
 __all__ = [
@@ -90,10 +92,7 @@ def pearson_by_length(by_length: pd.DataFrame, head_dim: int) -> Verdict:
     short_ok = short.empty or bool(short.min() >= 1 - 1e-6)
     departs = bool(long["pearson_r"].median() < FALL_MEDIAN)
     trend = rho < 0 and p_one < 0.05
-    if not short_ok:
-        status = NOT_SUPPORTED
-    else:
-        status = SUPPORTED if departs and trend else PARTLY if departs or trend else NOT_SUPPORTED
+    status = both_halves(departs, trend) if short_ok else NOT_SUPPORTED
     short_txt = (
         f"all {len(short)} sequences with n ≤ {head_dim} have r = 1 (lowest {short.min():.6f}, as it must)"
         if short_ok and len(short)
@@ -101,10 +100,10 @@ def pearson_by_length(by_length: pd.DataFrame, head_dim: int) -> Verdict:
         if len(short)
         else f"no sequence is as short as {head_dim} tokens"
     )
-    return Verdict(
+    return judged(
         "fig1a",
         status,
-        f"{status.capitalize()}: {short_txt}; the {len(long)} longer ones have median r = "
+        f"{short_txt}; the {len(long)} longer ones have median r = "
         f"{_f(long['pearson_r'].median())} (fall test: below {FALL_MEDIAN}) and r falls with length "
         f"(Spearman ρ = {rho:.2f}, one-sided p = {p_one:.2g}; trend test: ρ < 0, p < 0.05) "
         "(paper, BERT-base with d_v = 64: r = 1 up to 64 tokens, about 0.95 just beyond, 0.45 at 128).",
@@ -166,10 +165,10 @@ def effective_vs_raw_targets(to_tokens: pd.DataFrame) -> Verdict:
     }
     k, n = int(passing.sum()), len(cells)
     status = SUPPORTED if k == n else PARTLY if 2 * k >= n else NOT_SUPPORTED
-    return Verdict(
+    return judged(
         "fig1bc",
         status,
-        f"{status.capitalize()}: in {k} of the {n} (layer, target) cells where raw attention averages at least "
+        f"in {k} of the {n} (layer, target) cells where raw attention averages at least "
         f"{RAW_CONCENTRATED}, effective attention is at most half of it; the weakest cell is {worst[0]} at layer "
         f"{worst[1]} (raw {_f(float(cells[worst]))}, effective {_f(float(eff.get(worst, float('nan'))))}); {paper}.",
         numbers,
@@ -217,10 +216,10 @@ def own_contribution_falls(own: pd.DataFrame) -> Verdict:
         if not rises
         else "but rising at layer(s) " + ", ".join(f"{k} (+{v:.1f})" for k, v in rises.items())
     )
-    return Verdict(
+    return judged(
         "fig3a",
         status,
-        f"{status.capitalize()}: the median contribution of a token's own input goes from {first:.1f}% at the first layer "
+        f"the median contribution of a token's own input goes from {first:.1f}% at the first layer "
         f"to {last:.1f}% at the last layer, {rise_txt} (tolerance {MONOTONE_TOL:g} percentage point; "
         f"paper: {paper[0]:.1f}% → {paper[-1]:.1f}%, monotone).",
         {
@@ -274,10 +273,10 @@ def not_top_share(
         if lo is not None
         else "no bootstrap interval of the rise in the tables"
     )
-    return share, Verdict(
+    return share, judged(
         "fig3b",
         status,
-        f"{status.capitalize()}: {first:.1f}% of tokens at the first layer and {last:.1f}% at the last layer do not get "
+        f"{first:.1f}% of tokens at the first layer and {last:.1f}% at the last layer do not get "
         f"their largest contribution from their own input, a rise of {rise:.1f} points ({interval}; test: "
         f"the first layer ≤ {FIRST_MAX:g}%, a rise ≥ {RISE_MIN:g} points whose interval excludes zero; "
         f"paper: {paper[0]:.0f}% → {paper[-1]:.1f}%).",
@@ -312,12 +311,10 @@ def neighbours_spread(groups: pd.DataFrame) -> Verdict:
     if "11+" not in g or g["11+"].isna().all():
         return Verdict("fig4a", NOT_TESTED, "Not tested: no sequence is longer than 11 tokens.")
     near1, far1, far_last = float(g["1"].iloc[0]), float(g["11+"].iloc[0]), float(g["11+"].iloc[-1])
-    ok1, ok2 = near1 > far1, far_last > far1
-    status = SUPPORTED if ok1 and ok2 else PARTLY if ok1 or ok2 else NOT_SUPPORTED
-    return Verdict(
+    return judged(
         "fig4a",
-        status,
-        f"{status.capitalize()}: at the first layer an input 1 position away weighs {near1:.1f}% against {far1:.1f}% for one "
+        both_halves(near1 > far1, far_last > far1),
+        f"at the first layer an input 1 position away weighs {near1:.1f}% against {far1:.1f}% for one "
         f"11+ away; at the last layer the far group has {far_last:.1f}% (paper: 10.0% vs 5.2% → 9.9%).",
         {"near_first": near1, "far_first": far1, "far_last": far_last},
     )
@@ -368,11 +365,10 @@ def peak_at_neighbours(positions: pd.DataFrame, trends: pd.DataFrame | None = No
             f"interval of the change {lo:+.1f} … {float(row['change_hi']):+.1f} points; test: ≥ "
             f"{TAIL_GROWTH:g}× with an interval excluding zero)"
         )
-    status = SUPPORTED if peaked and tails else PARTLY if peaked or tails else NOT_SUPPORTED
-    return Verdict(
+    return judged(
         "fig4b",
-        status,
-        f"{status.capitalize()}: at the first layer the largest contribution from other positions comes from offset "
+        both_halves(peaked, tails),
+        f"at the first layer the largest contribution from other positions comes from offset "
         f"{peak:+d}; {tail_txt} (paper: a sharp peak at ±1, with heavier tails in deeper layers).",
         numbers,
     )
