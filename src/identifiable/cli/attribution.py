@@ -7,17 +7,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from identifiable.cli.common import (
-    ForceOption,
-    JsonOption,
-    ModelOption,
-    PairOption,
-    check_seed,
-    check_writable,
-    console,
-    load,
-    write_json,
-)
+from identifiable.cli.common import check_seed, check_writable, console, load, write_json
+from identifiable.cli.options import ForceOption, JsonOption, ModelOption, PairOption
 from identifiable.errors import IdentifiableError
 
 MemoryOption = Annotated[

@@ -9,10 +9,6 @@ import typer
 from rich.table import Table
 
 from identifiable.cli.common import (
-    ForceOption,
-    ModelOption,
-    NoTruncateOption,
-    PairOption,
     check_ranges,
     check_writable,
     console,
@@ -20,6 +16,7 @@ from identifiable.cli.common import (
     whole_values,
     write_atomic,
 )
+from identifiable.cli.options import ForceOption, ModelOption, NoTruncateOption, PairOption
 from identifiable.errors import IdentifiableError
 
 IDENTIFIABLE_WIDTH = 1e-3  # an interval narrower than this counts as an identifiable weight

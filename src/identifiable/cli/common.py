@@ -1,12 +1,15 @@
-"""Pieces shared by CLI commands: model option, atomic JSON output, tables."""
+"""Pieces shared by CLI commands: loading, checks, atomic JSON output, tables, Ctrl-C.
+
+The flags several commands share are declared once in `cli/options.py`."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 from rich.console import Console
 
 from identifiable.errors import IdentifiableError
@@ -24,39 +27,6 @@ def whole_values(table: Any) -> Any:
         if cells:
             column.min_width = max(len(c) for c in cells)
     return table
-
-
-ModelOption = Annotated[
-    str,
-    typer.Option(
-        "--model", "-m", help="'minilm' (embedded default), a local model directory or a hub id."
-    ),
-]
-PairOption = Annotated[
-    str | None,
-    typer.Option("--pair", help="Second text of a pair, encoded as [CLS] TEXT [SEP] PAIR [SEP]."),
-]
-NoTruncateOption = Annotated[
-    bool, typer.Option("--no-truncate", help="Fail instead of truncating texts that are too long.")
-]
-MaxCorpusOption = Annotated[
-    int,
-    typer.Option(
-        "--max-corpus-mib",
-        min=1,
-        help="Refuse a corpus file that decompresses to more than this many MiB.",
-    ),
-]
-MaxLineOption = Annotated[
-    int,
-    typer.Option("--max-line-kib", min=1, help="Refuse a corpus line longer than this many KiB."),
-]
-JsonOption = Annotated[
-    Path | None, typer.Option("--json", help="Also write the results to this JSON file.")
-]
-ForceOption = Annotated[
-    bool, typer.Option("--force", help="Replace output files that already exist.")
-]
 
 
 def check_seed(seed: int) -> None:
@@ -133,6 +103,15 @@ def write_json(path: Path, payload: Any, *, force: bool = False) -> None:
 
 class Interrupted(Exception):
     """Ctrl-C inside a command that wants to say more than "interrupted" (exit 130)."""
+
+
+@contextmanager
+def resumable() -> Iterator[None]:
+    """Ctrl-C inside a run that writes a folder it can continue: say so (exit 130)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted; rerun with --resume") from None
 
 
 def check_ranges(tr: Any, layer: int | None, head: int | None, row: int | None) -> None:

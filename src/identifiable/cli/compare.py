@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from identifiable.cli.common import check_model_name, check_seed, console
+from identifiable.cli.common import check_model_name, check_seed, console, resumable
+from identifiable.cli.options import NoProgressOption, ResumeOption, RunSeedOption
 
 
 def compare(
@@ -21,13 +22,12 @@ def compare(
         Path, typer.Option("--out", "-o", help="Output folder (rules of reproduce --out).")
     ] = Path("comparison"),
     budget: Annotated[str, typer.Option("--budget", "-b", help="quick, paper or smoke.")] = "quick",
-    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run.")] = False,
+    resume: ResumeOption = False,
     force: Annotated[bool, typer.Option("--force", help="Replace a previous run of ours.")] = False,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of every random choice.")] = 0,
-    no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars.")] = False,
+    seed: RunSeedOption = 0,
+    no_progress: NoProgressOption = False,
 ) -> None:
     """Run the reproduction for each model on the same texts; write OUT/index.html side by side."""
-    from identifiable.cli.common import Interrupted
     from identifiable.comparison import compare as run
     from identifiable.errors import IdentifiableError
 
@@ -36,7 +36,7 @@ def compare(
     for m in models:
         check_model_name(m)
     check_seed(seed)
-    try:
+    with resumable():
         result = run(
             models,
             corpus,
@@ -47,8 +47,6 @@ def compare(
             seed=seed,
             progress=not no_progress,
         )
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted; rerun with --resume") from None
     differs = int(result.tables["verdicts"]["differs"].sum())
     console.print(
         f"{differs} claims differ · {result.timings['total_s']:.0f} s · report: "

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from identifiable.cli.common import ModelOption, check_model_name, check_seed, console
+from identifiable.cli.common import check_model_name, check_seed, console, resumable
+from identifiable.cli.options import ModelOption, ResumeOption
 from identifiable.errors import IdentifiableError
 
 
@@ -53,14 +54,13 @@ def finetune(
         bool, typer.Option("--no-evaluate", help="Train only: no held-out evaluation and report.")
     ] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the pairs and batches.")] = 0,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run.")] = False,
+    resume: ResumeOption = False,
     force: Annotated[
         bool, typer.Option("--force", help="Replace a previous run of ours in --out.")
     ] = False,
 ) -> None:
     """Fine-tune with the null-attention penalty (self-distillation, no labels); write a
     Hugging Face checkpoint and a held-out report (OUT/index.html)."""
-    from identifiable.cli.common import Interrupted
     from identifiable.finetuning import finetune as run
     from identifiable.training.finetune import TrainSettings
 
@@ -77,7 +77,7 @@ def finetune(
         seed=seed,
         warmup=min(10, steps // 10),
     )
-    try:
+    with resumable():
         result = run(
             model,
             weights,
@@ -88,8 +88,6 @@ def finetune(
             resume=resume,
             force=force,
         )
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted; rerun with --resume") from None
     for w, path in result.checkpoints.items():
         console.print(f"checkpoint (penalty {w:g}): {path}")
     if not result.pareto.empty:

@@ -7,13 +7,13 @@ from typing import Annotated
 
 import typer
 
-from identifiable.cli.common import (
+from identifiable.cli.common import check_model_name, check_seed, console, resumable
+from identifiable.cli.options import (
     MaxCorpusOption,
     MaxLineOption,
     ModelOption,
-    check_model_name,
-    check_seed,
-    console,
+    NoProgressOption,
+    RunSeedOption,
 )
 
 
@@ -48,37 +48,34 @@ def reproduce(
             "once the new run has finished).",
         ),
     ] = False,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of every random choice.")] = 0,
+    seed: RunSeedOption = 0,
     device: Annotated[
         str,
         typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto (cuda for --budget paper)."),
     ] = "cpu",
     max_corpus_mib: MaxCorpusOption = 256,
     max_line_kib: MaxLineOption = 1024,
-    no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars.")] = False,
+    no_progress: NoProgressOption = False,
 ) -> None:
     """Run the paper's four experiment families; write OUT/index.html, figures, tables, summary.json."""
-    from identifiable.cli.common import Interrupted
     from identifiable.corpus import read_limits
     from identifiable.reproduction import reproduce as run
 
     check_model_name(model)
     check_seed(seed)  # numpy's generators and torch's take 0 .. 2**63-1
-    try:
-        with read_limits(max_bytes=max_corpus_mib << 20, max_line_bytes=max_line_kib << 10):
-            result = run(
-                model,
-                corpus,
-                out,
-                budget=budget,
-                resume=resume,
-                force=force,
-                seed=seed,
-                device=device,
-                progress=not no_progress,
-            )
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted; rerun with --resume") from None
+    limits = read_limits(max_bytes=max_corpus_mib << 20, max_line_bytes=max_line_kib << 10)
+    with resumable(), limits:
+        result = run(
+            model,
+            corpus,
+            out,
+            device=device,
+            budget=budget,
+            resume=resume,
+            force=force,
+            seed=seed,
+            progress=not no_progress,
+        )
     from identifiable.experiments.distributed import is_main_process
 
     if not is_main_process():  # under torchrun every rank returns the summary; one prints it

@@ -9,17 +9,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from identifiable.cli.common import (
-    ForceOption,
-    MaxCorpusOption,
-    MaxLineOption,
-    ModelOption,
-    check_model_name,
-    check_seed,
-    console,
-    err_console,
-    load,
-)
+from identifiable.cli.common import check_model_name, check_seed, console, err_console, load
+from identifiable.cli.options import ForceOption, MaxCorpusOption, MaxLineOption, ModelOption
 from identifiable.errors import IdentifiableError
 
 # A batch is padded to its longest sequence and the extraction reads 4 batches ahead, so a

@@ -7,16 +7,13 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from identifiable.cli.common import (
+from identifiable.cli.common import check_writable, console, load, write_json
+from identifiable.cli.options import (
     ForceOption,
     JsonOption,
     ModelOption,
     NoTruncateOption,
     PairOption,
-    check_writable,
-    console,
-    load,
-    write_json,
 )
 
 DeviceOption = Annotated[

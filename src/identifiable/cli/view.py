@@ -10,15 +10,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from identifiable.cli.common import (
-    ForceOption,
-    ModelOption,
-    PairOption,
     check_model_name,
     check_reads_text,
     check_writable,
     console,
     load,
 )
+from identifiable.cli.options import ForceOption, ModelOption, PairOption
 from identifiable.errors import IdentifiableError
 
 if TYPE_CHECKING:
