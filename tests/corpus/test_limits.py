@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from identifiable.corpus import load_corpus, read_limits
-from identifiable.corpus.sources import read_source
+from identifiable.corpus.sources import SourceOptions, read_source
 from identifiable.errors import IdentifiableError
 
 MiB = 1 << 20
@@ -24,12 +24,12 @@ MiB = 1 << 20
 PROBE = textwrap.dedent(
     """
     import json, resource, sys
-    from identifiable.corpus.sources import read_source
+    from identifiable.corpus.sources import SourceOptions, read_source
     from identifiable.errors import IdentifiableError
     path, options = sys.argv[1], json.loads(sys.argv[2])
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     try:
-        read_source(path, **options)
+        read_source(path, SourceOptions(**options))
         message = None
     except IdentifiableError as exc:
         message = str(exc)
@@ -90,7 +90,7 @@ def test_wiki_dump_is_bounded_too(tmp_path: Path) -> None:
     dump = tmp_path / "dump.xml"
     dump.write_text("<mediawiki>\n" + page * 2000 + "</mediawiki>\n", "utf-8")
     with pytest.raises(IdentifiableError, match="decompresses to more than"):
-        read_source(dump, max_bytes=64 * 1024)
+        read_source(dump, SourceOptions(max_bytes=64 * 1024))
     assert len(read_source(dump).documents) == 2000
 
 
@@ -131,7 +131,7 @@ def test_deeply_nested_json_is_one_error(tmp_path: Path, suffix: str) -> None:
     body = f'{{"text": {nested}}}' if suffix == ".jsonl" else nested
     path.write_text(body + "\n", "utf-8")
     with pytest.raises(IdentifiableError, match="nested too deeply"):
-        read_source(path, max_line_bytes=4 * MiB)
+        read_source(path, SourceOptions(max_line_bytes=4 * MiB))
 
 
 def test_missing_field_message_names_no_nonexistent_option(tmp_path: Path) -> None:

@@ -22,7 +22,13 @@ from identifiable.corpus.lengths import (
     tokenizer_fingerprint,
 )
 from identifiable.corpus.pairs import iter_pairs_with_lengths
-from identifiable.corpus.sources import WIKIPEDIA_SAMPLE, SourceData, is_dataset, read_source
+from identifiable.corpus.sources import (
+    WIKIPEDIA_SAMPLE,
+    SourceData,
+    SourceOptions,
+    is_dataset,
+    read_source,
+)
 from identifiable.errors import IdentifiableError
 from identifiable.progress import status, watching
 
@@ -77,7 +83,8 @@ class Corpus(Sequence[Item]):
 
 def load_documents(source: str | Path = WIKIPEDIA_SAMPLE, **options: Any) -> tuple[Document, ...]:
     """The Documents of a source (see `load_corpus` for `source` and read options)."""
-    return read_source(source, fmt=options.pop("format", "auto"), **options).documents
+    read = SourceOptions(fmt=options.pop("format", "auto"), **options)
+    return read_source(source, read).documents
 
 
 def _check_options(
@@ -272,8 +279,7 @@ def load_corpus(
         "buckets": buckets,
     }
     _check_options(unit, tokenizer, counted, per_bucket, pair_fields)
-    data = read_source(
-        source,
+    read = SourceOptions(
         fmt=format,
         field=column if column is not None else field,
         pair_fields=tuple(pair_fields) if pair_fields is not None else None,
@@ -282,6 +288,7 @@ def load_corpus(
         max_bytes=max_bytes,
         max_line_bytes=max_line_bytes,
     )
+    data = read_source(source, read)
     if not data.documents and not data.pairs:
         raise IdentifiableError(f"corpus {data.name!r} contains no text; pass a file with some")
 

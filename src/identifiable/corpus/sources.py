@@ -25,7 +25,14 @@ from identifiable.corpus.wikidump import parse_wiki_dump
 from identifiable.errors import IdentifiableError
 from identifiable.unicode import check_unicode
 
-__all__ = ["FORMATS", "WIKIPEDIA_SAMPLE", "SourceData", "read_source", "wikipedia_sample_path"]
+__all__ = [
+    "FORMATS",
+    "WIKIPEDIA_SAMPLE",
+    "SourceData",
+    "SourceOptions",
+    "read_source",
+    "wikipedia_sample_path",
+]
 
 WIKIPEDIA_SAMPLE = "wikipedia-sample"
 FORMATS = ("auto", "lines", "paragraphs", "jsonl", "wiki")
@@ -339,33 +346,37 @@ def _read_memory(source: Any, field: str, pair_fields: tuple[str, str] | None) -
     return _records_to_data("texts", "lines", rows, "text", None)
 
 
-def read_source(
-    source: Any,
-    *,
-    fmt: str = "auto",
-    field: str = "text",
-    pair_fields: Sequence[str] | None = None,
-    split: str = "train",
-    config: str | None = None,
-    max_bytes: int | None = None,
-    max_line_bytes: int | None = None,
-) -> SourceData:
-    """Resolve and read a corpus source (parsed files are cached in memory).
+@dataclass(frozen=True)
+class SourceOptions:
+    """How `read_source` reads a source: `load_corpus`'s read options, under the same names
+    (`fmt` is its `format`; its docstring documents each). `max_bytes` and `max_line_bytes`
+    bound what a file may decompress to and its longest line (None: the limits in force,
+    see `identifiable.corpus.fileio.read_limits`)."""
 
-    `max_bytes` and `max_line_bytes` bound what a file may decompress to and its longest
-    line (None: the limits in force, see `identifiable.corpus.fileio.read_limits`).
+    fmt: str = "auto"
+    field: str = "text"
+    pair_fields: Sequence[str] | None = None
+    split: str = "train"
+    config: str | None = None
+    max_bytes: int | None = None
+    max_line_bytes: int | None = None
+
+
+def read_source(source: Any, options: SourceOptions = SourceOptions()) -> SourceData:
+    """Resolve and read a corpus source (parsed files are cached in memory).
 
     Raises:
         IdentifiableError: unknown source or format, missing/unreadable/corrupt file,
             a file past the read limits, invalid JSONL line, missing field, or `datasets`
             not installed.
     """
-    limits = current_limits(max_bytes, max_line_bytes)
+    limits = current_limits(options.max_bytes, options.max_line_bytes)
+    fmt, field = options.fmt, options.field
     if fmt not in FORMATS:
         raise IdentifiableError(f"unknown corpus format {fmt!r}; use one of {', '.join(FORMATS)}")
     fields: tuple[str, str] | None = None
-    if pair_fields is not None:
-        given = tuple(pair_fields)
+    if options.pair_fields is not None:
+        given = tuple(options.pair_fields)
         if len(given) != 2 or not all(isinstance(k, str) for k in given):
             raise IdentifiableError(
                 "pair_fields must be two field names, e.g. ('premise', 'hypothesis')"
@@ -374,7 +385,9 @@ def read_source(
     if is_dataset(source) or isinstance(source, list | tuple):
         return _read_memory(source, field, fields)
     if isinstance(source, str) and source.startswith("hf:"):
-        return _read_hf(source[3:], field=field, pair_fields=fields, split=split, config=config)
+        return _read_hf(
+            source[3:], field=field, pair_fields=fields, split=options.split, config=options.config
+        )
     path = wikipedia_sample_path() if source == WIKIPEDIA_SAMPLE else Path(source).expanduser()
     if not path.exists():
         raise IdentifiableError(f"corpus source {str(source)!r} not found; pass {_KNOWN}")
