@@ -69,11 +69,11 @@ def reproduce(
             model,
             corpus,
             out,
-            device=device,
             budget=budget,
             resume=resume,
             force=force,
             seed=seed,
+            device=device,
             progress=not no_progress,
         )
     from identifiable.experiments.distributed import is_main_process
