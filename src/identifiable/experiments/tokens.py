@@ -362,10 +362,10 @@ def token_tables(
     counts (tokens, sequences and the split) and protocol (the probe settings, one row).
 
     With `layer`, only that layer's rows (the reproduction's shards, one per layer, which
-    `torch.distributed` ranks share): the Adam settings are still chosen on the deepest
-    layer, the layer's probe is tested on every layer, and counts, protocol and the
-    selection grid come with layer 1 only, so the shards concatenated in layer order equal
-    one run over all layers.
+    `torch.distributed` ranks share): the Adam settings are chosen at that layer (or, with
+    `select_per_layer=False`, still on the deepest layer), the layer's probe is tested on
+    every layer, and counts, protocol and the deepest layer's selection grid come with layer
+    1 only, so the shards concatenated in layer order equal one run over all layers.
     """
     from identifiable.tokens.evaluate import evaluate_pairs
 
