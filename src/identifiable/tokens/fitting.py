@@ -187,13 +187,11 @@ def fit_probes(
         x: `[N, d]` hidden states e^l of the training tokens; y: `[N, d_out]` their targets.
         x_val, y_val: the same for the validation tokens (hyperparameters, early stopping).
         kinds: (probe kind, objective) pairs to fit.
-        config: fitting settings; seed: seeds every random choice.
-        solver: a `RidgeSolver` already factorised on `x` (shared across calls on one layer).
-        val_score: validation score of cosine predictions `[N_val, d_out]` (higher is
-            better; Fig. 2 passes the validation identification rate) that chooses when the
-            linear-cos refinement stops; None: its validation loss does.
-    Returns:
-        One `FitInfo` per requested pair, in the order of `kinds`.
+        config: fitting settings; seed: seeds every random choice. solver: a `RidgeSolver`
+            already factorised on `x` (shared across calls on one layer).
+        val_score: validation score of predictions `[N_val, d_out]` (higher is better, e.g.
+            the identification rate) that stops linear-cos's refinement; None: the loss.
+    Returns one `FitInfo` per requested pair, in the order of `kinds`.
     """
     cfg = config or ProbeConfig()
     x, y, x_val, y_val = (t.float() for t in (x, y, x_val, y_val))

@@ -71,26 +71,17 @@ def refine_linear(
         L-BFGS iterations, `extras["evaluations"]` the loss-and-gradient evaluations and,
         with `score`, `extras["val_score_start"]`/`extras["val_score"]`.
     """
-    assert start.weight is not None and start.bias is not None
     mean = x.mean(0)
     xc, xc_val = x - mean, x_val - mean
-    # contiguous copies: L-BFGS flattens gradients with view(-1), which fails on the
-    # transposed layout a Cholesky solve returns
-    w = start.weight.detach().clone(memory_format=torch.contiguous_format)
-    b = (start.bias + mean @ start.weight).detach().clone(memory_format=torch.contiguous_format)
-    w.requires_grad_(True)
-    b.requires_grad_(True)
+    w, b = _centred_parameters(start, mean)
 
     def check() -> tuple[float, float, float]:
         """(training loss, validation loss, validation score: −loss without `score`)."""
         with torch.no_grad():
             pred_val = xc_val @ w + b
             val = float(objective_loss(pred_val, y_val, objective))
-            return (
-                float(objective_loss(xc @ w + b, y, objective)),
-                val,
-                score(pred_val) if score is not None else -val,
-            )
+            train = float(objective_loss(xc @ w + b, y, objective))
+        return train, val, score(pred_val) if score is not None else -val
 
     train, start_val, start_score = check()
     best = _Best(start_val, start_score, train, (w.detach().clone(), b.detach().clone()))
@@ -131,6 +122,17 @@ def refine_linear(
     w_best, b_best = best.state
     probe = Probe("linear", objective, w_best, b_best - mean @ w_best)
     return _record(probe, steps, start_val, best, stopped, curve, evaluations, score, start_score)
+
+
+def _centred_parameters(start: Probe, mean: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W, b′) of `start` for centred inputs (x − μ) W + b′, as trainable leaf tensors.
+
+    Contiguous copies: L-BFGS flattens gradients with view(-1), which fails on the
+    transposed layout a Cholesky solve returns."""
+    assert start.weight is not None and start.bias is not None
+    w = start.weight.detach().clone(memory_format=torch.contiguous_format)
+    b = (start.bias + mean @ start.weight).detach().clone(memory_format=torch.contiguous_format)
+    return w.requires_grad_(True), b.requires_grad_(True)
 
 
 @dataclass(frozen=True)
