@@ -306,20 +306,45 @@ def test_fig4b_needs_the_early_peak_and_heavier_tails_late() -> None:
             columns=["layer", "offset", "total"],
         )
 
-    heavier = trends("tail_share", 4.0, 8.0, 2.0, 6.0)
+    heavier = trends("far_share", 4.0, 8.0, 2.0, 6.0)
     v = claims.peak_at_neighbours(positions(-1), heavier)
     assert v.status == claims.SUPPORTED and v.numbers["tail_last"] == 8.0
     # the peak alone (the old rule) is no longer enough: tails that do not grow 1.5×
-    same_tails = trends("tail_share", 4.0, 5.0, 0.5, 1.5)
+    same_tails = trends("far_share", 4.0, 5.0, 0.5, 1.5)
     assert claims.peak_at_neighbours(positions(-1), same_tails).status == claims.PARTLY
     # heavier tails within sampling noise
-    noisy = trends("tail_share", 4.0, 8.0, -1.0, 9.0)
+    noisy = trends("far_share", 4.0, 8.0, -1.0, 9.0)
     assert claims.peak_at_neighbours(positions(1), noisy).status == claims.PARTLY
     assert claims.peak_at_neighbours(positions(5), heavier).status == claims.PARTLY
     assert claims.peak_at_neighbours(positions(5), same_tails).status == claims.NOT_SUPPORTED
     assert claims.peak_at_neighbours(positions(-1)).status == claims.PARTLY  # tails unmeasured
     empty = pd.DataFrame(columns=["layer", "offset", "total"])
     assert claims.peak_at_neighbours(empty).status == claims.NOT_TESTED
+    no_far_group = trends("far_share", float("nan"), float("nan"), float("nan"), float("nan"))
+    assert claims.peak_at_neighbours(positions(-1), no_far_group).status == claims.PARTLY
+
+
+def test_fig4b_tails_are_judged_on_the_statistic_its_threshold_comes_from() -> None:
+    """The 1.5× comes from the paper's 11+ group (per-position share, 5.2 → 9.9 %), so the
+    rule reads "far_share", never the summed tail share (about half at the first layer)."""
+    peak = pd.DataFrame(
+        [(1, o, 1.0 if o == 1 else 0.3) for o in range(-10, 11) if o],
+        columns=["layer", "offset", "total"],
+    )
+
+    def both(summed: tuple[float, ...], far: tuple[float, ...]) -> pd.DataFrame:
+        return pd.concat([trends("tail_share", *summed), trends("far_share", *far)])
+
+    # the quick make run before the fix: summed 53.8 → 65.1 % (1.21×, failed the old rule),
+    # 11+ group 4.2 → 7.5 % (1.79×)
+    measured = both((53.8, 65.1, 8.0, 14.0), (4.2, 7.5, 2.0, 4.5))
+    assert claims.peak_at_neighbours(peak, measured).status == claims.SUPPORTED
+    # a summed share that grows 1.5× does not pass when the 11+ group does not grow
+    summed_only = both((30.0, 50.0, 15.0, 25.0), (5.0, 5.5, -0.5, 1.5))
+    assert claims.peak_at_neighbours(peak, summed_only).status == claims.PARTLY
+    # and without a far_share row the tails are not tested, whatever the summed share does
+    only_summed = trends("tail_share", 30.0, 60.0, 20.0, 40.0)
+    assert claims.peak_at_neighbours(peak, only_summed).status == claims.PARTLY
 
 
 def test_trends_are_paired_bootstrap_changes_of_the_plotted_statistics() -> None:
@@ -351,6 +376,30 @@ def test_trends_are_paired_bootstrap_changes_of_the_plotted_statistics() -> None
         100 * far[2] / offsets[offsets["layer"] == 2]["total"].sum()
     )
     assert tail["last"] > 1.5 * tail["first"] and tail["change_lo"] > 0
+
+
+def test_far_share_trend_is_the_fig4a_eleven_plus_group_with_a_paired_interval() -> None:
+    from identifiable.experiments.attribution import bootstrap_summaries
+
+    rng = np.random.default_rng(1)
+    own_rows, group_rows = [], []
+    for seq in range(12):
+        for layer, far in ((1, 0.05), (2, 0.12)):
+            own_rows.append((seq, layer, 0.3, True))
+            for g in claims.GROUPS:
+                value = (far if g == "11+" else 0.2) * (1 + 0.2 * rng.random())
+                group_rows.append((seq, layer, g, value * 10, 10))
+    own = pd.DataFrame(own_rows, columns=["seq", "layer", "own", "own_is_top"])
+    groups = pd.DataFrame(
+        group_rows, columns=["seq", "layer", "group", "per_position_sum", "tokens"]
+    )
+    offsets = pd.DataFrame(columns=["seq", "layer", "offset", "total"])
+    t = bootstrap_summaries({"own": own, "groups": groups, "offsets": offsets}, resamples=300)
+    far = t["trends"].set_index("statistic").loc["far_share"]
+    shares = claims.neighbour_groups(groups)
+    eleven = shares[shares["group"] == "11+"].set_index("layer")["percent"]
+    assert far["first"] == pytest.approx(eleven[1]) and far["last"] == pytest.approx(eleven[2])
+    assert far["change_lo"] < far["change"] < far["change_hi"] and far["change_lo"] > 0
 
 
 def contributions(decay: list[float], n: int, gen: torch.Generator) -> torch.Tensor:

@@ -68,3 +68,21 @@ def test_a_pipeline_check_shows_no_claim_count_and_no_verdict_badge() -> None:
     from identifiable.experiments.stages import BUDGETS
 
     assert [b.name for b in BUDGETS.values() if b.pipeline_check] == ["smoke"]
+
+
+def test_protocol_sentence_follows_the_protocol_row() -> None:
+    from identifiable.experiments.stages import BUDGETS
+    from identifiable.experiments.tokens import probe_config_for
+
+    cfg = probe_config_for(BUDGETS["quick"])
+    row = {
+        k: (", ".join(map(str, v)) if isinstance(v, tuple) else str(v))
+        for k, v in vars(cfg).items()
+    }
+    text = tokens_section.probe_protocol(row)
+    assert "starting at the linear probe of its objective" in text and "max(512, 2d)" in text
+    assert "validation identification rate" in text and "at each layer" in text
+    assert f"cap {cfg.max_steps} steps" in text
+    older = tokens_section.probe_protocol(row | {"mlp_init": "random", "select_per_layer": "False"})
+    assert "from a random start" in older and "max(512, d)" in older
+    assert "at the deepest layer" in older and "linear probe of its objective" not in older

@@ -234,45 +234,31 @@ def test_hand_written_adam_matches_torch_adam():
     assert torch.allclose(a, b, atol=1e-6)
 
 
-def test_adam_fits_run_on_one_thread_and_restore_the_count():
-    from identifiable.tokens import adam
+@pytest.mark.parametrize(
+    "module, kind, config",
+    [
+        ("adam", ("mlp", "l2"), ProbeConfig(mlp_width=8, max_steps=30)),
+        ("lbfgs", ("linear", "cos"), ProbeConfig(cos_steps=10)),
+    ],
+)
+def test_probe_fitters_run_on_one_thread_and_restore_the_count(monkeypatch, module, kind, config):
+    """Every loss the fitter computes runs on one intra-op thread; the count is restored."""
+    import importlib
 
-    seen: list[int] = []
-    real = adam._fit_adam
+    mod = importlib.import_module(f"identifiable.tokens.{module}")
+    seen: set[int] = set()
+    real = mod.objective_loss
 
     def spy(*args, **kwargs):
-        seen.append(torch.get_num_threads())
+        seen.add(torch.get_num_threads())
         return real(*args, **kwargs)
 
+    monkeypatch.setattr(mod, "objective_loss", spy)
     x, y, xv, yv = _linear_data()
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        adam._fit_adam = spy
-        fit_probes(x, y, xv, yv, [("mlp", "l2")], config=ProbeConfig(mlp_width=8, max_steps=30))
-        assert seen == [1] and torch.get_num_threads() == 2
+        fit_probes(x, y, xv, yv, [kind], config=config)
+        assert seen == {1} and torch.get_num_threads() == 2
     finally:
-        adam._fit_adam = real
-        torch.set_num_threads(before)
-
-
-def test_lbfgs_refinement_runs_on_one_thread_and_restores_the_count():
-    from identifiable.tokens import lbfgs
-
-    seen: list[int] = []
-    real = lbfgs._refine
-
-    def spy(*args, **kwargs):
-        seen.append(torch.get_num_threads())
-        return real(*args, **kwargs)
-
-    x, y, xv, yv = _linear_data()
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        lbfgs._refine = spy
-        fit_probes(x, y, xv, yv, [("linear", "cos")], config=ProbeConfig(cos_steps=10))
-        assert seen == [1] and torch.get_num_threads() == 2
-    finally:
-        lbfgs._refine = real
         torch.set_num_threads(before)

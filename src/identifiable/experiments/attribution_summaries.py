@@ -7,6 +7,7 @@ sample sizes. Called by `experiments.attribution.attribution_reduce`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,23 +84,33 @@ def _own_rows(own: pd.DataFrame, r: _Resamples) -> list[dict[str, Any]]:
     return own_rows
 
 
+def _group_percent(
+    t: pd.DataFrame, slot: dict[Any, int], n_seq: int, labels: list[str]
+) -> Callable[[np.ndarray], np.ndarray]:
+    """Sequence weights `[B, S]` → every distance group's percent `[B, groups]` at one layer
+    (rows of `t`: seq, group, per_position_sum, tokens), normalised as Fig. 4a is
+    (`report.claims.GROUP_NORMALISATION`)."""
+    sums = np.zeros((n_seq, len(labels)))
+    toks = np.zeros((n_seq, len(labels)))
+    for s, g, v, k in t[["seq", "group", "per_position_sum", "tokens"]].itertuples(index=False):
+        sums[slot[s], labels.index(g)] += v
+        toks[slot[s], labels.index(g)] += k
+
+    def percent(w: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = (w @ sums) / np.where(w @ toks > 0, w @ toks, np.nan)
+            return 100 * mean / np.nansum(mean, axis=1, keepdims=True)
+
+    return percent
+
+
 def _group_rows(groups: pd.DataFrame, r: _Resamples) -> list[dict[str, Any]]:
     """groups_summary: each distance group's percent per layer, with intervals."""
     n_seq, slot, ones, counts = r.n_seq, r.slot, r.ones, r.counts
     labels = [label for label, _, _ in DISTANCE_GROUPS]
     group_rows = []
     for layer, t in groups.groupby("layer", sort=True):
-        sums = np.zeros((n_seq, len(labels)))
-        toks = np.zeros((n_seq, len(labels)))
-        for s, g, v, k in t[["seq", "group", "per_position_sum", "tokens"]].itertuples(index=False):
-            sums[slot[s], labels.index(g)] += v
-            toks[slot[s], labels.index(g)] += k
-
-        def percent(w: np.ndarray, sums=sums, toks=toks) -> np.ndarray:
-            with np.errstate(invalid="ignore", divide="ignore"):
-                mean = (w @ sums) / np.where(w @ toks > 0, w @ toks, np.nan)
-                return 100 * mean / np.nansum(mean, axis=1, keepdims=True)
-
+        percent = _group_percent(t, slot, n_seq, labels)
         point = percent(ones.astype(float))[0]
         lo, hi = _interval(percent(counts.astype(float)))
         group_rows += [
@@ -174,7 +185,7 @@ def bootstrap_summaries(
         "own_summary": pd.DataFrame(_own_rows(own, r)),
         "groups_summary": pd.DataFrame(_group_rows(groups, r)),
         "offsets_summary": pd.DataFrame(_offset_rows(off, r)),
-        "trends": _trends(own, off, counts, slot),
+        "trends": _trends(own, off, groups, counts, slot),
     }
 
 
@@ -182,14 +193,20 @@ TAIL_FROM = 11  # |j − i| from which an input counts in the tail of Fig. 4b (F
 
 
 def _trends(
-    own: pd.DataFrame, off: pd.DataFrame, counts: np.ndarray, slot: dict[Any, int]
+    own: pd.DataFrame,
+    off: pd.DataFrame,
+    groups: pd.DataFrame,
+    counts: np.ndarray,
+    slot: dict[Any, int],
 ) -> pd.DataFrame:
     """First layer → last layer changes of the Fig. 3b and 4b statistics, each with a paired
     95 % bootstrap interval over sequences (the same resamples as the other summaries).
 
-    Rows: statistic "p_tilde" (% of tokens whose own input is not their top contributor)
-    and "tail_share" (% of the contribution from other positions within ±60 that comes from
-    |j − i| ≥ 11); columns statistic, first_layer, last_layer, first, last, change
+    Rows: statistic "p_tilde" (% of tokens whose own input is not their top contributor),
+    "tail_share" (% of the contribution from other positions within ±60 that comes from
+    |j − i| ≥ 11: a summed share, already about half at the first layer on 100-128-token
+    pairs) and "far_share" (the 11+ group's per-position share, Fig. 4a's normalisation:
+    the statistic the paper's own numbers give for the tails, 5.2 → 9.9 %); columns statistic, first_layer, last_layer, first, last, change
     (last − first, percentage points), change_lo, change_hi.
     """
     n_seq = counts.shape[1]
@@ -211,8 +228,14 @@ def _trends(
             / np.maximum(w @ np.bincount(where, weights=total, minlength=n_seq), 1e-300)
         )
 
+    labels = [label for label, _, _ in DISTANCE_GROUPS]
+
+    def far(t: pd.DataFrame, w: np.ndarray) -> np.ndarray:
+        return _group_percent(t, slot, n_seq, labels)(w)[:, labels.index("11+")]
+
     rows = []
-    for name, table, stat in (("p_tilde", own, p_tilde), ("tail_share", off, tail)):
+    stats = (("p_tilde", own, p_tilde), ("tail_share", off, tail), ("far_share", groups, far))
+    for name, table, stat in stats:
         if table.empty:
             continue
         lo_layer, hi_layer = int(table["layer"].min()), int(table["layer"].max())

@@ -284,31 +284,16 @@ def token_identifiability(
     # samples many articles instead of the first few.
     texts = resolve_corpus(corpus, model.tokenizer, max_tokens=128, shuffle=True, seed=seed)
     t0 = time.perf_counter()
-    pairs, source = extract(
-        model,
-        texts,
-        max_tokens=max_tokens,
-        batch_size=batch_size,
-        storage=storage,
-        cache_dir=cache_dir,
-        progress=progress,
-    )
+    stored: dict[str, Any] = {"batch_size": batch_size, "storage": storage, "cache_dir": cache_dir}
+    pairs, source = extract(model, texts, max_tokens=max_tokens, progress=progress, **stored)
     t1 = time.perf_counter()
     vocab = vocabulary_matrix(model) if candidates == "vocabulary" else None
+    plan: dict[str, Any] = {"probes": probes, "objectives": objectives, "candidates": candidates}
+    plan |= {"cross_layer": cross_layer, "controls": controls, "probe_config": probe_config}
     ev = _evaluate_with_progress(
-        pairs,
-        progress,
-        probes=probes,
-        objectives=objectives,
-        candidates=candidates,
-        layers=hidden_indices(layers, pairs.n_layers),
-        cross_layer=cross_layer,
-        controls=controls,
-        seed=seed,
-        test_fraction=test_fraction,
-        probe_config=probe_config,
-        vocab_embeddings=vocab,
-    )
+        pairs, progress, layers=hidden_indices(layers, pairs.n_layers), seed=seed,
+        test_fraction=test_fraction, vocab_embeddings=vocab, **plan,
+    )  # fmt: skip
     t2 = time.perf_counter()
     settings = _settings(
         model, texts, pairs, ev, source, max_tokens, candidates, seed, probe_config, storage
@@ -377,10 +362,10 @@ def token_tables(
     counts (tokens, sequences and the split) and protocol (the probe settings, one row).
 
     With `layer`, only that layer's rows (the reproduction's shards, one per layer, which
-    `torch.distributed` ranks share): the Adam settings are still chosen on the deepest
-    layer, the layer's probe is tested on every layer, and counts, protocol and the
-    selection grid come with layer 1 only, so the shards concatenated in layer order equal
-    one run over all layers.
+    `torch.distributed` ranks share): the Adam settings are chosen at that layer (or, with
+    `select_per_layer=False`, still on the deepest layer), the layer's probe is tested on
+    every layer, and counts, protocol and the deepest layer's selection grid come with layer
+    1 only, so the shards concatenated in layer order equal one run over all layers.
     """
     from identifiable.tokens.evaluate import evaluate_pairs
 

@@ -99,20 +99,34 @@ def methods_counts(fig2: pd.DataFrame) -> str:
 
 def probe_protocol(p: dict[str, Any]) -> str:
     """The protocol sentence of the Methods section, from the fig2_protocol row `p`."""
+    linear_start = str(p.get("mlp_init", "random")) == "linear"
+    start = (
+        "starting at the linear probe of its objective (pairs of hidden units carry it exactly, "
+        "so the start is that probe)"
+        if linear_start
+        else "from a random start"
+    )
+    auto = "max(512, 2d)" if linear_start else "max(512, d)"
+    per_layer = str(p.get("select_per_layer", "False")) == "True"
+    where = (
+        "at each layer"
+        if per_layer
+        else "at the deepest layer, and the winner is used at every layer"
+    )
     return (
         "Linear-L2: ridge least squares in closed form (the exact minimiser), ridge chosen from "
         f"{p.get('ridge_grid', '?')} (× mean eigenvalue of the centred Gram matrix) by validation loss. "
         "Linear-cos: the closed-form fit to unit-normalised targets (ridge chosen likewise), then "
         f"full-batch L-BFGS on 1 − cos (strong-Wolfe line search, memory {p.get('lbfgs_history', '?')}), "
-        f"validation loss checked every {p.get('lbfgs_every', '?')} iterations; it stops when the best "
-        f"validation loss improved by less than a relative {p.get('cos_tol', '?')} over "
-        f"{p.get('cos_patience', '?')} checks, or when L-BFGS stops moving (cap "
-        f"{p.get('cos_steps', '?')} iterations). MLP: the paper's plain network with one hidden ReLU "
-        f"layer (width {p.get('mlp_width', '?')}; 'auto' is max(512, d)), from a random start, minibatch "
+        f"the validation identification rate (the figure's quantity, on the validation sequences) "
+        f"checked every {p.get('lbfgs_every', '?')} iterations; the fit keeps the state with the highest "
+        f"one and stops when it has not risen for {p.get('cos_patience', '?')} checks, or when L-BFGS "
+        f"stops moving (cap {p.get('cos_steps', '?')} iterations). MLP: the paper's plain network with "
+        f"one hidden ReLU layer (width {p.get('mlp_width', '?')}; 'auto' is {auto}), {start}, minibatch "
         f"Adam (batch {p.get('batch_size', '?')}); learning rate from {p.get('lr_grid', '?')} and "
         f"decoupled weight decay from {p.get('weight_decay_grid', '?')}: every pair trains "
-        f"{p.get('select_steps', '?')} steps from the same start on the same minibatches at the deepest "
-        "layer and the pair with the lowest validation loss is used at every layer; validation loss "
+        f"{p.get('select_steps', '?')} steps from the same start on the same minibatches {where}, "
+        "and the pair with the lowest validation loss continues; validation loss "
         f"every {p.get('eval_every', '?')} steps, after {p.get('patience', '?')} checks without a relative "
         f"improvement of 1e-4 the learning rate is multiplied by {p.get('lr_decay', '?')} from the best "
         f"state (at most {p.get('lr_decays', '?')} times), then the fit stops; cap "

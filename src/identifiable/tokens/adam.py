@@ -30,7 +30,7 @@ from identifiable.tokens.probes import (
     ProbeConfig,
     objective_loss,
 )
-from identifiable.tokens.threads import one_thread
+from identifiable.tokens.threads import single_threaded
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,8 @@ class AdamW:
 class Net:
     """The trainable part of an MLP probe and how it predicts.
 
-    kinds: "mlp" (relu(z W₁ + b₁) W₂ + b, random start) and "skip" (the MLP branch added
+    kinds: "mlp" (relu(z W₁ + b₁) W₂ + b; random start, or at the linear probe `init`:
+    `_start_at`) and "skip" (the MLP branch added
     to an affine path that starts at a given linear probe, W₂ = 0). For L2 the output is
     de-standardised: ŷ = ȳ + s·net(z).
     """
@@ -136,6 +137,8 @@ class Net:
         if kind == "mlp":
             self.w2 = torch.randn(h, d_out, generator=gen) * (1.0 / h) ** 0.5
             self.b = torch.zeros(d_out)
+            if init is not None:
+                self._start_at(init)
             self.params = [self.w1, self.b1, self.w2, self.b]
             self.decay = [True, False, True, False]
             return
@@ -149,6 +152,23 @@ class Net:
         else:  # the affine path does not change: compute it once
             self.base = (data.z @ self.w + self.b, data.z_val @ self.w + self.b)
             self.params, self.decay = [self.w1, self.b1, self.w2], [True, False, True]
+
+    def _start_at(self, init: Probe) -> None:
+        """Start the plain MLP at the linear probe `init`: relu(u) − relu(−u) = u, so r pairs
+        of hidden units (W₁ columns ±U_r, W₂ rows ±U_rᵀW) carry z U_r U_rᵀ W, with U_r the
+        top r = min(rank, h/2) left singular vectors of W (in standardised units). With
+        h ≥ 2d this is exactly the linear probe; the other units keep their random W₁ and
+        start silent (W₂ rows 0)."""
+        w, b = self.data.affine_from(init, self.w2.shape[1])
+        w, b = w / self.y_scale, (b - self.y_mean) / self.y_scale
+        u = torch.linalg.svd(w, full_matrices=False)[0]
+        r = min(u.shape[1], self.w1.shape[1] // 2)
+        u = u[:, :r]
+        self.w1[:, : 2 * r] = torch.cat([u, -u], 1)
+        self.b1.zero_()
+        self.w2.zero_()
+        self.w2[: 2 * r] = torch.cat([u.T @ w, -(u.T @ w)], 0)
+        self.b = b.clone()
 
     def __call__(self, rows: torch.Tensor | None) -> torch.Tensor:
         """Predictions (original target units) on training `rows`, or on validation (None)."""
@@ -251,6 +271,7 @@ class Run:
         return train, self.best
 
 
+@single_threaded
 def fit_adam(
     kind: str,
     objective: Objective,
@@ -261,18 +282,6 @@ def fit_adam(
 ) -> FitInfo:
     """Grid selection on validation (`select_steps` each), then the winner trains to convergence
     (on one intra-op thread, see `one_thread`)."""
-    with one_thread():
-        return _fit_adam(kind, objective, data, cfg, seed, init)
-
-
-def _fit_adam(
-    kind: str,
-    objective: Objective,
-    data: Standardised,
-    cfg: ProbeConfig,
-    seed: int,
-    init: Probe | None,
-) -> FitInfo:
     grid = cfg.adam_grid()
     best_run: Run | None = None
     best_hp: tuple[float, float] = grid[0]

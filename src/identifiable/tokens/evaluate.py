@@ -285,6 +285,7 @@ class _Setup:
     y_tr: torch.Tensor  # [N_train, d']
     y_val: torch.Tensor  # [N_val, d']
     lookup: _Lookup
+    val_lookup: _Lookup  # the same candidates among the validation tokens
     x_test: torch.Tensor  # [N_test, L+1, d]
     shuffled_tr: torch.Tensor  # [N_train, d']
     shuffled_val: torch.Tensor  # [N_val, d']
@@ -309,8 +310,9 @@ def _setup(
         return pairs.layer(0, rows)
 
     y_tr, y_val, y_te = targets(split.train), targets(split.val), targets(split.test)
-    lookup = _build_lookup(
-        plan.candidates, y_te, pairs.seq_ids[split.test], pairs.input_ids[split.test], vocab
+    lookup, val_lookup = (
+        _build_lookup(plan.candidates, y, pairs.seq_ids[rows], pairs.input_ids[rows], vocab)
+        for y, rows in ((y_te, split.test), (y_val, split.val))
     )
     gen = torch.Generator().manual_seed(plan.seed)
     shuffled_tr = y_tr[torch.randperm(y_tr.shape[0], generator=gen)]
@@ -327,7 +329,7 @@ def _setup(
                 tables.record_grid(deepest, kind, sel)
             adam[kind] = replace(cfg, lr=sel.extras["lr"], weight_decay=sel.extras["weight_decay"])
     x_test = pairs.states[split.test].float()
-    return _Setup(split, y_tr, y_val, lookup, x_test, shuffled_tr, shuffled_val, adam)
+    return _Setup(split, y_tr, y_val, lookup, val_lookup, x_test, shuffled_tr, shuffled_val, adam)
 
 
 def _measure(
@@ -353,6 +355,8 @@ def _measure(
         "train_loss": fit.train_loss,
         "val_loss_start": fit.val_loss_start,
         "val_loss": fit.val_loss,
+        "val_rate_start": fit.extras.get("val_score_start", float("nan")),
+        "val_rate": fit.extras.get("val_score", float("nan")),
         "late_gain": fit.late_gain(),
     }
 
@@ -379,7 +383,14 @@ def evaluate_layer(
     solver = RidgeSolver(x_tr) if needs_solver else None
     y_tr, y_val = setup.y_tr, setup.y_val
     plain = [k for k in plan.kinds if k not in setup.adam]
-    fits = fit_probes(x_tr, y_tr, x_val, y_val, plain, config=cfg, seed=layer_seed, solver=solver)
+
+    def val_rate(pred: torch.Tensor) -> float:  # linear-cos stops on the figure's quantity
+        return float(setup.val_lookup.run(pred, "cos").success.double().mean())
+
+    fits = fit_probes(
+        x_tr, y_tr, x_val, y_val, plain, config=cfg, seed=layer_seed, solver=solver,
+        val_score=val_rate,
+    )  # fmt: skip
     for kind, kcfg in setup.adam.items():
         fits |= fit_probes(
             x_tr, y_tr, x_val, y_val, [kind], config=kcfg, seed=layer_seed, solver=solver

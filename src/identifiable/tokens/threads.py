@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import ParamSpec, TypeVar
 
 import torch
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @contextmanager
@@ -26,3 +31,14 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def single_threaded(fn: Callable[P, R]) -> Callable[P, R]:
+    """`fn` run inside `one_thread()` (the probe fitters: `refine_linear`, `fit_adam`)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        with one_thread():
+            return fn(*args, **kwargs)
+
+    return wrapper
