@@ -101,7 +101,7 @@ def main() -> None:
         t, iv = timed(lambda pkg=pkg: pkg.attention_intervals(trace, 1, 0, last))
         out[f"row_{side}_s"], out[f"row_{side}_lps"] = t, iv.lp_solved
         out[f"row_{side}_bounds"] = np.stack([iv.lower.numpy(), iv.upper.numpy()])
-        print(f"row of {args.n} keys, {side}: {t:.1f} s, {iv.lp_solved} LPs, load {load()}",
+        print(f"row of {args.n} keys, {side}: {t:.1f} s, {iv.lp_solved} LPs, {load()}",
               flush=True)  # fmt: skip
     rows = list(range(args.n - args.tail, args.n))
     heads = {"tail": (trace, rows), "head": (short, None)}
@@ -114,7 +114,7 @@ def main() -> None:
             out[f"{what}_{side}_bounds"] = np.stack([im.lower.numpy(), im.upper.numpy()])
             print(f"{what} ({len(im.rows)} rows of ≤ {tr.n_tokens} keys), {side}: {t:.1f} s, "
                   f"{int(im.pivots.sum())} pivots, {im.fallbacks} HiGHS fallbacks, "
-                  f"load {load()}", flush=True)  # fmt: skip
+                  f"{load()}", flush=True)  # fmt: skip
     for what in ("row", "tail", "head"):
         diff = np.abs(out.pop(f"{what}_before_bounds") - out.pop(f"{what}_after_bounds")).max()
         out[f"{what}_agree"] = float(diff)

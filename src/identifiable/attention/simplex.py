@@ -109,8 +109,8 @@ class _Simplex:
         np.put_along_axis(self.pos, self.basic, np.arange(self.m)[None, :], axis=1)
         self.blocked = ~allowed[first]
         np.put_along_axis(self.blocked, self.basic, True, axis=1)
-        self.pending = np.zeros((n_chains, self.n), dtype=bool)  # see `move`
         self.row = first.copy()
+        self.b_row = first.copy()  # the row whose b = A a gives x_B (see `move`)
         self.binv = np.empty((n_chains, self.m, self.m))
         self.xb = np.empty((n_chains, self.m))
         self.since = np.zeros(n_chains, dtype=np.int64)
@@ -118,7 +118,7 @@ class _Simplex:
 
     def compact(self, keep: np.ndarray) -> None:
         """Keep only the chains `keep` (in that order)."""
-        for name in ("basic", "pos", "blocked", "pending", "row", "binv", "xb", "since"):
+        for name in ("basic", "pos", "blocked", "row", "b_row", "binv", "xb", "since"):
             setattr(self, name, getattr(self, name)[keep])
         if not self.shared:
             self.aq = self.aq[keep]
@@ -135,26 +135,31 @@ class _Simplex:
         self.reload(cs)
         self.since[cs] = 0
 
-    def move(self, c: int, q: int) -> None:
-        """Chain c keeps its objective and takes row q (x_B is reloaded before the next step).
+    def move(self, c: int, q: int) -> bool:
+        """Chain c keeps its objective and takes row q; True: reload x_B = B⁻¹ b_q.
 
         Rows sharing A may see nested key sets (causal rows, walked in increasing order).
-        The old optimal basis is dual feasible over the old row's keys only, so the keys
-        row q adds stay blocked ("pending") until the dual pivots have restored x_B ≥ 0;
-        then they are freed and primal pivots take them in (`free_pending`)."""
-        self.pending[c] |= self.row_allowed[q] & ~self.row_allowed[self.row[c]]
+        The old optimal basis is dual feasible over the old row's keys only. So when row q
+        adds keys, they are unblocked at once, but x_B keeps the old row's b (`b_row`):
+        the basis is primal feasible there, and primal pivots first make it optimal over
+        all of row q's keys ("catching up"); then b_q is loaded, the basis is dual feasible
+        over every key, and dual pivots finish. (Blocking the new keys until x_B ≥ 0
+        instead fails whenever b_q needs them: the restricted LP is infeasible.)"""
+        new = self.row_allowed[q] & ~self.row_allowed[self.row[c]]
         self.row[c] = q
+        if new.any():
+            self.blocked[c] &= ~new
+            return False
+        self.b_row[c] = q
+        return True
 
-    def free_pending(self) -> None:
-        """Unblock the pending keys of every chain whose basis is primal feasible."""
-        free = self.pending.any(1) & ~(self.xb < -_FEAS_TOL).any(1)
-        if free.any():
-            self.blocked[free] &= ~self.pending[free]
-            self.pending[free] = False
+    def catching_up(self) -> np.ndarray:
+        """`[C]` bool: chains whose x_B still solves an earlier row's b (see `move`)."""
+        return self.b_row != self.row
 
     def reload(self, cs: np.ndarray) -> None:
         """x_B = B⁻¹ b for each chain's current row."""
-        self.xb[cs] = np.matmul(self.binv[cs], self.b[self.row[cs]][:, :, None])[:, :, 0]
+        self.xb[cs] = np.matmul(self.binv[cs], self.b[self.b_row[cs]][:, :, None])[:, :, 0]
 
     def tableau_rows(self, ps: np.ndarray) -> np.ndarray:
         """`[C, n]` tableau rows (B⁻¹ A)[p] of every chain."""
@@ -397,8 +402,8 @@ class _ChainRun:
             else:
                 self.cur_j[c], self.cur_s[c] = j, s
                 if q != self.ch.row[c]:
-                    self.ch.move(c, q)  # same objective, new right-hand side: x_B = B⁻¹b anew
-                    self.moved[c] = True
+                    # same objective, new right-hand side: x_B = B⁻¹b anew
+                    self.moved[c] = self.ch.move(c, q)
                 return
             self.ptr[c] += 1
         self.active[c] = False
@@ -499,15 +504,15 @@ class _ChainRun:
         ch = self.ch
         n_c = self.active.size
         ar = np.arange(n_c)
-        ch.free_pending()
         d, nb = self._reduced_costs()
+        catching = ch.catching_up()
         infeasible = (ch.xb < -_FEAS_TOL).any(1)
         slow = self.degenerate > 2 * ch.m
         # Primal mode (x_B ≥ 0): the largest reduced cost enters (Bland's rule when slow).
         over = d > OPT_TOL
         pick = np.where(slow, over.argmax(1), d.argmax(1))
         # A non-basic key at a feasible vertex is at 0: that is its minimum.
-        done_zero = ~infeasible & nb & (self.cur_s < 0)
+        done_zero = ~infeasible & nb & (self.cur_s < 0) & ~catching
         enter = np.where(~infeasible & over[ar, pick] & ~done_zero, pick, -1)
         leave = np.full(n_c, -1, dtype=np.int64)
         lost = np.zeros(n_c, dtype=bool)
@@ -531,8 +536,12 @@ class _ChainRun:
         self.steps[go] += 1
         ok = go & (leave >= 0) & (self.steps <= self.cap)
         ok &= np.abs(col[ar, np.maximum(leave, 0)]) > _PIVOT_TOL
-        self._apply(ok, primal, leave, kk, col)
-        self._finish(done_zero, opt, ar[(go & ~ok) | lost])
+        self._apply(ok, primal & ~catching, leave, kk, col)
+        caught = opt & catching  # optimal over the new keys at the old b: now load b_q
+        if caught.any():
+            ch.b_row[caught] = ch.row[caught]
+            ch.reload(ar[caught])
+        self._finish(done_zero, opt & ~caught, ar[(go & ~ok) | lost])
 
     def _apply(self, ok, primal, leave, kk, col) -> None:
         """Pivot the chains `ok` (every other chain takes the exact no-op pivot)."""
