@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_causal import build, load, zipf_ids  # noqa: E402
+from bench_causal import build, load, zipf_ids
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

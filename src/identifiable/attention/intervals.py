@@ -361,6 +361,7 @@ class IntervalMap(
 
 
 _ROW_CHUNK = 32  # rows built and solved at a time when rows have their own key sets
+_NESTED_BLOCK = 16  # rows per key-order chain of nested rows
 
 
 def _solve_head(args: tuple) -> list[tuple]:
@@ -375,9 +376,11 @@ def _solve_head(args: tuple) -> list[tuple]:
             if rs.null_dim[i] > 0:
                 movable[i] = (1.0 - (aq**2).sum(0) > MOVABLE_TOL) & rs.keys[i]
         k = chains or max(1, min(int(rs.keys.sum(1).max()) // 16, 128 // max(n_rows, 1)))
-        sol = interval_simplex(
-            rs.aq, rs.raw, rs.keys, movable, chains_per_row=k, what=what, deadline=deadline
-        )
+        # Nested rows: chains of _NESTED_BLOCK rows, not one chain down the whole head,
+        # keep the lock step full (one long chain per key leaves the last steps near-empty).
+        block = _NESTED_BLOCK if rs.movable is not None else None
+        sol = interval_simplex(rs.aq, rs.raw, rs.keys, movable, chains_per_row=k, what=what,
+                               deadline=deadline, block=block)  # fmt: skip
         out.append(
             (rs.rows, sol.lower, sol.upper, sol.lp_solved, sol.pivots, int(sol.fallbacks.sum()))
         )
