@@ -20,7 +20,9 @@ from identifiable.attention.certificates import (
 )
 from identifiable.attention.checks import check_finite, check_selection
 from identifiable.attention.effective import HeadFactors
+from identifiable.attention.keysets import layer_key_mask
 from identifiable.attention.linalg import add_ones, column_basis, head_factors
+from identifiable.attention.nested import nested_rows
 from identifiable.errors import IdentifiableError, seconds
 from identifiable.models.trace import Trace
 from identifiable.progress import task_bar, watching
@@ -165,7 +167,7 @@ def attention_intervals(
     """
     a, seen, _, _, basis, null_dim = _row_problem(trace, layer, head, row, factors)
     aq, allowed, movable = row_problem(a[seen].numpy(), basis)
-    chains = max(1, min(int(movable.sum()) // 16, 16))  # 16: fastest on 300-512 keys
+    chains = max(1, min(int(movable.sum()) // 16, 32))  # 32: fastest on 512 keys, m = 33 and 129
     where = f"layer {layer}, head {head}, row {row}"
     sol = interval_simplex(aq, a[seen].numpy()[None], allowed, movable, chains_per_row=chains,
                            what=where)  # fmt: skip
@@ -194,6 +196,8 @@ class RowSet:
         paper_basis: `[R or 1, n, k]` orthonormal basis of col(T) over the row's keys
             (zero columns allowed): the paper's effective row is a Q_T Q_Tᵀ.
         null_dim: `[R]` dim LN([T, 1]) over the row's keys.
+        movable: `[R, n]` bool keys the null space can move, where `aq` is shared by rows
+            with their own key sets (nested causal rows); None: computed from `aq`.
     """
 
     rows: np.ndarray
@@ -202,27 +206,34 @@ class RowSet:
     aq: np.ndarray
     paper_basis: np.ndarray
     null_dim: np.ndarray
+    movable: np.ndarray | None = None
 
 
-def layer_key_mask(trace: Trace, layer: int, key_mask: Tensor | None = None) -> Tensor:
-    """`[n, n_k]` bool: the keys each query row of `layer` may attend to.
-
-    Order of precedence: `key_mask` (`[n, n_k]` or `[L, n, n_k]`), then the trace's own key
-    sets (`Trace.keys_seen`: windows, causal, or all n_k keys; n_k = n except for
-    cross-attention, whose keys are the encoder's).
-    """
-    n, nk = trace.n_tokens, trace.n_keys
-    if key_mask is None:
-        return trace.keys_seen(layer)
-    mask = torch.as_tensor(key_mask, dtype=torch.bool)
-    if mask.dim() == 3:
-        mask = mask[layer]
-    if tuple(mask.shape) != (n, nk):
-        raise IdentifiableError(
-            f"key mask has shape {tuple(mask.shape)}, expected [n, n_k] or [L, n, n_k] "
-            f"with n = {n}, n_k = {nk}"
-        )
-    return mask
+def _head_inputs(trace: Trace, layer: int, head: int, rows: list[int], key_mask):
+    """Attention `[n, n_k]`, V' = V F `[n_k, k]` and key sets `[n, n_k]` of one head (float64),
+    checked: a row whose raw weights are negative, do not sum to 1 over its key set, or
+    put weight outside it cannot come from a softmax over that key set, so the LP would be
+    infeasible; that is reported instead (numbers from a corrupt trace)."""
+    where = f"layer {layer}, head {head}"
+    att = trace.attentions[layer, head].double()
+    values = trace.values[layer, head].double()
+    out_proj = trace.out_proj[layer, head].double()
+    check_finite(att[None], "attention", layer=layer)
+    check_finite(values[None], "values (E·W_V)", layer=layer)
+    check_finite(out_proj[None, None], "output projection (W_O)", layer=layer)
+    mask = layer_key_mask(trace, layer, key_mask)
+    for r in rows:
+        a, keys = att[r], mask[r]
+        outside = float(a[~keys].abs().sum())
+        total = float(a[keys].sum())
+        if float(a.min()) < -1e-6 or abs(total - 1.0) > 1e-3 or outside > 1e-6:
+            raise IdentifiableError(
+                f"{where}, row {r}: the attention row is not a distribution over its keys "
+                f"(min {float(a.min()):.3g}, sum {total:.6g}, weight outside the key set "
+                f"{outside:.3g}), so no valid row can match it (numerically infeasible): "
+                "the trace is corrupt; trace the text again"
+            )
+    return att, values @ head_factors(out_proj)[0], mask
 
 
 def head_rows(
@@ -235,40 +246,19 @@ def head_rows(
 ) -> list[RowSet]:
     """Build the row problems of one head; raise naming layer and head on corrupt input.
 
-    A row whose raw weights are negative, do not sum to 1 over its key set, or put
-    weight outside it cannot come from a softmax over that key set: the LP would be
-    infeasible, so this is reported instead (numbers from a corrupt trace).
+    Rows whose weights are not a distribution over their keys are refused
+    (`_head_inputs`).
     """
     trace.check_layer(layer)
     trace.check_head(head)
     rows = list(range(trace.n_tokens)) if rows is None else [int(r) for r in rows]
     for r in rows:
         trace.check_row(r)
-    where = f"layer {layer}, head {head}"
-    att = trace.attentions[layer, head].double()
-    values = trace.values[layer, head].double()
-    out_proj = trace.out_proj[layer, head].double()
-    check_finite(att[None], "attention", layer=layer)
-    check_finite(values[None], "values (E·W_V)", layer=layer)
-    check_finite(out_proj[None, None], "output projection (W_O)", layer=layer)
-    mask = layer_key_mask(trace, layer, key_mask)
-    factor = head_factors(out_proj)[0]
-    vf = values @ factor
+    att, vf, mask = _head_inputs(trace, layer, head, rows, key_mask)
     n = trace.n_keys
     by_key_set: dict[bytes, list[int]] = {}
     for r in rows:
-        a = att[r]
-        keys = mask[r]
-        outside = float(a[~keys].abs().sum())
-        total = float(a[keys].sum())
-        if float(a.min()) < -1e-6 or abs(total - 1.0) > 1e-3 or outside > 1e-6:
-            raise IdentifiableError(
-                f"{where}, row {r}: the attention row is not a distribution over its keys "
-                f"(min {float(a.min()):.3g}, sum {total:.6g}, weight outside the key set "
-                f"{outside:.3g}), so no valid row can match it (numerically infeasible): "
-                "the trace is corrupt; trace the text again"
-            )
-        by_key_set.setdefault(keys.numpy().tobytes(), []).append(r)
+        by_key_set.setdefault(mask[r].numpy().tobytes(), []).append(r)
     groups: dict[
         tuple[int, int], list[tuple[list[int], np.ndarray, np.ndarray, np.ndarray, int]]
     ] = {}
@@ -371,6 +361,7 @@ class IntervalMap(
 
 
 _ROW_CHUNK = 32  # rows built and solved at a time when rows have their own key sets
+_NESTED_BLOCK = 16  # rows per key-order chain of nested rows
 
 
 def _solve_head(args: tuple) -> list[tuple]:
@@ -379,29 +370,43 @@ def _solve_head(args: tuple) -> list[tuple]:
     out = []
     for rs in sets:
         n_rows = rs.rows.size
-        movable = np.zeros_like(rs.keys)
-        for i in range(n_rows):
+        movable = np.zeros_like(rs.keys) if rs.movable is None else rs.movable
+        for i in range(n_rows if rs.movable is None else 0):
             aq = rs.aq[0 if rs.aq.shape[0] == 1 else i]
             if rs.null_dim[i] > 0:
                 movable[i] = (1.0 - (aq**2).sum(0) > MOVABLE_TOL) & rs.keys[i]
         k = chains or max(1, min(int(rs.keys.sum(1).max()) // 16, 128 // max(n_rows, 1)))
-        sol = interval_simplex(
-            rs.aq, rs.raw, rs.keys, movable, chains_per_row=k, what=what, deadline=deadline
-        )
+        # Nested rows: chains of _NESTED_BLOCK rows, not one chain down the whole head,
+        # keep the lock step full (one long chain per key leaves the last steps near-empty).
+        block = _NESTED_BLOCK if rs.movable is not None else None
+        sol = interval_simplex(rs.aq, rs.raw, rs.keys, movable, chains_per_row=k, what=what,
+                               deadline=deadline, block=block)  # fmt: skip
         out.append(
             (rs.rows, sol.lower, sol.upper, sol.lp_solved, sol.pivots, int(sol.fallbacks.sum()))
         )
     return out
 
 
-def _head_chunks(trace: Trace, layer: int, head: int, rows: list[int], key_mask) -> list:
-    """Row chunks of one head: all rows together where they share one key set (key order
-    carries bases across them), else `_ROW_CHUNK` rows at a time, so that the bases of
+def _head_sets(trace: Trace, layer: int, head: int, rows: list[int], key_mask):
+    """The row sets of one head, a list at a time: all rows together where they share one
+    key set, or one constraint matrix (nested causal rows, `nested.nested_rows`): key order
+    carries bases across them. Other rows go `_ROW_CHUNK` at a time, so that the bases of
     rows with their own key sets (n·(d_v + 1) floats each) never exist for a whole head."""
     mask = layer_key_mask(trace, layer, key_mask)[rows]
     if bool((mask == mask[:1]).all()):
-        return [rows]
-    return [rows[i : i + _ROW_CHUNK] for i in range(0, len(rows), _ROW_CHUNK)]
+        yield head_rows(trace, layer, head, rows, key_mask=key_mask)
+        return
+    att, vf, _ = _head_inputs(trace, layer, head, rows, key_mask)
+    nested = nested_rows(vf, mask)
+    rest = rows if nested is None else [rows[i] for i in nested.rest]
+    if nested is not None and nested.shared.size:
+        shared = np.array(rows)[nested.shared]
+        keys = mask[torch.from_numpy(nested.shared)].numpy()
+        raw = np.where(keys, att[torch.from_numpy(shared)].numpy(), 0.0)
+        empty = np.zeros((0, 0, 0))
+        yield [RowSet(shared, keys, raw, nested.aq, empty, nested.null_dim, nested.movable)]
+    for i in range(0, len(rest), _ROW_CHUNK):
+        yield head_rows(trace, layer, head, rest[i : i + _ROW_CHUNK], key_mask=key_mask)
 
 
 def interval_map(
@@ -476,8 +481,8 @@ def _solve_jobs(trace, jobs, row_list, key_mask, chains, pool_size, deadline, bu
     def tasks(job):
         lyr, h = job
         what = f"layer {lyr}, head {h}"
-        for chunk in _head_chunks(trace, lyr, h, row_list, key_mask):
-            yield head_rows(trace, lyr, h, chunk, key_mask=key_mask), (chains, what, deadline)
+        for sets in _head_sets(trace, lyr, h, row_list, key_mask):
+            yield sets, (chains, what, deadline)
 
     try:
         if pool_size > 1:

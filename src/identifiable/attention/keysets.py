@@ -23,6 +23,8 @@ import torch
 from torch import Tensor
 
 from identifiable.attention.linalg import _column_basis, add_ones, project_rows
+from identifiable.errors import IdentifiableError
+from identifiable.models.trace import Trace
 
 
 @dataclass(frozen=True)
@@ -124,3 +126,24 @@ def project_rows_keysets(a: Tensor, groups: list[KeySetGroup], *, stochastic: bo
             full = (rank[:, g] == size)[:, None, None]
             out[:, idx_r, idx_k] = torch.where(full, sub, proj)
     return out
+
+
+def layer_key_mask(trace: Trace, layer: int, key_mask: Tensor | None = None) -> Tensor:
+    """`[n, n_k]` bool: the keys each query row of `layer` may attend to.
+
+    Order of precedence: `key_mask` (`[n, n_k]` or `[L, n, n_k]`), then the trace's own key
+    sets (`Trace.keys_seen`: windows, causal, or all n_k keys; n_k = n except for
+    cross-attention, whose keys are the encoder's).
+    """
+    n, nk = trace.n_tokens, trace.n_keys
+    if key_mask is None:
+        return trace.keys_seen(layer)
+    mask = torch.as_tensor(key_mask, dtype=torch.bool)
+    if mask.dim() == 3:
+        mask = mask[layer]
+    if tuple(mask.shape) != (n, nk):
+        raise IdentifiableError(
+            f"key mask has shape {tuple(mask.shape)}, expected [n, n_k] or [L, n, n_k] "
+            f"with n = {n}, n_k = {nk}"
+        )
+    return mask

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from identifiable.attention.crossover import PIVOT_TOL as _PIVOT_TOL
+from identifiable.attention.crossover import crossover
 from identifiable.attention.lp import solve_lp
 
 # P = {x ≥ 0 : A x = b} with A = Qᵀ (m × n, m = rank([T, 1]) ≤ d_v + 1, usually m ≪ n) and
@@ -35,13 +37,17 @@ from identifiable.attention.lp import solve_lp
 # The vertex x̂ itself is the witness that the bound is attained.
 
 OPT_TOL = 1e-11  # largest reduced cost accepted at an optimum (bounds the gap, see above)
-_PIVOT_TOL = 1e-9  # smallest pivot element accepted in a ratio test
 _FEAS_TOL = 1e-10  # basic values down to −_FEAS_TOL count as 0 (round-off)
 _REFACTOR_EVERY = 25  # pivots between refactorisations of the tableau (at least m)
 
 
-_PIVOTS_PER_LP = 400  # an LP still open after this many pivots goes to HiGHS
+# An LP still open after max(_PIVOTS_PER_LP, _PIVOTS_PER_M · m) pivots goes to HiGHS. Primal
+# Dantzig pivots grow with m: ~400 per LP at m = 129 (Llama-3 heads, 512 keys), where a
+# fixed cap of 400 sent 216 of 514 LPs of one row to HiGHS (32 s against 8.5 s).
+_PIVOTS_PER_LP = 400
+_PIVOTS_PER_M = 8
 _MIN_BLOCK = 16  # "key" order, phase 2 (minima): rows per chain
+_CHAIN_BYTES = 2**23  # B⁻¹ of the chains in one lock-step run (8 MB: 63 chains at m = 129)
 
 
 @dataclass(frozen=True)
@@ -65,71 +71,6 @@ class IntervalSolution:
     pivots: np.ndarray
     fallbacks: np.ndarray
     vertices: dict[tuple[int, int, int], np.ndarray] | None = None
-
-
-def _crossover(aq: np.ndarray, a: np.ndarray, allowed: np.ndarray) -> np.ndarray:
-    """`[R, m]` a vertex basis of each row's P, reached from the raw row a (feasible).
-
-    Args: aq `[R or 1, m, n]`, a `[R, n]`, allowed `[R, n]` (as `interval_simplex`).
-
-    Start from m independent columns (pivoted QR); every other key k with x_k > 0 is
-    driven to 0 along the edge that keeps A x = b, and enters the basis in place of a
-    basic key that reaches 0 first (with the value it has left). Every point visited
-    stays in P; at the end every key outside the basis is 0: a vertex. All rows step
-    together, one key at a time.
-    """
-    import scipy.linalg
-
-    n_rows, n = a.shape
-    shared = aq.shape[0] == 1
-    m = aq.shape[1]
-    x = a.copy()
-    basic = np.empty((n_rows, m), dtype=np.int64)
-    for c in range(n_rows):
-        if c == 0 or not shared:
-            _, _, perm = scipy.linalg.qr(aq[0 if shared else c], mode="economic", pivoting=True)
-        basic[c] = perm[:m]
-    pos = np.full((n_rows, n), -1, dtype=np.int64)
-    np.put_along_axis(pos, basic, np.arange(m)[None, :], axis=1)
-    bmat = (
-        aq[0][:, basic].transpose(1, 0, 2)
-        if shared
-        else np.take_along_axis(aq, basic[:, None, :], axis=2)
-    )
-    binv = np.linalg.inv(bmat)
-    xb = np.take_along_axis(x, basic, 1)
-    all_c = np.arange(n_rows)
-    for k in range(n):
-        cs = all_c[(pos[:, k] < 0) & (x[:, k] > 0.0) & allowed[:, k]]
-        if cs.size == 0:
-            continue
-        a_k = aq[0][:, k][None] if shared else aq[cs, :, k]
-        col = np.matmul(binv[cs], a_k[:, :, None])[:, :, 0]
-        neg = col < -_PIVOT_TOL
-        ratios = np.where(neg, np.maximum(xb[cs], 0.0) / np.where(neg, -col, 1.0), np.inf)
-        r = ratios.argmin(1)
-        best = ratios[np.arange(cs.size), r]
-        xk = x[cs, k]
-        t = np.minimum(best, xk)
-        xb[cs] += t[:, None] * col  # lowering x_k by t moves x_B by t·col
-        x[cs, k] = 0.0
-        enter = best < xk
-        if enter.any():
-            ce, re, left, cole = cs[enter], r[enter], (xk - t)[enter], col[enter]
-            ar = np.arange(ce.size)
-            # x_k enters at the row that reached 0, keeping the value it has left.
-            xb[ce, re] = left
-            leaving = basic[ce, re]
-            x[ce, leaving] = 0.0  # the key leaving sits at 0 from now on
-            b_e = binv[ce]
-            prow = b_e[ar, re] / cole[ar, re][:, None]
-            b_e -= cole[:, :, None] * prow[:, None, :]
-            b_e[ar, re] = prow
-            binv[ce] = b_e
-            pos[ce, leaving] = -1
-            pos[ce, k] = re
-            basic[ce, re] = k
-    return basic
 
 
 class _Simplex:
@@ -168,6 +109,7 @@ class _Simplex:
         self.blocked = ~allowed[first]
         np.put_along_axis(self.blocked, self.basic, True, axis=1)
         self.row = first.copy()
+        self.b_row = first.copy()  # the row whose b = A a gives x_B (see `move`)
         self.binv = np.empty((n_chains, self.m, self.m))
         self.xb = np.empty((n_chains, self.m))
         self.since = np.zeros(n_chains, dtype=np.int64)
@@ -175,7 +117,7 @@ class _Simplex:
 
     def compact(self, keep: np.ndarray) -> None:
         """Keep only the chains `keep` (in that order)."""
-        for name in ("basic", "pos", "blocked", "row", "binv", "xb", "since"):
+        for name in ("basic", "pos", "blocked", "row", "b_row", "binv", "xb", "since"):
             setattr(self, name, getattr(self, name)[keep])
         if not self.shared:
             self.aq = self.aq[keep]
@@ -192,9 +134,31 @@ class _Simplex:
         self.reload(cs)
         self.since[cs] = 0
 
+    def move(self, c: int, q: int) -> bool:
+        """Chain c keeps its objective and takes row q; True: reload x_B = B⁻¹ b_q.
+
+        Rows sharing A may see nested key sets (causal rows, walked in increasing order).
+        The old optimal basis is dual feasible over the old row's keys only. So when row q
+        adds keys, they are unblocked at once, but x_B keeps the old row's b (`b_row`):
+        the basis is primal feasible there, and primal pivots first make it optimal over
+        all of row q's keys ("catching up"); then b_q is loaded, the basis is dual feasible
+        over every key, and dual pivots finish. (Blocking the new keys until x_B ≥ 0
+        instead fails whenever b_q needs them: the restricted LP is infeasible.)"""
+        new = self.row_allowed[q] & ~self.row_allowed[self.row[c]]
+        self.row[c] = q
+        if new.any():
+            self.blocked[c] &= ~new
+            return False
+        self.b_row[c] = q
+        return True
+
+    def catching_up(self) -> np.ndarray:
+        """`[C]` bool: chains whose x_B still solves an earlier row's b (see `move`)."""
+        return self.b_row != self.row
+
     def reload(self, cs: np.ndarray) -> None:
         """x_B = B⁻¹ b for each chain's current row."""
-        self.xb[cs] = np.matmul(self.binv[cs], self.b[self.row[cs]][:, :, None])[:, :, 0]
+        self.xb[cs] = np.matmul(self.binv[cs], self.b[self.b_row[cs]][:, :, None])[:, :, 0]
 
     def tableau_rows(self, ps: np.ndarray) -> np.ndarray:
         """`[C, n]` tableau rows (B⁻¹ A)[p] of every chain."""
@@ -262,9 +226,11 @@ def interval_simplex(
     All maxima are solved first (phase 1), then the minima no vertex has settled
     (phase 2): a maximising vertex has at most m non-zero keys, so it settles most
     minima at 0. Tasks are laid out in one of two orders:
-    - "key" (rows sharing A, i.e. `aq` is `[1, m, n]`): one chain per key and sense
-      (and per block of `block` rows), walking down the rows; each LP starts from the
-      previous row's optimal basis, which stays dual feasible (dual simplex);
+    - "key" (rows sharing A, i.e. `aq` is `[1, m, n]`, with the same or growing key
+      sets: bidirectional or nested causal rows): one chain per key and sense (and per
+      block of `block` rows), walking down the rows; each LP starts from the previous
+      row's optimal basis, which stays dual feasible over the previous row's keys (dual
+      simplex; keys a row adds join once x_B ≥ 0, then primal simplex);
     - "row": `chains_per_row` chains per row, each taking every K-th key; each LP
       starts from the previous key's optimal vertex (primal simplex).
     "auto" takes "key" when the rows share A and there are at least 8 of them.
@@ -291,6 +257,8 @@ def interval_simplex(
         order = "key" if shared and rows_live.size >= 8 else "row"
     if order == "key" and not shared:
         raise ValueError("key order needs rows that share A (aq of shape [1, m, n])")
+    if order == "key" and (allowed[:-1] & ~allowed[1:]).any():  # see `_Simplex.move`
+        raise ValueError("key order needs key sets that grow (or stay) from row to row")
     b = _start(aq, a, allowed, rows_live, keep_vertices)
     k_chains = max(1, int(chains_per_row))
     for sense in (1, -1):
@@ -301,8 +269,11 @@ def interval_simplex(
             # lock step busy (blocks of _MIN_BLOCK rows; measured on MiniLM heads).
             todo, size = movable & ~b.zero_seen, min(size, _MIN_BLOCK)
         tasks = _layout(todo, sense, size, order, k_chains)
-        if tasks:
-            _ChainRun(aq, a, allowed, tasks, b, what, deadline).run()
+        # Chains in lock step share one pass over their B⁻¹ per step: past a few MB that
+        # pass leaves the cache, so long task lists run in batches (see _CHAIN_BYTES).
+        per_run = max(1, _CHAIN_BYTES // (8 * aq.shape[1] ** 2))
+        for i in range(0, len(tasks), per_run):
+            _ChainRun(aq, a, allowed, tasks[i : i + per_run], b, what, deadline).run()
     return IntervalSolution(
         np.minimum(b.lower, a), np.maximum(b.upper, a), b.solved, b.pivots, b.fallbacks,
         b.vertices,
@@ -319,7 +290,7 @@ def _start(aq, a, allowed, rows_live, keep_vertices: bool) -> _Bounds:
                 {} if keep_vertices else None, zeros, zeros.copy(), zeros.copy())  # fmt: skip
     if rows_live.size:
         sub = aq if aq.shape[0] == 1 else aq[rows_live]
-        start[rows_live] = _crossover(sub, a[rows_live], allowed[rows_live])
+        start[rows_live] = crossover(sub, a[rows_live], allowed[rows_live])
     for q in rows_live:
         b.zero_seen[q, np.setdiff1d(np.flatnonzero(allowed[q]), start[q])] = True
     return b
@@ -391,6 +362,7 @@ class _ChainRun:
         self.active = np.ones(n_chains, dtype=bool)
         self.moved = np.zeros(n_chains, dtype=bool)
         self.refactor_every = max(_REFACTOR_EVERY, self.ch.m)
+        self.cap = max(_PIVOTS_PER_LP, _PIVOTS_PER_M * self.ch.m)
 
     def run(self) -> None:
         for c in range(len(self.tasks)):
@@ -429,8 +401,8 @@ class _ChainRun:
             else:
                 self.cur_j[c], self.cur_s[c] = j, s
                 if q != self.ch.row[c]:
-                    self.ch.row[c] = q  # same objective, new right-hand side: x_B = B⁻¹b anew
-                    self.moved[c] = True
+                    # same objective, new right-hand side: x_B = B⁻¹b anew
+                    self.moved[c] = self.ch.move(c, q)
                 return
             self.ptr[c] += 1
         self.active[c] = False
@@ -532,13 +504,14 @@ class _ChainRun:
         n_c = self.active.size
         ar = np.arange(n_c)
         d, nb = self._reduced_costs()
+        catching = ch.catching_up()
         infeasible = (ch.xb < -_FEAS_TOL).any(1)
         slow = self.degenerate > 2 * ch.m
         # Primal mode (x_B ≥ 0): the largest reduced cost enters (Bland's rule when slow).
         over = d > OPT_TOL
         pick = np.where(slow, over.argmax(1), d.argmax(1))
         # A non-basic key at a feasible vertex is at 0: that is its minimum.
-        done_zero = ~infeasible & nb & (self.cur_s < 0)
+        done_zero = ~infeasible & nb & (self.cur_s < 0) & ~catching
         enter = np.where(~infeasible & over[ar, pick] & ~done_zero, pick, -1)
         leave = np.full(n_c, -1, dtype=np.int64)
         lost = np.zeros(n_c, dtype=bool)
@@ -560,10 +533,14 @@ class _ChainRun:
             deg = d[ar[dual], kk[dual]] >= -1e-14
             self.degenerate[dual] = np.where(deg, self.degenerate[dual] + 1, 0)
         self.steps[go] += 1
-        ok = go & (leave >= 0) & (self.steps <= _PIVOTS_PER_LP)
+        ok = go & (leave >= 0) & (self.steps <= self.cap)
         ok &= np.abs(col[ar, np.maximum(leave, 0)]) > _PIVOT_TOL
-        self._apply(ok, primal, leave, kk, col)
-        self._finish(done_zero, opt, ar[(go & ~ok) | lost])
+        self._apply(ok, primal & ~catching, leave, kk, col)
+        caught = opt & catching  # optimal over the new keys at the old b: now load b_q
+        if caught.any():
+            ch.b_row[caught] = ch.row[caught]
+            ch.reload(ar[caught])
+        self._finish(done_zero, opt & ~caught, ar[(go & ~ok) | lost])
 
     def _apply(self, ok, primal, leave, kk, col) -> None:
         """Pivot the chains `ok` (every other chain takes the exact no-op pivot)."""
