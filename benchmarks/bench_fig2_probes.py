@@ -48,7 +48,9 @@ def main() -> None:
     )  # fmt: skip  (the protocol before issue 23's third stop: quick's 1,000-step cap)
     protocols = {"linear start": linear, "random start": random}
     print(f"threads {torch.get_num_threads()} (fits: 1); tokens {pairs.n_tokens}")
-    print("| layer | MLP | protocol | stopped | steps | late gain | val loss | test rate | CPU s (layer, so far) |")
+    print(
+        "| layer | MLP | protocol | stopped | steps | late gain | val loss | test rate | CPU s (layer, so far) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     totals = dict.fromkeys(protocols, 0.0)
     for k, layer in enumerate(args.layers):
