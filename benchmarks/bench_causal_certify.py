@@ -28,14 +28,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 import warnings
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_causal import build, load, zipf_ids
+from bench_causal import build, load, timed, zipf_ids
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -69,12 +68,6 @@ class _GitAttention(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         exec(compile(src, f"_oldattn/{tail}.py", "exec"), module.__dict__)
 
 
-def timed(fn):
-    t0 = time.perf_counter()
-    res = fn()
-    return time.perf_counter() - t0, res
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=512)
@@ -98,7 +91,7 @@ def main() -> None:
     out: dict = {"threads": args.threads, "before": args.before, "n": args.n}
     last = args.n - 1
     for side, pkg in (("before", _oldattn), ("after", new)):
-        t, iv = timed(lambda pkg=pkg: pkg.attention_intervals(trace, 1, 0, last))
+        t, iv = timed(lambda pkg=pkg: pkg.attention_intervals(trace, 1, 0, last), 1)
         out[f"row_{side}_s"], out[f"row_{side}_lps"] = t, iv.lp_solved
         out[f"row_{side}_bounds"] = np.stack([iv.lower.numpy(), iv.upper.numpy()])
         print(f"row of {args.n} keys, {side}: {t:.1f} s, {iv.lp_solved} LPs, {load()}",
@@ -108,7 +101,7 @@ def main() -> None:
     for what, (tr, rws) in heads.items():
         for side, pkg in (("before", _oldattn), ("after", new)):
             t, im = timed(lambda pkg=pkg, tr=tr, rws=rws: pkg.interval_map(
-                tr, layers=[1], heads=[0], rows=rws, progress=False))  # fmt: skip
+                tr, layers=[1], heads=[0], rows=rws, progress=False), 1)  # fmt: skip
             out[f"{what}_{side}_s"], out[f"{what}_{side}_pivots"] = t, int(im.pivots.sum())
             out[f"{what}_{side}_fallbacks"] = im.fallbacks
             out[f"{what}_{side}_bounds"] = np.stack([im.lower.numpy(), im.upper.numpy()])

@@ -9,27 +9,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.optimize import linprog
 
-from helpers.traces import TEXT_LONG, synthetic_trace
+from helpers.traces import TEXT_LONG, plain_bounds, synthetic_trace
 from identifiable.attention import attention_intervals, interval_map
 from identifiable.attention.certificates import interval_simplex, movable_keys
 from identifiable.attention.linalg import add_ones, column_basis
 from identifiable.errors import IdentifiableError
-
-
-def _plain_bounds(a: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Independent reference: one scipy linprog per key and sense on the raw constraints
-    x ≥ 0, Σx = Σa, xᵀV = aᵀV (no orthonormal basis, no shortcuts)."""
-    n = a.size
-    eq = np.vstack([np.ones(n), v.T])
-    lo, hi = np.empty(n), np.empty(n)
-    for j in range(n):
-        for sense, out in ((1, lo), (-1, hi)):
-            res = linprog(sense * np.eye(n)[j], A_eq=eq, b_eq=eq @ a, bounds=(0, None),
-                          method="highs")  # fmt: skip
-            out[j] = res.x[j]
-    return lo, hi
 
 
 @settings(max_examples=25, deadline=None)
@@ -50,7 +35,7 @@ def test_simplex_matches_plain_linprog(n, d_v, rows, chains, order, block, seed)
                            chains_per_row=chains, keep_vertices=True, order=order,
                            block=block)  # fmt: skip
     for i in range(rows):
-        lo, hi = _plain_bounds(a[i], v.numpy())
+        lo, hi = plain_bounds(a[i], v.numpy())
         np.testing.assert_allclose(sol.lower[i], lo, atol=1e-8)
         np.testing.assert_allclose(sol.upper[i], hi, atol=1e-8)
     for (i, j, s), x in sol.vertices.items():  # every LP's vertex is a valid witness
@@ -138,7 +123,7 @@ def test_window_mask_is_respected():
     for row in (0, 7, 13):  # independent check: LPs over the window's keys only
         keys = window[row]
         v = (trace.values[0, 1].double() @ trace.out_proj[0, 1].double())[keys].numpy()
-        lo, hi = _plain_bounds(trace.attentions[0, 1, row, keys].double().numpy(), v)
+        lo, hi = plain_bounds(trace.attentions[0, 1, row, keys].double().numpy(), v)
         np.testing.assert_allclose(m.lower[0, 0, row, keys].numpy(), lo, atol=1e-8)
         np.testing.assert_allclose(m.upper[0, 0, row, keys].numpy(), hi, atol=1e-8)
     with pytest.raises(IdentifiableError, match="not a distribution over its keys"):

@@ -6,27 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from scipy.optimize import linprog
 
 import identifiable.attention.intervals as intervals
-from helpers.traces import synthetic_trace
+from helpers.traces import plain_bounds, synthetic_trace
 from identifiable.attention import interval_map
 from identifiable.attention.certificates import interval_simplex, movable_keys
 from identifiable.attention.linalg import add_ones, column_basis, head_factors
 from identifiable.attention.nested import nested_rows
-
-
-def _plain(a: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One scipy linprog per key and sense on x ≥ 0, Σx = Σa, xᵀV = aᵀV (raw constraints)."""
-    n = a.size
-    eq = np.vstack([np.ones(n), v.T])
-    lo, hi = np.empty(n), np.empty(n)
-    for j in range(n):
-        for sense, out in ((1, lo), (-1, hi)):
-            res = linprog(sense * np.eye(n)[j], A_eq=eq, b_eq=eq @ a, bounds=(0, None),
-                          method="highs")  # fmt: skip
-            out[j] = res.x[j]
-    return lo, hi
 
 
 def _spy(monkeypatch) -> list:
@@ -61,7 +47,7 @@ def test_nested_rows_equal_plain_lps_on_every_row(monkeypatch, repeat):
     vf = (trace.values[1, 2].double() @ head_factors(trace.out_proj[1, 2].double())[0]).numpy()
     for r in range(30):
         a = trace.attentions[1, 2, r, : r + 1].double().numpy()
-        lo, hi = _plain(a, vf[: r + 1])
+        lo, hi = plain_bounds(a, vf[: r + 1])
         np.testing.assert_allclose(m.lower[0, 0, r, : r + 1].numpy(), lo, atol=1e-8, rtol=0)
         np.testing.assert_allclose(m.upper[0, 0, r, : r + 1].numpy(), hi, atol=1e-8, rtol=0)
     assert torch.count_nonzero(m.upper[0, 0].triu(1)) == 0

@@ -1,8 +1,10 @@
-"""Synthetic traces and exact ranks for the attention tests."""
+"""Synthetic traces, exact ranks and a plain LP reference for the attention tests."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+from scipy.optimize import linprog
 
 from identifiable.models.trace import Trace
 
@@ -59,3 +61,17 @@ def exact_rank(x: torch.Tensor, width: int) -> int:
     if s.numel() == 0 or s[0] == 0:
         return 0
     return int((s > s[0] * max(x.shape[0], width) * torch.finfo(torch.float64).eps).sum())
+
+
+def plain_bounds(a: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Independent reference for interval bounds: one scipy linprog per key and sense on
+    the raw constraints x ≥ 0, Σx = Σa, xᵀV = aᵀV (no orthonormal basis, no shortcuts)."""
+    n = a.size
+    eq = np.vstack([np.ones(n), v.T])
+    lo, hi = np.empty(n), np.empty(n)
+    for j in range(n):
+        for sense, out in ((1, lo), (-1, hi)):
+            res = linprog(sense * np.eye(n)[j], A_eq=eq, b_eq=eq @ a, bounds=(0, None),
+                          method="highs")  # fmt: skip
+            out[j] = res.x[j]
+    return lo, hi

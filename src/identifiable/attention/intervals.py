@@ -370,11 +370,13 @@ def _solve_head(args: tuple) -> list[tuple]:
     out = []
     for rs in sets:
         n_rows = rs.rows.size
-        movable = np.zeros_like(rs.keys) if rs.movable is None else rs.movable
-        for i in range(n_rows if rs.movable is None else 0):
-            aq = rs.aq[0 if rs.aq.shape[0] == 1 else i]
-            if rs.null_dim[i] > 0:
-                movable[i] = (1.0 - (aq**2).sum(0) > MOVABLE_TOL) & rs.keys[i]
+        movable = rs.movable
+        if movable is None:  # each row's own basis (nested rows bring theirs)
+            movable = np.zeros_like(rs.keys)
+            for i in range(n_rows):
+                aq = rs.aq[0 if rs.aq.shape[0] == 1 else i]
+                if rs.null_dim[i] > 0:
+                    movable[i] = (1.0 - (aq**2).sum(0) > MOVABLE_TOL) & rs.keys[i]
         k = chains or max(1, min(int(rs.keys.sum(1).max()) // 16, 128 // max(n_rows, 1)))
         # Nested rows: chains of _NESTED_BLOCK rows, not one chain down the whole head,
         # keep the lock step full (one long chain per key leaves the last steps near-empty).
