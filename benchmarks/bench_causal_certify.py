@@ -3,7 +3,7 @@
 The model is bench_causal.py's Llama-3 style (random weights, hidden 4096, 32 query and
 8 KV heads of width 128, RoPE, 2 layers), traced eager on Zipf-distributed ids, so that
 tokens repeat as in text; layer 1 (0-based), head 0, where m = rank([T, 1]) = 129.
-"before" is the attention package as of `--before` (default a5fdee3, main before this
+"before" is the attention package as of `--before` (default e48a7c3, main before this
 change), read with git into module `_oldattn` and run in this process; "after" is the
 working tree. Same threads on both sides (`--threads`, default 1), run one after the
 other; the load average is printed with each figure.
@@ -73,7 +73,7 @@ def main() -> None:
     p.add_argument("--n", type=int, default=512)
     p.add_argument("--tail", type=int, default=4)
     p.add_argument("--head-n", type=int, default=256)
-    p.add_argument("--before", default="a5fdee3")
+    p.add_argument("--before", default="e48a7c3")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None)
     args = p.parse_args()
