@@ -274,15 +274,16 @@ def test_steepest_edge_weights_follow_their_definition():
 
 
 def test_budget_weights_rows_by_their_keys():
-    """The time-budget estimate prices each row at (k / k_max)² of the probe row: causal
-    rows sum to about n/3, rows without a null space (k ≤ d_v + 1) to 0, and rows that
-    share one key set (bidirectional, key order) at half a probe each."""
+    """The time-budget estimate prices each row at (k / k_max)² of the probe row (1.15×
+    for rows that do not share one key set): causal rows sum to about n/3, rows without a
+    null space (k ≤ d_v + 1) to 0, and rows that share one key set (bidirectional, key
+    order) at half a probe each."""
     from identifiable.attention.intervals import _row_weight
 
     n, d_v = 64, 7
     causal = np.tril(np.ones((n, n), dtype=bool))
     expected = sum((k / n) ** 2 for k in range(d_v + 2, n + 1))
-    assert _row_weight(causal, d_v) == pytest.approx(expected)
+    assert _row_weight(causal, d_v) == pytest.approx(1.15 * expected)
     assert _row_weight(np.ones((n, n), dtype=bool), d_v) == pytest.approx(n / 2)
     assert _row_weight(causal[: d_v + 1], d_v) == 0.0
-    assert _row_weight(causal, d_v) < 0.7 * n / 2  # the old rule, half a probe per row
+    assert _row_weight(causal, d_v) < 0.8 * n / 2  # the old rule: half a probe per row

@@ -562,14 +562,14 @@ def _row_weight(mask: np.ndarray, d_v: int) -> float:
     prices k keys (the pivots per LP follow m, not k). Rows of at most d_v + 1 keys have a
     null space only where tokens repeat, and count 0. Rows that all see the same keys
     (bidirectional) share A and walk in key order, ~2× cheaper per row than one alone
-    (MiniLM, benchmarks/bench_certify.py, "probe_ratio"). Measured on a Llama-3-sized
-    causal head (m = 129) this predicts 134 s for n = 256 (118 s measured; the rule it
-    replaces, half the probe per row, said 234 s).
+    (MiniLM, benchmarks/bench_certify.py, "probe_ratio"). Rows with other key sets cost
+    1.15× that: fitted on a Llama-3-sized causal head (m = 129), whose maps took 118 s at
+    n = 256 and 1,174 s at n = 512, and are now estimated at 1.16× and 0.87× of that
+    (the rule this replaces, half the probe per row, said 1.98× and 1.15×).
     """
     keys = mask.sum(1).astype(float)
-    share = (keys / keys.max()) ** 2 * (keys > d_v + 1)
-    same = bool((mask == mask[:1]).all())
-    return float(share.sum()) / (2.0 if same else 1.0)
+    share = float(((keys / keys.max()) ** 2 * (keys > d_v + 1)).sum())
+    return share / 2.0 if bool((mask == mask[:1]).all()) else 1.15 * share
 
 
 def _check_budget(trace, job, rows, key_mask, n_rows, workers, budget, start) -> None:
