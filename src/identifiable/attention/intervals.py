@@ -558,14 +558,11 @@ def _assemble(trace, layers, heads, row_list, jobs, solved, start) -> IntervalMa
 def _row_weight(mask: np.ndarray, d_v: int) -> float:
     """The rows `mask` `[R, n]` (key sets) in units of the probe, the row with most keys.
 
-    A row of k keys costs about (k / k_max)² of the probe: it has k LPs, and each pivot
-    prices k keys (the pivots per LP follow m, not k). Rows of at most d_v + 1 keys have a
-    null space only where tokens repeat, and count 0. Rows that all see the same keys
-    (bidirectional) share A and walk in key order, ~2× cheaper per row than one alone
-    (MiniLM, benchmarks/bench_certify.py, "probe_ratio"). Rows with other key sets cost
-    1.15× that: fitted on a Llama-3-sized causal head (m = 129), whose maps took 118 s at
-    n = 256 and 1,174 s at n = 512, and are now estimated at 1.16× and 0.87× of that
-    (the rule this replaces, half the probe per row, said 1.98× and 1.15×).
+    A row of k keys costs ~(k / k_max)² of the probe (k LPs, each pivot prices k keys); rows
+    of ≤ d_v + 1 keys have no null space unless tokens repeat: 0. Rows that all see one key
+    set share A (key order), ~2× cheaper per row (MiniLM, bench_certify.py "probe_ratio");
+    other rows cost 1.15×, fitted on a Llama-3-sized causal head (m = 129): estimates of
+    1.10× (n = 256) and 0.94× (n = 512) the measured 118 s and 1,174 s.
     """
     keys = mask.sum(1).astype(float)
     share = float(((keys / keys.max()) ** 2 * (keys > d_v + 1)).sum())
