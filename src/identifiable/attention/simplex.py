@@ -38,8 +38,9 @@ from identifiable.attention.lp import solve_lp
 
 OPT_TOL = 1e-11  # largest reduced cost accepted at an optimum (bounds the gap, see above)
 _FEAS_TOL = 1e-10  # basic values down to −_FEAS_TOL count as 0 (round-off)
-# Pivots between refactorisations of B⁻¹: at least 2m (every LP also ends on a fresh
-# factorisation, see _finish). 2m against m: 4.4 s against 4.9 s on a 512-key row at m = 129.
+# Pivots between refactorisations of B⁻¹: max(_REFACTOR_EVERY, 2m); every LP also ends on a
+# fresh factorisation (see _finish). 2m against m: 4.4 s against 4.9 s on a 512-key row at
+# m = 129.
 _REFACTOR_EVERY = 25
 
 
@@ -390,8 +391,9 @@ class _ChainRun:
         catching = ch.catching_up()
         infeasible = (ch.xb < -_FEAS_TOL).any(1)
         slow = self.degenerate > 2 * ch.m
-        # Primal mode (x_B ≥ 0), steepest edge: the largest d_k² / γ_k enters (Bland's rule
-        # when slow). On a 512-key row at m = 129: 218 pivots per LP, 396 with Dantzig's d_k.
+        # Primal mode (x_B ≥ 0): the largest d_k² / γ_k enters in row order (steepest edge),
+        # the largest d_k in key order (Dantzig); Bland's rule when slow. On a 512-key row at
+        # m = 129: 218 pivots per LP by steepest edge, 396 by Dantzig's rule.
         over = d > OPT_TOL
         score = np.where(over, d * d / ch.w, -1.0) if ch.steepest else d
         pick = np.where(slow, over.argmax(1), score.argmax(1))
