@@ -12,8 +12,9 @@ one sequence of 512 tokens, CPU. Measured side by side in one run:
 - public call vs forward (first, at 1 and 2 torch threads, the same on both
   sides, median of `--repeats` interleaved runs): `effective_attention(trace)`
   materialising [L, H, n, n] in float64, as it was before the in-place route
-  ("before", kept inline here), as it is now ("after"), and with the float32
-  opt-in (also into a reused `out=` buffer); plus each one's worst relative invariant error ‖A_eff T − A T‖ / ‖A T‖.
+  ("before", kept inline here), as it is now with `dtype=torch.float64` ("after"), as
+  the default call (no `dtype`: the trace's float32, `result_dtype`), and with an
+  explicit float32 (also into a reused `out=` buffer); plus each one's worst relative invariant error ‖A_eff T − A T‖ / ‖A T‖.
   "First trace" clears both W_O caches (exact factors and the float32 certificate).
   The minor page faults of the float32 call are reported: whether malloc hands
   the 151 MB result fresh pages (36,864 faults, ~30 ms) or pages it already
@@ -119,6 +120,7 @@ def run_public_before(trace):
     buffer, per head a float64 copy of A and two GEMMs, then a copy into [L, H, n, n]."""
     from identifiable.attention.effective import (
         _FACTOR_CACHE,
+        _LAYER_FACTORS,
         _layer_dims,
         _OutProj,
         compute_head_factors,
@@ -126,6 +128,7 @@ def run_public_before(trace):
     from identifiable.attention.linalg import project_rows
 
     _FACTOR_CACHE.clear()  # before the cache, W_O was factored on every call
+    _LAYER_FACTORS.clear()
     factors = _OutProj(trace, compute_head_factors(trace))
     n_l, n_h, n = trace.n_layers, trace.n_heads, trace.n_tokens
     effective = torch.empty(n_l, n_h, n, n, dtype=torch.float64)
@@ -147,12 +150,13 @@ def public_vs_forward(hf, trace, repeats: int, threads: tuple[int, ...]) -> dict
     """Public `effective_attention(trace)` (before / after, float64, and the float32
     opt-in) against a forward pass, interleaved, same torch threads on both sides."""
     from identifiable.attention import effective_attention
-    from identifiable.attention.effective import _FACTOR_CACHE, _FLAGS_CACHE
+    from identifiable.attention.effective import _FACTOR_CACHE, _FLAGS_CACHE, _LAYER_FACTORS
 
     def cold(dtype):
         """The first trace of a model: W_O is tested (and factored if needed) inside the call."""
         _FACTOR_CACHE.clear()
         _FLAGS_CACHE.clear()
+        _LAYER_FACTORS.clear()
         return effective_attention(trace, "paper", dtype=dtype)
 
     buffer = torch.empty(trace.attentions.shape, dtype=torch.float32)  # reused by `out=`
@@ -161,6 +165,7 @@ def public_vs_forward(hf, trace, repeats: int, threads: tuple[int, ...]) -> dict
         """A first trace written into a reused buffer (`out=`): no fresh pages."""
         _FACTOR_CACHE.clear()
         _FLAGS_CACHE.clear()
+        _LAYER_FACTORS.clear()
         return effective_attention(trace, "paper", dtype=torch.float32, out=buffer)
 
     def fill_fresh():
@@ -174,6 +179,7 @@ def public_vs_forward(hf, trace, repeats: int, threads: tuple[int, ...]) -> dict
         # "warm": a later trace of the same model reuses the factors of its shared W_O.
         routes = {
             "before": lambda: run_public_before(trace),
+            "default": lambda: cold(None),
             "after": lambda: cold(torch.float64),
             "after float32": lambda: cold(torch.float32),
             "after float32 out": cold_out,
@@ -207,8 +213,12 @@ def public_vs_forward(hf, trace, repeats: int, threads: tuple[int, ...]) -> dict
     t = trace.values.double() @ trace.out_proj.double()
     at = a @ t
     scale = at.norm(dim=(-2, -1))
-    e64 = effective_attention(trace, "paper").effective
-    e32 = effective_attention(trace, "paper", dtype=torch.float32).effective.double()
+    e64 = effective_attention(trace, "paper", dtype=torch.float64).effective
+    default = effective_attention(trace, "paper").effective
+    e32 = effective_attention(trace, "paper", dtype=torch.float32).effective
+    out["default_dtype"] = str(default.dtype)
+    out["default_is_float32"] = bool(torch.equal(default, e32))
+    e32 = e32.double()
     out["rel64"] = float(((e64 @ t - at).norm(dim=(-2, -1)) / scale).max())
     out["rel32"] = float(((e32 @ t - at).norm(dim=(-2, -1)) / scale).max())
     out["same_as_before"] = float((e64 - run_public_before(trace)).abs().max())
@@ -245,14 +255,21 @@ def w_o_test(trace, repeats: int, threads: tuple[int, ...]) -> dict:
     (`certified_well_conditioned`) and the float64 factoring it replaces
     (`compute_head_factors`), median of `repeats` interleaved runs per thread count,
     in ms, and whether the certificate proved every head."""
-    from identifiable.attention.effective import _FACTOR_CACHE, compute_head_factors
+    from identifiable.attention.effective import (
+        _FACTOR_CACHE,
+        _LAYER_FACTORS,
+        compute_head_factors,
+    )
     from identifiable.attention.linalg import certified_well_conditioned
 
     n_l, n_h, d_v, d = trace.out_proj.shape
     heads = trace.out_proj.reshape(n_l * n_h, d_v, d)
 
     def factoring():
+        # Both caches: with the per-layer factors kept, this timed only their stacking
+        # (2 ms against 24-28 ms factored, found in issue 22's last round).
         _FACTOR_CACHE.clear()
+        _LAYER_FACTORS.clear()
         return compute_head_factors(trace)
 
     routes = {"certificate": lambda: certified_well_conditioned(heads), "factoring": factoring}
@@ -374,8 +391,9 @@ def main() -> None:
     for nt in (1, 2):
         r = pub[nt]
         print(f"    {nt} thread{'s' if nt > 1 else ''}: forward {r['forward']:.3f} s; "
-              f"before {r['before']:.3f} ×; first trace of a model: after {r['after']:.3f} ×, "
-              f"with dtype=float32 {r['after float32']:.3f} × (into a reused out= buffer "
+              f"before {r['before']:.3f} ×; first trace of a model: the default call "
+              f"(dtype from the trace: float32) {r['default']:.3f} ×, with dtype=float64 "
+              f"{r['after']:.3f} ×, with dtype=float32 {r['after float32']:.3f} × (into a reused out= buffer "
               f"{r['after float32 out']:.3f} ×); later traces (W_O factors "
               f"cached): {r['warm']:.3f} ×, float32 {r['warm float32']:.3f} ×; "
               f"{r['faults']:.0f} minor page faults per float32 call (a fresh 151 MB "
@@ -383,7 +401,8 @@ def main() -> None:
               f"151 MB once, nothing computed: into new memory {r['fill fresh']:.3f} × "
               f"({r['fill faults']:.0f} faults), into held memory {r['fill held']:.3f} ×")  # fmt: skip
     print(f"    max head ‖A_eff T − A T‖ / ‖A T‖: float64 {pub['rel64']:.1e} (≤ 1e-9), "
-          f"float32 {pub['rel32']:.1e} (≤ 1e-5); "
+          f"float32 {pub['rel32']:.1e} (≤ 1e-5); default dtype {pub['default_dtype']}, "
+          f"identical to dtype=float32: {pub['default_is_float32']}; "
           f"max |after − before| {pub['same_as_before']:.1e}")  # fmt: skip
     orient = orientation(trace, args.repeats, (1, 2))
     print("  first GEMM per layer, time of Qᵀ Aᵀ over A Q (float32 takes Qᵀ Aᵀ, float64 A Q): "

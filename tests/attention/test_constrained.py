@@ -94,7 +94,7 @@ def test_trace_rows_are_distributions_with_the_same_output(causal, reference):
     torch.testing.assert_close(c.weights.sum(-1), a.sum(-1), atol=1e-10, rtol=0)
     torch.testing.assert_close(c.weights @ t, a @ t, atol=1e-8, rtol=1e-9)
     # The paper variant agrees with the library's effective attention, and is no distribution.
-    eff = effective_attention(trace, "paper").effective[1, 2]
+    eff = effective_attention(trace, "paper", dtype=torch.float64).effective[1, 2]
     torch.testing.assert_close(c.effective, eff, atol=1e-10, rtol=0)
     assert float(c.effective.min()) < 0
     if causal:

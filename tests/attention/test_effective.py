@@ -12,6 +12,7 @@ from identifiable.attention import (
     effective_attention,
     iter_effective_attention,
     null_space,
+    result_dtype,
 )
 from identifiable.attention.reference import effective_attention_reference
 from identifiable.errors import IdentifiableError
@@ -36,7 +37,7 @@ def check_invariants(trace, tol: float = 1e-9) -> None:
                 assert int(ns.dim_stochastic[ly, hd, i]) == seen - r_aug
     assert torch.equal(ns.dim, torch.arange(1, n + 1) - ns.rank if trace.is_causal else n - ns.rank)
     for variant in ("paper", "row-stochastic"):
-        ea = effective_attention(trace, variant)
+        ea = effective_attention(trace, variant, dtype=torch.float64)
         eff = ea.effective
         scale = (a @ t).norm(dim=(-2, -1), keepdim=True)
         assert ((eff @ t - a @ t).norm(dim=(-2, -1), keepdim=True) <= tol * scale).all()
@@ -60,6 +61,13 @@ def check_invariants(trace, tol: float = 1e-9) -> None:
             causal=trace.is_causal,
         )
         torch.testing.assert_close(eff, ref, atol=1e-6, rtol=0)
+        # The default call: the trace's precision (float32 here), the invariant to 1e-5.
+        e32 = effective_attention(trace, variant)
+        assert e32.effective.dtype == result_dtype(trace) == torch.float32
+        err = (e32.effective.double() @ t - a @ t).norm(dim=(-2, -1), keepdim=True)
+        assert (err <= 1e-5 * scale).all()
+        assert torch.equal(e32.effective.double()[full], a[full])
+        torch.testing.assert_close(e32.effective.double(), eff, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -105,11 +113,25 @@ def test_synthetic_invariants_and_rank_deficient_out_proj(causal):
     check_invariants(trace)
 
 
-def test_low_precision_traces_are_computed_in_float64():
-    trace = synthetic_trace(n=10, d_v=3, dtype=torch.bfloat16)
-    ea = effective_attention(trace, "row-stochastic")
-    assert ea.effective.dtype == torch.float64
-    check_invariants(trace)
+def test_the_default_dtype_follows_the_trace():
+    """No `dtype`: float32 for float32 and bfloat16 traces (null spaces still decided in
+    float64), float64 for a float64 trace, `out`'s dtype when one is given; an explicit
+    dtype wins. Each case fails if the rule is changed."""
+    for dtype, want in ((torch.bfloat16, torch.float32), (torch.float32, torch.float32),
+                        (torch.float64, torch.float64)):  # fmt: skip
+        trace = synthetic_trace(n=10, d_v=3, dtype=dtype)
+        assert result_dtype(trace) == want
+        ea = effective_attention(trace, "row-stochastic")
+        assert ea.effective.dtype == want
+        assert next(iter_effective_attention(trace)).effective.dtype == want
+        e64 = effective_attention(trace, "row-stochastic", dtype=torch.float64)
+        assert e64.effective.dtype == torch.float64
+        assert torch.equal(ea.null_space.dim_stochastic, e64.null_space.dim_stochastic)
+        torch.testing.assert_close(ea.effective.double(), e64.effective, atol=1e-5, rtol=0)
+    trace = synthetic_trace(n=10, d_v=3)
+    buf = torch.empty(trace.attentions.shape, dtype=torch.float64)
+    assert effective_attention(trace, out=buf).effective is buf
+    check_invariants(synthetic_trace(n=10, d_v=3, dtype=torch.bfloat16))
 
 
 def test_streaming_equals_full_and_accepts_layers():
@@ -161,7 +183,7 @@ def test_float32_opt_in_holds_the_invariant_to_float32_accuracy(causal, variant)
     small = synthetic_trace(n=6, d_v=8, d=16)  # n ≤ d_v: every head is the identity
     diffs = []
     for trace in (big, small):
-        e64 = effective_attention(trace, variant)
+        e64 = effective_attention(trace, variant, dtype=torch.float64)
         e32 = effective_attention(trace, variant, dtype=torch.float32)
         assert e32.effective.dtype == torch.float32 and e32.null.dtype == torch.float32
         for field in ("rank", "dim", "dim_stochastic"):
@@ -295,14 +317,14 @@ def test_bad_out_buffers_are_one_line_and_untouched():
     shape = tuple(trace.attentions.shape)
     cases = [
         (torch.zeros((*shape[:-1], 13), dtype=torch.float64), r"out has shape .* expected \[L, H, n, n_k\]"),
-        (torch.zeros(shape, dtype=torch.float32), r"out has dtype torch.float32; pass dtype="),
+        (torch.zeros(shape, dtype=torch.float32), r"out has dtype torch.float32; pass dtype=torch.float64"),
         (torch.zeros(shape[:-2] + shape[-1:] + shape[-2:-1], dtype=torch.float64).transpose(-1, -2),
          r"out is not contiguous"),
         ("buffer", r"out must be a torch.Tensor, got str"),
     ]  # fmt: skip
     for out, message in cases:
         with pytest.raises(IdentifiableError, match=message):
-            effective_attention(trace, out=out)
+            effective_attention(trace, dtype=torch.float64, out=out)
         if isinstance(out, torch.Tensor):
             assert not bool(out.any())  # nothing written
     raw = trace.attentions.clone()
@@ -359,7 +381,7 @@ def test_float32_route_refuses_reduced_precision_matmuls(api):
     from identifiable.attention.linalg import certified_well_conditioned
 
     trace = synthetic_trace(n=30, d_v=4, d=12)
-    want = effective_attention(trace)
+    want = effective_attention(trace, dtype=torch.float64)
     buffer = torch.full(trace.attentions.shape, float("nan"))
     try:
         if api == "legacy":
@@ -372,6 +394,8 @@ def test_float32_route_refuses_reduced_precision_matmuls(api):
         with pytest.raises(IdentifiableError, match=match):
             next(iter_effective_attention(trace, dtype=torch.float32))
         assert bool(buffer.isnan().all())
+        # Without a dtype, the call takes float64 then (its float32 could not hold).
+        assert result_dtype(trace) == torch.float64
         assert torch.equal(effective_attention(trace).effective, want.effective)
         assert not bool(certified_well_conditioned(trace.out_proj.flatten(0, 1)).any())
     finally:

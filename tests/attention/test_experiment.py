@@ -71,7 +71,7 @@ def test_experiment_tables(tiny_model, arch, tmp_path):
     assert len(corr) == len(texts) * (n_l + 1)
     pooled = corr[corr["layer"].isna()].set_index("seq")
     for seq, tr in enumerate(traces):
-        eff = effective_attention(tr).effective
+        eff = effective_attention(tr, dtype=torch.float64).effective
         raw = tr.attentions.double()
         keep = (
             causal_mask(tr.n_tokens).expand_as(raw)
@@ -100,7 +100,7 @@ def test_experiment_tables(tiny_model, arch, tmp_path):
         & (per_seq["category"] == "SEP")
     ]
     keys = torch.tensor([t == "[SEP]" for t in traces[1].tokens])
-    eff = effective_attention(traces[1]).effective[1, 3]
+    eff = effective_attention(traces[1], dtype=torch.float64).effective[1, 3]
     assert float(row["raw"].iloc[0]) == pytest.approx(
         float(attention_to(traces[1].attentions[1, 3], keys))
     )

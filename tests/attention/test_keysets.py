@@ -117,7 +117,7 @@ def test_trace_with_windowed_key_mask(variant):
     logits = torch.randn(tr.attentions.shape, generator=torch.Generator().manual_seed(1))
     tr.attentions = torch.softmax(logits.masked_fill(~mask[:, None], float("-inf")), -1)
     tr.key_mask = mask
-    ea = effective_attention(tr, variant)
+    ea = effective_attention(tr, variant, dtype=torch.float64)
     ns = null_space(tr)
     stochastic = variant == "row-stochastic"
     for layer in range(tr.n_layers):

@@ -34,7 +34,7 @@ def test_single_head_shapes_and_brute_force():
     a = torch.softmax(torch.randn(n, n, generator=g), -1)
     v = torch.randn(n, d_v, generator=g, dtype=torch.float64)
     h = torch.randn(d_v, d, generator=g, dtype=torch.float64)
-    ea = tensors.effective_attention(a, v, h)
+    ea = tensors.effective_attention(a, v, h, dtype=torch.float64)
     assert ea.effective.shape == (n, n) and ea.null_space.rank.shape == (n,)
     u, _, _ = torch.linalg.svd(v @ h, full_matrices=False)
     want = a.double() @ u[:, :d_v] @ u[:, :d_v].T
@@ -42,7 +42,7 @@ def test_single_head_shapes_and_brute_force():
     assert ea.null_space.dim.tolist() == [n - d_v] * n
     # one layer of heads: [H, n, n]
     eah = tensors.effective_attention(
-        a[None].expand(3, n, n), v.expand(3, n, d_v), h.expand(3, d_v, d)
+        a[None].expand(3, n, n), v.expand(3, n, d_v), h.expand(3, d_v, d), dtype=torch.float64
     )
     assert eah.effective.shape == (3, n, n)
     torch.testing.assert_close(eah.effective[2], ea.effective)
@@ -54,7 +54,7 @@ def test_cross_attention_tensors():
     a = torch.softmax(torch.randn(2, 5, 9, generator=g), -1)
     v = torch.randn(2, 9, 3, generator=g)
     h = torch.randn(2, 3, 8, generator=g)
-    ea = tensors.effective_attention(a, v, h)
+    ea = tensors.effective_attention(a, v, h, dtype=torch.float64)
     assert ea.effective.shape == (2, 5, 9) and ea.null_space.dim.unique().tolist() == [6]
     t = v.double() @ h.double()
     torch.testing.assert_close(ea.effective @ t, a.double() @ t, atol=1e-12, rtol=0)

@@ -427,7 +427,7 @@ def test_effective_rollout_on_a_non_identifiable_sequence(tiny_model):
     long = " ".join([TEXT] * 2)
     assert len(model.encode(long)) > model.info.head_dim
     res = context_mixing(model, long, "effective-rollout")
-    eff = effective_attention(model.trace(long)).effective.mean(1)
+    eff = effective_attention(model.trace(long), dtype=torch.float64).effective.mean(1)
     clipped = row_normalise(eff.clamp_min(0))
     torch.testing.assert_close(res.layerwise, with_residual(clipped))
     assert torch.all(res.layerwise >= 0)

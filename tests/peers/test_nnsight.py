@@ -61,7 +61,7 @@ def test_an_nnsight_model_traces_as_load_model_does(bert_tokenizer, arch) -> Non
         saved = blocks[-1].output.save()
     saved = saved[0] if isinstance(saved, tuple) else saved
     torch.testing.assert_close(saved[0].float(), tr.hidden_states[-1], atol=1e-5, rtol=1e-4)
-    ea = effective_attention(tr)
+    ea = effective_attention(tr, dtype=torch.float64)
     t = torch.einsum("lhnv,lhvd->lhnd", tr.values.double(), tr.out_proj.double())
     lhs, rhs = ea.effective @ t, tr.attentions.double() @ t
     assert ((lhs - rhs).abs() / rhs.abs().amax(dim=(-2, -1), keepdim=True)).max() < 1e-9

@@ -2,8 +2,9 @@
 
 Trace-level entry points (definitions in docs/definitions.md):
 - `null_space(trace)`: rank(T), dim LN(T), dim LN([T, 1]) per layer, head, row.
-- `effective_attention(trace, variant)`: A_eff and the null attention A − A_eff;
-  `iter_effective_attention` streams one layer at a time.
+- `effective_attention(trace, variant)`: A_eff and the null attention A − A_eff, in
+  the trace's precision (`result_dtype`); `iter_effective_attention` streams one layer
+  at a time.
 - `witness(trace, layer, head, row)`, `attention_intervals(...)`: certificates
   that a row's weights are not determined by the head's output.
 The linear algebra on plain tensors lives in `linalg`, `causal` and `certificates`;
@@ -23,6 +24,7 @@ from identifiable.attention.effective import (
     effective_attention,
     iter_effective_attention,
     null_space,
+    result_dtype,
 )
 from identifiable.attention.intervals import (
     AttentionIntervals,
@@ -51,6 +53,7 @@ __all__ = [
     "interval_map",
     "iter_effective_attention",
     "null_space",
+    "result_dtype",
     "tensors",
     "witness",
 ]

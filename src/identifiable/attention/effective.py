@@ -1,7 +1,8 @@
 """Null spaces and effective attention of a `Trace` (docs/definitions.md#null-spaces).
 
-Layer by layer, in float64 whatever the trace's dtype (float32 projections only
-as an explicit opt-in), batched over heads, for the layers and heads asked for
+Layer by layer, with ranks and bases in float64 and the n×n products in the trace's
+precision (float32 for float32 and half-precision models, see `result_dtype`),
+batched over heads, for the layers and heads asked for
 (`layers=`, `heads=`; nothing outside them is computed or stored):
 V' = V F (see `linalg.head_factors`) has the singular values and column space
 of T = V H, so nothing n×d is ever formed. Encoders take an orthonormal basis
@@ -101,7 +102,7 @@ class LayerEffective:
         layer: layer index.
         raw: `[H, n, n]` raw attention A (the trace's tensor and dtype; a copy of the
             selected heads only when `heads=` was given).
-        effective: `[H, n, n]` A_eff, float64 unless float32 was requested (masked
+        effective: `[H, n, n]` A_eff in the call's dtype (`result_dtype`; masked
             causal entries exactly 0).
         rank, dim, dim_stochastic: `[H, n]` int64 as in `NullSpace`.
         heads: the model's head indices of the H axis (None: all of them).
@@ -136,7 +137,7 @@ class EffectiveAttention(
 
     Attributes:
         raw: `[L, H, n, n]` the trace's attention (its own dtype).
-        effective: `[L, H, n, n]` float64 (float32 only when requested).
+        effective: `[L, H, n, n]` in the call's dtype (see `result_dtype`).
         variant: "paper" (project off LN(T)) or "row-stochastic" (off LN([T, 1])).
         null_space: the dimensions of both null spaces.
         tokens, key_tokens, model_name: labels of the trace (key_tokens: the encoder's
@@ -206,7 +207,7 @@ def iter_effective_attention(
     factors: HeadFactors | None = None,
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
-    dtype: torch.dtype = torch.float64,
+    dtype: torch.dtype | None = None,
 ) -> Iterator[LayerEffective]:
     """Yield `LayerEffective` for each layer asked for (default all), in that order.
 
@@ -217,6 +218,7 @@ def iter_effective_attention(
     Raises IdentifiableError for an unknown variant, a layer or head out of range, an
     unsupported dtype, or NaN/inf in the attention or values of a head.
     """
+    dtype = result_dtype(trace, dtype)
     _check_request(variant, dtype)
     chosen, head_list = check_selection(trace, layers, heads)
     w_o = _OutProj(trace, factors, head_list)
@@ -228,36 +230,41 @@ def effective_attention(
     variant: Variant = "paper",
     *,
     factors: HeadFactors | None = None,
-    dtype: torch.dtype = torch.float64,
+    dtype: torch.dtype | None = None,
     out: Tensor | None = None,
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
 ) -> EffectiveAttention:
-    """Effective attention of the heads and layers asked for, `[L, H, n, n]` float64.
+    """Effective attention of the heads and layers asked for, `[L, H, n, n]`.
 
     `layers=`, `heads=`: 0-based indices (default all); nothing outside them is
     computed or stored, and the result's `layers`/`heads` say which were taken.
-    This materialises L·H·n² doubles (BERT-base at n = 512: 300 MB); use
-    `iter_effective_attention` to stream layers instead.
+    This materialises L·H·n² numbers (BERT-base at n = 512: 151 MB in float32);
+    use `iter_effective_attention` to stream layers instead.
 
-    `dtype=torch.float32` is an explicit opt-in for speed and half the memory:
-    bases, ranks and null-space dimensions are still computed in float64 with
-    the same relative tolerances (so `null_space` is unchanged), and only the
-    n×n products run in float32 (the encoder projection A Q Qᵀ; the decoder's
+    `dtype` (default: `result_dtype(trace)`, float32 for a float32 or half-precision
+    model, float64 for a float64 trace or under reduced-precision float32 matmuls):
+    bases, ranks and null-space dimensions are computed in float64 with the same
+    relative tolerances whatever `dtype` is (so `null_space` never depends on it), and
+    only the n×n products run in `dtype` (the encoder projection A Q Qᵀ; the decoder's
     A C and Y Cᵀ, whose small solves stay in float64; key-set routes are computed in
-    float64 and rounded). The invariant then holds to float32 accuracy,
-    ‖A_eff T − A T‖ ≤ 1e-5 ‖A T‖ per head (tested), instead of 1e-9.
-    It needs full-precision float32 matmuls and raises under any reduced setting
+    float64 and rounded). In float32 the invariant holds to the model's own precision,
+    ‖A_eff T − A T‖ ≤ 1e-5 ‖A T‖ per head (tested; 1e-7 measured, the size of the
+    trace's own `verify()` error), at half the memory and time; `dtype=torch.float64`
+    holds it to 1e-9. float32 needs full-precision float32 matmuls: asked for
+    explicitly it raises under any reduced setting
     (`torch.set_float32_matmul_precision("high" | "medium")` or torch's per-backend
     settings, see `identifiable.precision`), since "medium" multiplies in bfloat16 on
-    CPUs that support it (~3e-3 relative).
+    CPUs that support it (~3e-3 relative); the default then takes float64.
 
     `out`: a contiguous CPU tensor `[L, H, n, n_k]` of `dtype` to write A_eff into
     (returned as `.effective`), so that a loop over many sequences of one length
     reuses one buffer. A fresh result costs the kernel's zeroing of new pages
     whenever malloc has none to reuse: at BERT-base size and n = 512 in float32,
     36,864 page faults and 25-35 ms, 0.05-0.07× a forward pass (`bench_attention.py`).
+    Without `dtype`, the result takes `out`'s dtype.
     """
+    dtype = result_dtype(trace, dtype, out)
     _check_request(variant, dtype)
     chosen, head_list = check_selection(trace, layers, heads)
     n_h = trace.n_heads if head_list is None else len(head_list)
@@ -312,6 +319,22 @@ def _check_out(out: Tensor, shape: tuple[int, ...], dtype: torch.dtype, trace: T
         raise IdentifiableError(f"out {problem}")
 
 
+def result_dtype(
+    trace: Trace, dtype: torch.dtype | None = None, out: Tensor | None = None
+) -> torch.dtype:
+    """The dtype of A_eff for `dtype=None`: `out`'s when given, float64 for a float64
+    trace, else float32 (the model's own precision: a half-precision model's maps are
+    captured in float32) unless float32 matmuls run at reduced precision, where the
+    products could not hold the invariant and float64 is taken instead."""
+    if dtype is not None:
+        return dtype
+    if isinstance(out, Tensor):
+        return out.dtype
+    if trace.attentions.dtype == torch.float64 or not float32_matmuls_exact():
+        return torch.float64
+    return torch.float32
+
+
 # ---- internals ---------------------------------------------------------------
 
 
@@ -324,7 +347,8 @@ def _check_request(variant: str, dtype: torch.dtype) -> None:
         raise IdentifiableError(f"unknown variant {variant!r}: use one of {', '.join(VARIANTS)}")
     if dtype not in _DTYPES:
         raise IdentifiableError(
-            f"unsupported dtype {dtype}: use torch.float64 (default) or torch.float32"
+            f"unsupported dtype {dtype}: use torch.float32 or torch.float64 (or leave "
+            "dtype out for the trace's precision)"
         )
     if dtype == torch.float32 and not float32_matmuls_exact():
         # "medium" makes a CPU with bfloat16 support multiply float32 in bfloat16: the
@@ -332,8 +356,8 @@ def _check_request(variant: str, dtype: torch.dtype) -> None:
         raise IdentifiableError(
             "dtype=torch.float32 needs full-precision float32 matmuls, but they run at "
             f"reduced precision ('{float32_matmul_precision()}': ~1e-3 relative); call "
-            "torch.set_float32_matmul_precision('highest') first, or use the default "
-            "dtype=torch.float64"
+            "torch.set_float32_matmul_precision('highest') first, or pass "
+            "dtype=torch.float64 (or leave dtype out)"
         )
 
 

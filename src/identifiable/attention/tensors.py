@@ -66,16 +66,19 @@ def effective_attention(
     variant: Variant = "paper",
     causal: bool | None = None,
     key_mask: Tensor | None = None,
+    dtype: torch.dtype | None = None,
 ) -> EffectiveAttention:
     """A_eff of bare tensors (docs/definitions.md#effective-attention).
 
-    Returns an `EffectiveAttention` whose `raw`, `effective` (float64) and null-space
+    `dtype`: as in the trace function (default: float64 for float64 `attentions`,
+    else float32 where float32 matmuls run at full precision).
+    Returns an `EffectiveAttention` whose `raw`, `effective` and null-space
     tensors have the leading dimensions of `attentions` (`[L, H, n, n_k]`, `[H, n, n_k]`
     or `[n, n_k]`; ranks `[L, H, n]`, `[H, n]` or `[n]`).
     """
     lead = _lead(attentions)
     trace = as_trace(attentions, values, out_proj, causal=causal, key_mask=key_mask)
-    ea = _effective_attention(trace, variant)
+    ea = _effective_attention(trace, variant, dtype=dtype)
     return EffectiveAttention(
         raw=_shape_back(ea.raw, lead, 2),
         effective=_shape_back(ea.effective, lead, 2),

@@ -164,7 +164,9 @@ def _one_sequence(
     mask = causal_mask(n) if trace.is_causal else None
     categories = token_categories(trace.tokens, trace.special_tokens)
     pooled = torch.zeros(6, dtype=torch.float64)
-    for le in iter_effective_attention(trace, variant, factors=factors):
+    # float64, not the trace's float32: the report quotes the head-output change
+    # ‖(A − A_eff) T‖ at float64's 1e-9, and its tables stay those of earlier runs.
+    for le in iter_effective_attention(trace, variant, factors=factors, dtype=torch.float64):
         layer = le.layer
         sums = pearson_sums(le.raw, le.effective, mask)
         pooled += sums
@@ -255,7 +257,7 @@ def attention_tables(
         )
         targets = target_positions(tr.tokens, tr.special_tokens)
         pooled, dims = torch.zeros(6, dtype=torch.float64), []
-        for le in iter_effective_attention(tr, "paper", factors=factors):
+        for le in iter_effective_attention(tr, "paper", factors=factors, dtype=torch.float64):
             sums = pearson_sums(le.raw, le.effective, visible)  # float64, shared with Fig. 1
             pooled += sums
             dims.append(le.dim[:, -1].double())

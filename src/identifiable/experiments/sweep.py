@@ -77,7 +77,7 @@ def null_rows(model: TracedModel, pairs: Sequence[Any]) -> pd.DataFrame:
         tr = model.trace(item)
         if tr.n_tokens <= d_v:
             continue
-        ea = effective_attention(tr)
+        ea = effective_attention(tr, dtype=torch.float64)  # the report's precision
         a = ea.raw.double()
         frac = ((a - ea.effective).square().sum(-1) / a.square().sum(-1)).mean(-1)  # [L, H]
         for layer, head in np.ndindex(*frac.shape):
