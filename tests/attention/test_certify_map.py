@@ -58,7 +58,8 @@ def _shared_rows(n: int, d_v: int, rows: int, seed: int):
 def test_dual_warm_start_across_rows_saves_pivots():
     """Key order carries each objective's optimal basis down the rows (dual simplex);
     row order warm-starts across objectives (primal). Same bounds, fewer pivots: on
-    these rows ~5.5k against ~7.8k (on MiniLM heads the ratio is ~2.4)."""
+    these rows 5,665 against 6,564 (7.8k before row order took basic keys first,
+    `_ChainRun._next_key`; on MiniLM heads the ratio is ~2.4)."""
     aq, a, movable = _shared_rows(40, 6, 30, seed=1)
     keys = np.ones(a.shape, bool)
     by_key = interval_simplex(aq, a, keys, movable, order="key")
@@ -66,7 +67,7 @@ def test_dual_warm_start_across_rows_saves_pivots():
     np.testing.assert_allclose(by_key.lower, by_row.lower, atol=1e-12, rtol=0)
     np.testing.assert_allclose(by_key.upper, by_row.upper, atol=1e-12, rtol=0)
     assert by_key.fallbacks.sum() == by_row.fallbacks.sum() == 0
-    assert by_key.pivots.sum() < 0.85 * by_row.pivots.sum()
+    assert by_key.pivots.sum() < 0.9 * by_row.pivots.sum()
     with pytest.raises(ValueError, match="share A"):
         interval_simplex(np.repeat(aq, 30, 0), a, keys, movable, order="key")
 
@@ -287,3 +288,53 @@ def test_budget_weights_rows_by_their_keys():
     assert _row_weight(np.ones((n, n), dtype=bool), d_v) == pytest.approx(n / 2)
     assert _row_weight(causal[: d_v + 1], d_v) == 0.0
     assert _row_weight(causal, d_v) < 0.8 * n / 2  # the old rule: half a probe per row
+
+
+def _one_row(n: int, d_v: int, seed: int):
+    aq, a, movable = _shared_rows(n, d_v, 1, seed)
+    return aq, a, np.ones(a.shape, bool), movable
+
+
+def test_row_chains_draw_from_one_pool_basic_keys_first(monkeypatch):
+    """Row order: the chains of a row share one pool of open keys, and a chain takes the
+    open key basic at its vertex with the largest x_k (the smallest when minimising),
+    else the lowest open key; j = −1 once the pool is empty. Against the same pool taken
+    in index order, that costs fewer pivots (2-7 % on these rows) for the same bounds."""
+    from identifiable.attention import simplex
+
+    aq, a, keys, movable = _one_row(30, 4, seed=5)
+    b = simplex._start(aq, a, keys, np.array([0]), False)
+    tasks = [[(0, j, 1) for j in range(c, 30, 2)] for c in range(2)]
+    run = simplex._ChainRun(aq, a, keys, tasks, b, "", None, True)
+    assert run.pool is not None and run.pool[0].all()  # the union of both chains' keys
+    run.pool[0, :] = True
+    basic, xb = run.ch.basic[1], run.ch.xb[1]
+    q, j, s = run._next_key(1, (0, 0, 1))
+    assert (q, s) == (0, 1) and j == int(basic[xb.argmax()]) and not run.pool[0, j]
+    q, j, s = run._next_key(1, (0, 0, -1))
+    assert j == int(basic[xb.argmin()])
+    run.pool[0, basic] = False
+    lowest_open = int(np.flatnonzero(run.pool[0])[0])
+    assert run._next_key(1, (0, 0, 1))[1] == lowest_open
+    run.pool[0, :] = False
+    assert run._next_key(0, (0, 0, 1))[1] == -1
+
+    def lowest(self, c, task):
+        open_keys = self.pool[task[0]]
+        if not open_keys.any():
+            return task[0], -1, task[2]
+        j = int(open_keys.argmax())
+        open_keys[j] = False
+        return task[0], j, task[2]
+
+    by_rule, by_index = 0, 0
+    for seed in range(3):
+        aq, a, keys, movable = _one_row(300, 40, seed)
+        sol = interval_simplex(aq, a, keys, movable, chains_per_row=8, order="row")
+        with monkeypatch.context() as m:
+            m.setattr(simplex._ChainRun, "_next_key", lowest)
+            ref = interval_simplex(aq, a, keys, movable, chains_per_row=8, order="row")
+        np.testing.assert_allclose(sol.upper, ref.upper, atol=1e-12, rtol=0)
+        np.testing.assert_allclose(sol.lower, ref.lower, atol=1e-12, rtol=0)
+        by_rule, by_index = by_rule + int(sol.pivots.sum()), by_index + int(ref.pivots.sum())
+    assert by_rule < 0.97 * by_index

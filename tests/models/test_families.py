@@ -62,12 +62,16 @@ def test_windowed_layers(traces, arch):
 def test_effective_attention_invariant(traces, arch, variant):
     """A_eff·T = A·T on every head, A_eff zero wherever the row cannot see the key."""
     tr = traces[arch]
-    ea = effective_attention(tr, variant)
+    ea = effective_attention(tr, variant, dtype=torch.float64)
     t = torch.einsum("lhnv,lhvd->lhnd", tr.values.double(), tr.out_proj.double())
     lhs = ea.effective @ t
     rhs = tr.attentions.double() @ t
     scale = rhs.abs().amax(dim=(-2, -1), keepdim=True)
     assert ((lhs - rhs).abs() / scale).max() < 1e-9
+    # the default call answers in the trace's float32 and keeps the identity to its rounding
+    e32 = effective_attention(tr, variant).effective
+    assert e32.dtype == torch.float32
+    assert (((e32.double() @ t) - rhs).abs() / scale).max() < 1e-5
     outside = ~tr.key_mask[:, None].expand_as(ea.effective)
     assert torch.count_nonzero(ea.effective[outside]) == 0
     ns = null_space(tr)

@@ -50,7 +50,7 @@ def test_lens_trace_verifies_and_equals_the_hf_trace(bridge_and_model):
     torch.testing.assert_close(tr.attentions, hf.attentions, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(tr.values, hf.values, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(tr.out_proj, hf.out_proj)
-    ea = effective_attention(tr)
+    ea = effective_attention(tr, dtype=torch.float64)
     t = torch.einsum("lhnv,lhvd->lhnd", tr.values.double(), tr.out_proj.double())
     lhs, rhs = ea.effective @ t, tr.attentions.double() @ t
     assert ((lhs - rhs).abs() / rhs.abs().amax(dim=(-2, -1), keepdim=True)).max() < 1e-9

@@ -33,7 +33,8 @@ def test_half_precision_traces_verify(half_trace):
     errs = tr.verify()
     # rounding of a few stored products: a fraction of eps, far below the tolerance
     assert 0 < errs.max() < eps and errs.max() < tr.tolerance / 5
-    ea = effective_attention(tr)
+    assert effective_attention(tr).effective.dtype == torch.float32  # the model's precision
+    ea = effective_attention(tr, dtype=torch.float64)
     t = torch.einsum("lhnv,lhvd->lhnd", tr.values.double(), tr.out_proj.double())
     torch.testing.assert_close(ea.effective @ t, tr.attentions.double() @ t, atol=1e-9, rtol=1e-9)
 

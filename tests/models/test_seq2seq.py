@@ -59,7 +59,7 @@ def test_three_captures_verify(models, traces, arch, bert_tokenizer):
 def test_effective_attention_invariant(traces, arch, part, variant):
     """A_eff·T = A·T on every head of all three attention kinds."""
     tr = getattr(traces[arch], part)
-    ea = effective_attention(tr, variant)
+    ea = effective_attention(tr, variant, dtype=torch.float64)
     assert ea.effective.shape == tr.attentions.shape
     t = torch.einsum("lhnv,lhvd->lhnd", tr.values.double(), tr.out_proj.double())
     lhs, rhs = ea.effective @ t, tr.attentions.double() @ t
@@ -78,7 +78,7 @@ def test_effective_attention_invariant(traces, arch, part, variant):
 def test_cross_effective_attention_matches_brute_force(traces):
     """Cross-attention A_eff against a per-head SVD of the n_s×d matrix T (numpy-free)."""
     tr = traces["bart"].cross
-    ea = effective_attention(tr)
+    ea = effective_attention(tr, dtype=torch.float64)
     for layer in range(tr.n_layers):
         for h in range(tr.n_heads):
             t = tr.values[layer, h].double() @ tr.out_proj[layer, h].double()  # [n_s, d]

@@ -46,7 +46,7 @@ def test_the_users_classifier_keeps_its_attention_and_answers_the_same(
     assert clf.config._attn_implementation == "sdpa"  # after wrapping
     trace = model.trace(TEXT)
     assert clf.config._attn_implementation == "sdpa"  # after a trace
-    eff = idf.effective_attention(trace)
+    eff = idf.effective_attention(trace, dtype=torch.float64)
     assert clf.config._attn_implementation == "sdpa"  # after effective attention
     t = torch.einsum("lhnv,lhvd->lhnd", trace.values.double(), trace.out_proj.double())
     lhs, rhs = eff.effective @ t, trace.attentions.double() @ t

