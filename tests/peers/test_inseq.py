@@ -75,7 +75,7 @@ def test_effective_attention_through_inseq(bert_tokenizer) -> None:
     got = seq.target_attributions[:, 0].permute(1, 2, 0).double()  # [L, H, n + 1]
     assert torch.isnan(got[..., n]).all()
     eff = idf.effective_attention(Model.from_hf(hf, tokenizer).trace(ids))
-    torch.testing.assert_close(got[..., :n], eff.effective[:, :, n - 1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(got[..., :n], eff.effective[:, :, n - 1].double(), atol=1e-5, rtol=0)
     # effective attention, not the raw attention inseq's own method would give
     assert (got[..., :n] - eff.raw[:, :, n - 1].double()).abs().max() > 1e-3
 
