@@ -299,7 +299,7 @@ def test_row_chains_draw_from_one_pool_basic_keys_first(monkeypatch):
     """Row order: the chains of a row share one pool of open keys, and a chain takes the
     open key basic at its vertex with the largest x_k (the smallest when minimising),
     else the lowest open key; j = −1 once the pool is empty. Against the same pool taken
-    in index order, that costs fewer pivots (2-7 % on these rows) for the same bounds."""
+    in index order, that costs fewer pivots (5-7 % on these rows) for the same bounds."""
     from identifiable.attention import simplex
 
     aq, a, keys, movable = _one_row(30, 4, seed=5)

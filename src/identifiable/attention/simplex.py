@@ -175,7 +175,8 @@ def _start(aq, a, allowed, rows_live, keep_vertices: bool) -> _Bounds:
 def _layout(todo: np.ndarray, s: int, size: int, order: str, k_chains: int) -> list:
     """Task lists (row, key, sense) for the bounds todo `[R, n]` bool of sense s: per key
     and block of `size` rows ("key" order), or `k_chains` per row, each taking every
-    k-th key ("row" order)."""
+    k-th key ("row" order, where the lists only seed the row's pool: `_ChainRun._next_key`
+    picks each chain's next key)."""
     tasks: list[list[tuple[int, int, int]]] = []
     if order == "key":
         for j in np.flatnonzero(todo.any(0)):
@@ -226,10 +227,11 @@ class _ChainRun:
     list, its current objective (key j, sense s) and its pivot counters."""
 
     def __init__(self, aq, a, allowed, tasks, bounds: _Bounds, what: str, deadline,
-                 steepest: bool) -> None:  # fmt: skip
+                 row_order: bool) -> None:  # fmt: skip
         self.aq, self.a, self.allowed, self.what = aq, a, allowed, what
         self.tasks, self.b, self.deadline = tasks, bounds, deadline
-        self.ch = _Simplex(aq, a, allowed, tasks, bounds.start, steepest)
+        # Row order prices by steepest edge (see `_step`) and draws keys from a pool.
+        self.ch = _Simplex(aq, a, allowed, tasks, bounds.start, steepest=row_order)
         n_chains = len(tasks)
         self.ptr = np.zeros(n_chains, dtype=np.int64)
         self.steps = np.zeros(n_chains, dtype=np.int64)
@@ -241,9 +243,10 @@ class _ChainRun:
         self.refactor_every = max(_REFACTOR_EVERY, 2 * self.ch.m)
         self.cap = max(_PIVOTS_PER_LP, _PIVOTS_PER_M * self.ch.m)
         # Row order: the chains of a row draw from one pool of its open keys (`_next_key`)
-        # instead of each walking its own fixed list; key order keeps its lists.
+        # instead of each walking its own fixed list; key order keeps its lists. With a
+        # pool, a chain's list only seeds the pool and names its row and sense (ptr unused).
         self.pool: np.ndarray | None = None
-        if steepest:
+        if row_order:
             self.pool = np.zeros(a.shape, dtype=bool)
             for tl in tasks:
                 q, js = tl[0][0], [t[1] for t in tl]
