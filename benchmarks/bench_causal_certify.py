@@ -15,8 +15,14 @@ other; the load average is printed with each figure.
 - agree: the largest |difference| between the two sides' bounds (both are certified
   optima of the same LPs, so it should be round-off, ≤ 1e-9).
 
+- workers (`--workers W`): the head again, after side, in W worker processes (one
+  thread each; the before side cannot run in workers, which cannot import it).
+
+`--threads 0` leaves torch's and numpy's thread counts as a user gets them (torch: one per
+core), which is what exposed the two libraries' thread pools spinning against each other.
+
 Run: python benchmarks/bench_causal_certify.py [--n 512] [--tail 4] [--head-n 256]
-     [--threads 1] [--json out.json]
+     [--threads 1] [--parts row,tail,head] [--workers 1] [--json out.json]
 """
 
 from __future__ import annotations
@@ -74,10 +80,14 @@ def main() -> None:
     p.add_argument("--tail", type=int, default=4)
     p.add_argument("--head-n", type=int, default=256)
     p.add_argument("--before", default="e48a7c3")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="0: the libraries' defaults")
+    p.add_argument("--parts", default="row,tail,head", help="comma-separated: row, tail, head")
+    p.add_argument("--workers", type=int, default=1, help="head, after side: also this many")
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
+    parts = args.parts.split(",")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     sys.meta_path.insert(0, _GitAttention(args.before))
     import _oldattn  # type: ignore[import-not-found]
 
@@ -88,9 +98,12 @@ def main() -> None:
         warnings.simplefilter("ignore")
         trace = model.trace(zipf_ids(args.n))
         short = model.trace(zipf_ids(args.head_n))
-    out: dict = {"threads": args.threads, "before": args.before, "n": args.n}
+    out: dict = {"threads": args.threads or f"default ({torch.get_num_threads()})",
+                 "before": args.before, "n": args.n}  # fmt: skip
     last = args.n - 1
     for side, pkg in (("before", _oldattn), ("after", new)):
+        if "row" not in parts:
+            break
         t, iv = timed(lambda pkg=pkg: pkg.attention_intervals(trace, 1, 0, last), 1)
         out[f"row_{side}_s"], out[f"row_{side}_lps"] = t, iv.lp_solved
         out[f"row_{side}_bounds"] = np.stack([iv.lower.numpy(), iv.upper.numpy()])
@@ -98,22 +111,39 @@ def main() -> None:
               flush=True)  # fmt: skip
     rows = list(range(args.n - args.tail, args.n))
     heads = {"tail": (trace, rows), "head": (short, None)}
+    sides = [("before", _oldattn, 1), ("after", new, 1)]
     for what, (tr, rws) in heads.items():
-        for side, pkg in (("before", _oldattn), ("after", new)):
-            t, im = timed(lambda pkg=pkg, tr=tr, rws=rws: pkg.interval_map(
-                tr, layers=[1], heads=[0], rows=rws, progress=False), 1)  # fmt: skip
+        if what not in parts:
+            continue
+        extra = [("workers", new, args.workers)] if what == "head" and args.workers > 1 else []
+        for side, pkg, w in sides + extra:  # worker processes cannot import _oldattn
+            kw = {"workers": w} if w > 1 else {}
+            t, im = timed(lambda pkg=pkg, tr=tr, rws=rws, kw=kw: pkg.interval_map(
+                tr, layers=[1], heads=[0], rows=rws, progress=False, **kw), 1)  # fmt: skip
             out[f"{what}_{side}_s"], out[f"{what}_{side}_pivots"] = t, int(im.pivots.sum())
             out[f"{what}_{side}_fallbacks"] = im.fallbacks
             out[f"{what}_{side}_bounds"] = np.stack([im.lower.numpy(), im.upper.numpy()])
-            print(f"{what} ({len(im.rows)} rows of ≤ {tr.n_tokens} keys), {side}: {t:.1f} s, "
-                  f"{int(im.pivots.sum())} pivots, {im.fallbacks} HiGHS fallbacks, "
-                  f"{load()}", flush=True)  # fmt: skip
+            print(f"{what} ({len(im.rows)} rows of ≤ {tr.n_tokens} keys), {side}"
+                  f"{f' ({w} processes)' if w > 1 else ''}: {t:.1f} s, {int(im.pivots.sum())} "
+                  f"pivots, {im.fallbacks} HiGHS fallbacks, {load()}", flush=True)  # fmt: skip
     for what in ("row", "tail", "head"):
-        diff = np.abs(out.pop(f"{what}_before_bounds") - out.pop(f"{what}_after_bounds")).max()
-        out[f"{what}_agree"] = float(diff)
-        out[f"{what}_speedup"] = out[f"{what}_before_s"] / out[f"{what}_after_s"]
-        print(f"{what}: after/before {1 / out[f'{what}_speedup']:.3f}, "
-              f"max |bound difference| {diff:.2e}", flush=True)  # fmt: skip
+        if what not in parts:
+            continue
+        after = out.pop(f"{what}_after_bounds")
+        for other in ("before", "workers"):
+            if f"{what}_{other}_bounds" not in out:
+                continue
+            diff = np.abs(out.pop(f"{what}_{other}_bounds") - after).max()
+            out[f"{what}_{other}_agree"] = float(diff)
+            ratio = out[f"{what}_after_s"] / out[f"{what}_{other}_s"]
+            if other == "before":
+                print(f"{what}: after/before {ratio:.3f}, max |bound difference| {diff:.2e}")
+            else:
+                print(
+                    f"{what}: 1 process / {args.workers} processes {ratio:.3f}, "
+                    f"max |bound difference| {diff:.2e}"
+                )
+            out[f"{what}_{other}_ratio"] = ratio
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)

@@ -55,7 +55,7 @@ def main() -> None:
     import identifiable
     from identifiable.attention import attention_intervals, interval_map
     from identifiable.attention.certificates import interval_simplex
-    from identifiable.attention.intervals import _solve_head, head_rows
+    from identifiable.attention.mapwork import _solve_head, head_rows
 
     torch.set_num_threads(args.threads)
     threadpool_limits(args.threads)
@@ -236,7 +236,7 @@ _OLD_COMMIT = "559ebd785af4a8f2130ad34e8762695abcf3623d"
 
 
 def _one_row(sets, row):
-    from identifiable.attention.intervals import RowSet
+    from identifiable.attention.mapwork import RowSet
 
     for rs in sets:
         hit = (rs.rows == row).nonzero()[0]

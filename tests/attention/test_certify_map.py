@@ -151,7 +151,7 @@ def test_corrupt_trace_and_ranges_name_layer_and_head():
 def test_time_budget_too_small_says_what_it_needs(monkeypatch):
     """A budget the probe row alone outlasts is refused when it runs out; one the probe
     fits but the whole map does not is refused with the estimate, before the map runs."""
-    import identifiable.attention.intervals as certify
+    import identifiable.attention.mapwork as certify
 
     trace = synthetic_trace(n=30, d_v=4, layers=2, heads=3)
     with pytest.raises(IdentifiableError, match=r"or more \(one row, 30 keys, took over .*1e-06 s"):
@@ -180,9 +180,9 @@ def test_workers_beyond_heads_or_cores_neither_fail_nor_shrink_the_estimate(monk
 
     trace = synthetic_trace(n=8, d_v=3, layers=1, heads=2)
     seen = []
-    real = certify._check_budget
+    real = certify.check_budget
     monkeypatch.setattr(certify.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(certify, "_check_budget", lambda *a: (seen.append(a[5]), real(*a)))
+    monkeypatch.setattr(certify, "check_budget", lambda *a: (seen.append(a[5]), real(*a)))
     # One head: one job, solved in this process however many workers are asked for (an
     # int too large for a C int used to reach ProcessPoolExecutor and raise OverflowError).
     one = interval_map(trace, layers=[0], heads=[0], workers=10**11, time_budget=600)
@@ -279,7 +279,7 @@ def test_budget_weights_rows_by_their_keys():
     for rows that do not share one key set): causal rows sum to about n/3, rows without a
     null space (k ≤ d_v + 1) to 0, and rows that share one key set (bidirectional, key
     order) at half a probe each."""
-    from identifiable.attention.intervals import _row_weight
+    from identifiable.attention.mapwork import _row_weight
 
     n, d_v = 64, 7
     causal = np.tril(np.ones((n, n), dtype=bool))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-import identifiable.attention.intervals as intervals
+import identifiable.attention.mapwork as mapwork
 from helpers.traces import plain_bounds, synthetic_trace
 from identifiable.attention import interval_map
 from identifiable.attention.certificates import interval_simplex, movable_keys
@@ -18,13 +18,13 @@ from identifiable.attention.nested import nested_rows
 def _spy(monkeypatch) -> list:
     """Record the row sets `interval_map` hands to the engine."""
     seen: list = []
-    solve = intervals._solve_head
+    solve = mapwork._solve_head
 
     def spy(args):
         seen.extend(args[0])
         return solve(args)
 
-    monkeypatch.setattr(intervals, "_solve_head", spy)
+    monkeypatch.setattr(mapwork, "_solve_head", spy)
     return seen
 
 

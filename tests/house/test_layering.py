@@ -28,6 +28,7 @@ FLOORS = {
     "progress": 0,  # the one progress helper (rich bars on stderr, lines in a log)
     "stage_tables": 0,  # the stage → report contract: the tables each stage hands over
     "result_html": 0,  # Result._repr_html_: headline, inline SVG picture, table
+    "threads": 0,  # one intra-op torch thread around kernels that alternate with numpy
     "colormap": 0,  # the one diverging colormap and the panel-scale rule (plots and viewer)
     "corpus": 1,
     "models": 2,

@@ -225,7 +225,7 @@ def constrained_attention(
     Rows with no null space (dim LN([T, 1]) = 0) are their own answer. Raises
     IdentifiableError for an unknown reference, out-of-range indices or a corrupt trace.
     """
-    from identifiable.attention.intervals import head_rows
+    from identifiable.attention.mapwork import head_rows
 
     if reference not in REFERENCES:
         raise IdentifiableError(

@@ -16,6 +16,7 @@ from identifiable.attention.chains import _Simplex
 from identifiable.attention.crossover import PIVOT_TOL as _PIVOT_TOL
 from identifiable.attention.crossover import crossover
 from identifiable.attention.lp import solve_lp
+from identifiable.threads import single_threaded
 
 # P = {x ≥ 0 : A x = b} with A = Qᵀ (m × n, m = rank([T, 1]) ≤ d_v + 1, usually m ≪ n) and
 # b = A a. A vertex of P is a basis: m keys whose columns of A are independent, all other
@@ -76,6 +77,7 @@ class IntervalSolution:
     vertices: dict[tuple[int, int, int], np.ndarray] | None = None
 
 
+@single_threaded  # torch's threads would spin against numpy's (see `one_thread`)
 def interval_simplex(
     aq: np.ndarray,
     a: np.ndarray,

@@ -42,7 +42,9 @@ _TimeBudgetArg = Annotated[
     typer.Option("--time-budget", help="Seconds; refuse (with an estimate) maps that need more."),
 ]
 
-_WorkersArg = Annotated[int, typer.Option("--workers", help="Processes, one head each.")]
+_WorkersArg = Annotated[
+    int, typer.Option("--workers", help="Processes: heads in parallel, or pieces of one head.")
+]
 
 
 def certify(

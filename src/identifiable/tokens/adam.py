@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from identifiable.threads import single_threaded
 from identifiable.tokens.lbfgs import improved
 from identifiable.tokens.probes import (
     FitInfo,
@@ -30,7 +31,6 @@ from identifiable.tokens.probes import (
     ProbeConfig,
     objective_loss,
 )
-from identifiable.tokens.threads import single_threaded
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,77 @@
+"""One intra-op torch thread around work that gains nothing from more (see `one_thread`).
+
+Used by the probe fitters (`tokens`) and the simplex engine of certified intervals
+(`attention.simplex`); `one_thread_per_process` starts the worker processes of interval
+maps.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import ParamSpec, TypeVar
+
+import torch
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Run torch's CPU kernels on one intra-op thread, then restore the previous count.
+
+    An Adam step on a probe is a few dozen small kernels (256 × 384 by 384 × 512 on MiniLM).
+    On a shared 2-core machine a second OpenMP thread waits on a descheduled peer at every
+    kernel: measured side by side in one process under a load of 15, one step of the 512-wide
+    MLP took 20 ms on one thread and 121-243 ms on two (the 256-wide one: 13 ms against
+    90-167 ms). The full-batch L-BFGS refinement of linear-cos (5,830 × 384 products) gains
+    too: 40 iterations at layer 5 took 21-30 s on one thread and 55-74 s on two (load 8),
+    with the same validation loss.
+
+    The simplex engine of certified intervals needs it more: each lock step alternates
+    numpy's OpenBLAS calls with one torch kernel (the rank-one update of B⁻¹), and the two
+    libraries' thread pools, each spinning after its call, then wait on each other. One
+    512-key causal row (m = 129, 2 cores, quiet) took 30 s with torch's default 2 threads,
+    2.4 s with 1 (numpy's BLAS keeps its threads).
+
+    torch's thread count is process-wide: another Python thread running torch during the
+    call runs on one thread too.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def single_threaded(fn: Callable[P, R]) -> Callable[P, R]:
+    """`fn` run inside `one_thread()` (`refine_linear`, `fit_adam`, `interval_simplex`)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        with one_thread():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def one_thread_per_process() -> None:
+    """Limit every BLAS and OpenMP pool of this process to one thread (for ever): the
+    initializer of worker processes, which share the machine's cores between them.
+
+    numpy's and scipy's OpenBLAS keep one thread per core each by default, so k worker
+    processes on k cores run k² threads that spin waiting for each other: the interval map
+    of one causal head (n = 256, m = 129, 2 cores) took 188 s in 2 processes against 77 s
+    in one, and 2 processes of one thread each take (measured in benchmarks/
+    bench_causal_certify.py). scipy's optimisers are imported first so that their own
+    OpenBLAS is loaded, and limited, too.
+    """
+    import scipy.linalg
+    import scipy.optimize  # noqa: F401
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)
+    torch.set_num_threads(1)
