@@ -63,13 +63,13 @@ def one_thread_per_process() -> None:
     initializer of worker processes, which share the machine's cores between them.
 
     numpy's and scipy's OpenBLAS keep one thread per core each by default, so k worker
-    processes on k cores run k² threads that spin waiting for each other: the interval map
-    of one causal head (n = 256, m = 129, 2 cores) took 188 s in 2 processes against 77 s
-    in one, and 2 processes of one thread each take (measured in benchmarks/
-    bench_causal_certify.py). scipy's optimisers are imported first so that their own
-    OpenBLAS is loaded, and limited, too.
+    processes on k cores run k² BLAS threads that spin waiting for each other. The interval
+    map of one causal head (n = 256, m = 129, 2 cores) took 188 s in 2 processes with their
+    default threads against 77 s in one process; with one thread each, 57.9 s against
+    95.0 s in one process, in a later run (benchmarks/bench_causal_certify.py --workers 2).
+    scipy is imported first so that its own OpenBLAS (the pivoted QR of the engine's first
+    vertex, `attention.crossover`) is loaded, and limited, too.
     """
-    import scipy.linalg
     import scipy.optimize  # noqa: F401
     from threadpoolctl import threadpool_limits
 

@@ -124,6 +124,8 @@ def test_worker_processes_start_with_one_thread_per_pool():
         "pools = threadpool_info()\n"
         "assert pools and all(p['num_threads'] == 1 for p in pools), pools\n"
         "assert any('scipy' in p['filepath'] for p in pools), pools\n"
+        # the pip wheels of numpy and scipy bundle one OpenBLAS each: both are limited
+        "assert len({p['filepath'] for p in pools if p['internal_api'] == 'openblas'}) >= 2\n"
         "assert torch.get_num_threads() == 1\n"
         "print(len(pools))\n"
     )
