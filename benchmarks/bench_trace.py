@@ -149,9 +149,12 @@ def random_llama(config: dict, attention: str):
     return AutoModel.from_config(cfg, attn_implementation=attention).eval()
 
 
-def decoder_child(mode: str, n: int, threads: int, config: dict | None = None) -> dict:
+def decoder_child(
+    mode: str, n: int, threads: int, config: dict | None = None, allocated: bool = False
+) -> dict:
     """One decoder measurement (run in a fresh process): peak RSS above the loaded model,
-    seconds, and the formula's estimate for the same trace."""
+    seconds, and the formula's estimate for the same trace; with `allocated`, a second run
+    under torch's profiler for the peak of the bytes torch's allocator holds."""
     import gc
     import threading
 
@@ -192,15 +195,41 @@ def decoder_child(mode: str, n: int, threads: int, config: dict | None = None) -
     done.set()
     sampler.join()
     maps = out.attentions.numel() * 4 if hasattr(out, "attentions") else 0
+    del out
+    gc.collect()
     return {
+        "alloc_peak_mb": _allocated_peak_mb(run) if allocated else float("nan"),
         "mode": mode,
         "n": n,
         "seconds": seconds,
         "peak_above_model_mb": peak[0] - base,
         "maps_mb": maps / 2**20,
         "plan_mb": (0 if mode == "forward" else plan.total) / 2**20,
+        "forward_plan_mb": (0 if mode == "forward" else plan.forward) / 2**20,
         "attention": model.attention,
     }
+
+
+def _allocated_peak_mb(run) -> float:
+    """Peak of the bytes torch's CPU allocator holds during `run()`, above what it held
+    before (MB): every allocation and free is recorded (`profile_memory`), so the figure
+    is the same from run to run, unlike RSS, which also counts freed heap that glibc keeps
+    (its mmap threshold rises with the sizes freed, so a forward's large temporaries come
+    from the heap and stay resident after they are freed; see README 'Memory')."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]"
+    )
+    held = peak = 0
+    for _, nbytes in events:
+        held += nbytes
+        peak = max(peak, held)
+    return peak / 2**20
 
 
 def decoder_times(n: int, threads: int, repeats: int, config: dict | None = None) -> dict:
@@ -238,20 +267,25 @@ def decoder_times(n: int, threads: int, repeats: int, config: dict | None = None
 
 
 def decoder_table(
-    ns: list[int], threads: int, repeats: int = 2, modes: tuple[str, ...] = DECODER_MODES
+    ns: list[int],
+    threads: int,
+    repeats: int = 2,
+    modes: tuple[str, ...] = DECODER_MODES,
+    allocated: bool = False,
 ) -> None:
     print(
         f"Llama-3-style reference, 2 layers, float32, {threads} thread(s); each cell a fresh "
         "process; peak = RSS above the loaded model (MB)"
     )
     head = f"{'n':>5} {'mode':8} {'time s':>8} {'× fwd':>6} {'peak MB':>8} {'× fwd':>6} "
-    print(head + f"{'maps MB':>8} {'formula MB':>10} {'meas/formula':>12}")
+    head += f"{'maps MB':>8} {'formula MB':>10} {'meas/formula':>12}"
+    print(head + (f" {'alloc MB':>8} {'× fwd':>6}" if allocated else ""))
     print(
         f"time: the fastest of {repeats} interleaved runs in one process (same weights, same "
         "threads); memory: one fresh process per cell"
     )
     for n in ns:
-        rows = {mode: decoder_run(mode, n, threads) for mode in modes}
+        rows = {mode: decoder_run(mode, n, threads, allocated=allocated) for mode in modes}
         if modes == DECODER_MODES:  # else: each process's own single run
             times = decoder_run("times", n, threads, repeats=repeats)
             for mode in modes:
@@ -264,6 +298,20 @@ def decoder_table(
                 f"{r['peak_above_model_mb']:8.0f} "
                 f"{r['peak_above_model_mb'] / fwd['peak_above_model_mb']:6.2f} "
                 f"{r['maps_mb']:8.0f} {r['plan_mb']:10.0f} {ratio:12.2f}"
+                + (
+                    f" {r['alloc_peak_mb']:8.0f} {r['alloc_peak_mb'] / fwd['alloc_peak_mb']:6.2f}"
+                    if allocated
+                    else ""
+                )
+            )
+        if allocated and "sdpa" in rows:
+            target = 1.5 * fwd["alloc_peak_mb"] + rows["sdpa"]["maps_mb"]
+            print(
+                f"      allocated: sdpa / (1.5·fwd + maps) "
+                f"{rows['sdpa']['alloc_peak_mb'] / target:.3f} (≤ 1); sdpa − fwd "
+                f"{rows['sdpa']['alloc_peak_mb'] - fwd['alloc_peak_mb']:.1f} MB against "
+                f"{rows['sdpa']['plan_mb'] - rows['sdpa']['forward_plan_mb']:.1f} MB of "
+                "results in the formula"
             )
         if modes != DECODER_MODES:
             continue
@@ -281,12 +329,18 @@ def decoder_table(
 
 
 def decoder_run(
-    mode: str, n: int, threads: int, config: dict | None = None, repeats: int = 2
+    mode: str,
+    n: int,
+    threads: int,
+    config: dict | None = None,
+    repeats: int = 2,
+    allocated: bool = False,
 ) -> dict:
     import os
 
     cmd = [sys.executable, __file__, "--decoder-child", mode, "--memory-n", str(n)]
     cmd += ["--threads", str(threads), "--repeats", str(repeats)]
+    cmd += ["--allocated"] if allocated else []
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     if config is not None:
         env["BENCH_DECODER_CONFIG"] = json.dumps(config)
@@ -305,6 +359,9 @@ def main() -> None:
     parser.add_argument("--decoder", metavar="N,N", help="the decoder table at these n")
     parser.add_argument("--decoder-child", choices=(*DECODER_MODES, "times"))
     parser.add_argument("--modes", help="decoder: only these (e.g. forward,head0), memory only")
+    parser.add_argument(
+        "--allocated", action="store_true", help="decoder: also torch's allocated peak"
+    )
     args = parser.parse_args()
     if args.decoder_child:
         import os
@@ -317,12 +374,15 @@ def main() -> None:
         if args.decoder_child == "times":
             got = decoder_times(args.memory_n, args.threads, args.repeats, config)
         else:
-            got = decoder_child(args.decoder_child, args.memory_n, args.threads, config)
+            got = decoder_child(
+                args.decoder_child, args.memory_n, args.threads, config, args.allocated
+            )
         print(json.dumps(got))
         return
     if args.decoder:
         modes = tuple(args.modes.split(",")) if args.modes else DECODER_MODES
-        decoder_table([int(x) for x in args.decoder.split(",")], args.threads, args.repeats, modes)
+        ns = [int(x) for x in args.decoder.split(",")]
+        decoder_table(ns, args.threads, args.repeats, modes, args.allocated)
         return
     if args.child:
         memory_child(args.child, args.memory_n, args.threads, args.dtype)
