@@ -205,7 +205,7 @@ def decoder_child(
         "peak_above_model_mb": peak[0] - base,
         "maps_mb": maps / 2**20,
         "plan_mb": (0 if mode == "forward" else plan.total) / 2**20,
-        "forward_plan_mb": (0 if mode == "forward" else plan.forward) / 2**20,
+        "result_plan_mb": (0 if mode == "forward" else plan.result) / 2**20,
         "attention": model.attention,
     }
 
@@ -310,7 +310,7 @@ def decoder_table(
                 f"      allocated: sdpa / (1.5·fwd + maps) "
                 f"{rows['sdpa']['alloc_peak_mb'] / target:.3f} (≤ 1); sdpa − fwd "
                 f"{rows['sdpa']['alloc_peak_mb'] - fwd['alloc_peak_mb']:.1f} MB against "
-                f"{rows['sdpa']['plan_mb'] - rows['sdpa']['forward_plan_mb']:.1f} MB of "
+                f"{rows['sdpa']['result_plan_mb']:.1f} MB of "
                 "results in the formula"
             )
         if modes != DECODER_MODES:
