@@ -400,7 +400,7 @@ class _ChainRun:
         ch, xb = self.ch, self.ch.xb
         neg = xb < -_FEAS_TOL
         # Weights ‖e_pᵀB⁻¹‖² of the negative rows only (22 of 129 per chain, mean over a
-        # causal head at n = 160): one pass over every B⁻¹ for all rows took 14 % of the head.
+        # causal head at n = 160): one pass over every B⁻¹ for all rows took 13 % of the head.
         cn, pn = np.nonzero(neg)
         rows = ch.binv[cn, pn]
         score = np.full(xb.shape, -1.0)
@@ -524,7 +524,7 @@ class _ChainRun:
         x_B and reduced costs recomputed by iterative refinement (`_Simplex.refined`);
         those chains take the refined x_B and d. The test is the one a fresh factorisation
         gets (x_B ≥ −_FEAS_TOL, d ≤ OPT_TOL on unblocked keys), so the bound is as exact;
-        it replaces that factorisation (O(m³) per LP: 11 % of a causal head's time)."""
+        it replaces that factorisation (O(m³) per LP: 12 % of a causal head's time)."""
         ch = self.ch
         j, s = self.cur_j[cs], self.cur_s[cs]
         pj = ch.pos[cs, j]
