@@ -5,11 +5,12 @@ threadpoolctl and the environment, OpenMP). Timings are repeated `--repeats` tim
 old and new interleaved, and the median is reported with the load average (the machine
 is shared: other jobs slow both sides alike, which the ratio cancels, not the seconds).
 - head: every row of one MiniLM head on a Wikipedia-sample pair of ~128 tokens.
-  new = `interval_map` (dual warm starts across rows, see docs/certified_attention.md);
-  engine_old = the same call with the previous simplex engine (row by row, primal warm
-  starts across objectives; `interval_simplex` as of commit 559ebd7, read with git);
-  highs = `attention_intervals` (HiGHS per key) on `--old-rows` rows spread over the
-  head, scaled to the whole head (say `--old-rows 0` for every row: ~3 minutes).
+  new = `interval_map` (the compiled engine, see docs/certified_attention.md);
+  engine_old = the same call with the simplex engine of `--before` (default 94983e4: the
+  numpy lock step), read with git and run in this process;
+  rowwise = `attention_intervals` (the same engine, row by row: warm starts across keys
+  only) on `--old-rows` rows spread over the head, scaled to the whole head (say
+  `--old-rows 0` for every row).
 - row512: one row of a 512-token text, the same three routes.
 - equality: on `--check-heads` sampled heads × `--check-rows` rows, every bound of
   the new map against a plain `scipy.optimize.linprog` per key and sense on the raw
@@ -18,7 +19,8 @@ is shared: other jobs slow both sides alike, which the ratio cancels, not the se
 - witnesses: every vertex that settled a bound on those rows, checked against
   x ≥ 0, |Σx − Σa| and ‖(x − a) V H‖ / ‖a V H‖ (target ≤ 1e-9).
 
-Run: python benchmarks/bench_certify.py [--threads 1] [--repeats 3] [--old-rows 8] [--json out.json]
+Run: python benchmarks/bench_certify.py [--threads 1] [--repeats 3] [--old-rows 8]
+     [--before 94983e4] [--json out.json]
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def main() -> None:
     p.add_argument("--head", type=int, default=0)
     p.add_argument("--check-heads", type=int, default=2)
     p.add_argument("--check-rows", type=int, default=8, help="≥ 8: the map takes key order")
+    p.add_argument("--before", default="94983e4", help="the engine to compare with (git)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -59,20 +62,24 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     threadpool_limits(args.threads)
-    import identifiable.attention.intervals as certify_mod
+    import identifiable.attention.mapwork as map_mod
+    from identifiable.attention import lockstep
 
-    engine_new = certify_mod.interval_simplex
-    engine_old = _old_engine()
+    engine_new = map_mod.interval_simplex
+    engine_old = _old_engine(args.before)
+    t0 = time.perf_counter()
+    lockstep.ensure_compiled()  # once per install (cached on disk): outside the timings
+    print(f"engine compiled or loaded in {time.perf_counter() - t0:.1f} s", flush=True)
 
     def timed(fn, engine):
         """Seconds and result of fn() with `engine` behind interval_map."""
-        certify_mod.interval_simplex = engine
+        map_mod.interval_simplex = engine
         try:
             t0 = time.perf_counter()
             res = fn()
             return time.perf_counter() - t0, res
         finally:
-            certify_mod.interval_simplex = engine_new
+            map_mod.interval_simplex = engine_new
 
     m = identifiable.load_model("minilm")
     corpus = identifiable.load_corpus("wikipedia-sample", unit="pair", tokenizer=m.tokenizer,
@@ -116,14 +123,14 @@ def main() -> None:
         diff = max(diff, float((iv.lower - new.lower[0, 0, r]).abs().max()),
                    float((iv.upper - new.upper[0, 0, r]).abs().max()))  # fmt: skip
     old = time.perf_counter() - t0
-    out["head_highs_s"] = old * n / len(rows)
-    out["head_highs_measured_rows"] = len(rows)
-    out["head_highs_speedup"] = out["head_highs_s"] / out["head_new_s"]
-    out["head_highs_vs_new_max_diff"] = diff
+    out["head_rowwise_s"] = old * n / len(rows)
+    out["head_rowwise_measured_rows"] = len(rows)
+    out["head_rowwise_speedup"] = out["head_rowwise_s"] / out["head_new_s"]
+    out["head_rowwise_vs_new_max_diff"] = diff
     # What the time-budget check would estimate for this head (one probe row).
     sets = head_rows(tr, layer, head)
     t0 = time.perf_counter()
-    _solve_head(([_one_row(sets, n - 1)], None, ""))
+    _solve_head(([_one_row(sets, n - 1)], None, "", None))
     out["probe_row_s"] = time.perf_counter() - t0
     out["probe_ratio"] = out["probe_row_s"] * n / out["head_new_s"]
 
@@ -151,8 +158,8 @@ def main() -> None:
     )
     t0 = time.perf_counter()
     iv = attention_intervals(long, layer, head, row)
-    out["row512_highs_s"] = time.perf_counter() - t0
-    out["row512_highs_speedup"] = out["row512_highs_s"] / out["row512_new_s"]
+    out["row512_rowwise_s"] = time.perf_counter() - t0
+    out["row512_rowwise_speedup"] = out["row512_rowwise_s"] / out["row512_new_s"]
     out["row512_max_diff"] = max(float((iv.lower - one.lower[0, 0, 0]).abs().max()),
                                  float((iv.upper - one.upper[0, 0, 0]).abs().max()),
                                  float((one_old.lower - one.lower).abs().max()),
@@ -215,24 +222,16 @@ def main() -> None:
     sys.exit(0 if ok else 1)
 
 
-def _old_engine():
-    """The previous `interval_simplex` (commit 559ebd7: chains row by row, primal warm
-    starts across objectives), read from git so both engines run in one process."""
-    import subprocess
-    import types
+def _old_engine(commit: str):
+    """`interval_simplex` of the attention package at `commit`, read with git and run in
+    this process (bench_causal_certify's importer: module `_oldattn`)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_causal_certify import _GitAttention
 
-    src = subprocess.run(
-        ["git", "show", f"{_OLD_COMMIT}:src/identifiable/attention/certificates.py"],
-        capture_output=True, text=True, check=True,
-        cwd=os.path.dirname(os.path.abspath(__file__)),
-    ).stdout  # fmt: skip
-    mod = types.ModuleType("certificates_559ebd7")
-    sys.modules[mod.__name__] = mod  # dataclasses look their module up there
-    exec(compile(src, "certificates_559ebd7.py", "exec"), mod.__dict__)
-    return mod.interval_simplex
+    sys.meta_path.insert(0, _GitAttention(commit))
+    import _oldattn.simplex  # type: ignore[import-not-found]
 
-
-_OLD_COMMIT = "559ebd785af4a8f2130ad34e8762695abcf3623d"
+    return _oldattn.simplex.interval_simplex
 
 
 def _one_row(sets, row):

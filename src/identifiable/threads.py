@@ -1,8 +1,8 @@
 """One intra-op torch thread around work that gains nothing from more (see `one_thread`).
 
-Used by the probe fitters (`tokens`) and the simplex engine of certified intervals
-(`attention.simplex`); `one_thread_per_process` starts the worker processes of interval
-maps.
+Used by the probe fitters (`tokens`); `one_blas_thread` by the simplex engine of certified
+intervals (`attention.simplex`); `one_thread_per_process` starts the worker processes of
+interval maps.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ def one_thread() -> Iterator[None]:
     too: 40 iterations at layer 5 took 21-30 s on one thread and 55-74 s on two (load 8),
     with the same validation loss.
 
-    The simplex engine of certified intervals needs it more: each lock step alternates
-    numpy's OpenBLAS calls with one torch kernel (the rank-one update of B⁻¹), and the two
-    libraries' thread pools, each spinning after its call, then wait on each other. One
-    512-key causal row (m = 129, 2 cores, quiet) took 30 s with torch's default 2 threads,
-    2.4 s with 1 (numpy's BLAS keeps its threads).
+    The numpy simplex engine of certified intervals that `attention.lockstep` replaced
+    needed it more: each lock step alternated numpy's OpenBLAS calls with one torch kernel,
+    and the two libraries' thread pools, each spinning after its call, waited on each
+    other (one 512-key causal row, m = 129, 2 cores: 30 s with torch's default 2 threads,
+    2.4 s with 1). The compiled engine calls no torch; it runs under `one_blas_thread`.
 
     torch's thread count is process-wide: another Python thread running torch during the
     call runs on one thread too.
@@ -48,7 +48,7 @@ def one_thread() -> Iterator[None]:
 
 
 def single_threaded(fn: Callable[P, R]) -> Callable[P, R]:
-    """`fn` run inside `one_thread()` (`refine_linear`, `fit_adam`, `interval_simplex`)."""
+    """`fn` run inside `one_thread()` (`refine_linear`, `fit_adam`)."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -56,6 +56,23 @@ def single_threaded(fn: Callable[P, R]) -> Callable[P, R]:
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+@contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """Every BLAS pool of this process on one thread while the block runs (threadpoolctl).
+
+    The compiled simplex engine of certified intervals (`attention.lockstep`) makes two
+    small GEMMs per lock step ([2C, m] × [m, n]) between stretches of single-threaded
+    compiled code; a second BLAS thread gains nothing on them and spins on the other core
+    in between. A Llama-3-sized causal head (n = 256) took 37.5-39.0 s with one BLAS thread
+    and 45.4-46.4 s with the default two, alternating in one process; a 512-key row
+    2.2 s either way.
+    """
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        yield
 
 
 def one_thread_per_process() -> None:

@@ -59,7 +59,7 @@ def test_dual_warm_start_across_rows_saves_pivots():
     """Key order carries each objective's optimal basis down the rows (dual simplex);
     row order warm-starts across objectives (primal). Same bounds, fewer pivots: on
     these rows 5,665 against 6,564 (7.8k before row order took basic keys first,
-    `_ChainRun._next_key`; on MiniLM heads the ratio is ~2.4)."""
+    `kernel.pool_next`; on MiniLM heads the ratio is ~2.4)."""
     aq, a, movable = _shared_rows(40, 6, 30, seed=1)
     keys = np.ones(a.shape, bool)
     by_key = interval_simplex(aq, a, keys, movable, order="key")
@@ -72,31 +72,65 @@ def test_dual_warm_start_across_rows_saves_pivots():
         interval_simplex(np.repeat(aq, 30, 0), a, keys, movable, order="key")
 
 
-def test_no_op_pivot_leaves_the_state_bit_for_bit():
-    from identifiable.attention.certificates import _Simplex
+def _chain(aq: np.ndarray, a: np.ndarray, basis: np.ndarray, steep: bool):
+    """One chain of the compiled engine on row 0, refactored at `basis` (state tuple, see
+    `kernel`), and its problem (A, Aᵀ, b)."""
+    from identifiable.attention import kernel, lockstep
 
-    aq, a, _ = _shared_rows(12, 3, 4, seed=3)
-    tasks = [[(r, 0, 1)] for r in range(4)]
-    start = np.array([np.argsort(-np.abs(aq[0]).sum(0))[: aq.shape[1]]] * 4)
-    ch = _Simplex(aq, a, np.ones(a.shape, bool), tasks, start, steepest=True)
-    ch.d[:] = ch.tableau_rows(np.full(4, 2))
-    binv, xb, basic = ch.binv.copy(), ch.xb.copy(), ch.basic.copy()
-    d, w = ch.d.copy(), ch.w.copy()
-    go = np.array([True, False, False, True])
-    free = [int(np.flatnonzero(ch.pos[c] < 0)[0]) for c in range(4)]
-    ks = np.where(go, free, ch.basic[:, 1])
-    col = ch.columns(ks)
-    col[~go] = np.eye(aq.shape[1])[1]
-    ch.pivot(np.full(4, 1), ks, col, go)
-    assert np.array_equal(ch.binv[~go], binv[~go]) and np.array_equal(ch.xb[~go], xb[~go])
-    assert np.array_equal(ch.basic[~go], basic[~go]) and not np.array_equal(ch.basic[go], basic[go])
-    assert np.array_equal(ch.d[~go], d[~go]) and np.array_equal(ch.w[~go], w[~go])
-    assert not np.array_equal(ch.w[go], w[go])
-    # the pivoted chains hold the inverse of their new basis
-    for c in np.flatnonzero(go):
-        np.testing.assert_allclose(
-            ch.binv[c] @ aq[0][:, ch.basic[c]], np.eye(aq.shape[1]), atol=1e-9
-        )
+    m, n = aq.shape[1:]
+    slots = lockstep.new_slots(1, m, n)
+    ch = tuple(x[0] for x in slots)
+    ch[0][:] = basis
+    ch[1][basis] = np.arange(m)
+    ch[2][:] = False
+    ch[2][basis] = True
+    ch[7][kernel.ROW] = ch[7][kernel.BROW] = 0
+    a_t = np.ascontiguousarray(aq[0].T)
+    b = (aq[0] @ a[0])[None]
+    assert kernel.refactor(aq[0], a_t, b, ch, np.zeros((m, m)), steep)
+    return ch, (aq[0], a_t, b)
+
+
+def test_compiled_pivots_keep_the_inverse_reduced_costs_and_weights():
+    """60 pivots of the compiled kernel (first half, the products with A, second half)
+    on random entering keys: B⁻¹ stays the inverse of the basis matrix; d equals a fresh
+    tableau row; γ_k = 1 + ‖B⁻¹A_k‖² for every non-basic key (Goldfarb–Reid updates with γ_q
+    taken from the column at hand; read from the stored weights instead, the relative
+    error reached 3e-8 after 50 pivots). A pivot on a stale inverse is caught."""
+    from identifiable.attention import kernel
+
+    rng = np.random.default_rng(0)
+    m, n = 20, 60
+    aq = np.linalg.qr(rng.normal(size=(n, m)))[0].T[None].copy()
+    a = rng.random((1, n))
+    ch, (a0, a_t, _) = _chain(aq, a / a.sum(), np.arange(m), steep=True)
+    basis, pos, binv, d, w, vm = ch[0], ch[1], ch[3], ch[5], ch[6], ch[8]
+    key = int(basis[3])
+    d[:] = -(binv[3] @ a0)
+    d[basis] = 0.0
+    for _ in range(60):
+        if pos[key] < 0:  # the row's key left: follow a basic one
+            key = int(basis[3])
+            d[:] = -(binv[3] @ a0)
+            d[basis] = 0.0
+        k = int(rng.choice(np.flatnonzero(pos < 0)))
+        col = vm[2]
+        kernel.column(binv, a_t, k, col)
+        r = int(np.abs(col).argmax())
+        kernel.pivot_basis(ch, r, col, True)
+        rho, av = vm[0] @ a0, vm[1] @ a0
+        kernel.pivot_pricing(np.ones((1, n), bool), ch, r, k, col, rho, av, True)
+    bmat = a0[:, basis]
+    np.testing.assert_allclose(binv @ bmat, np.eye(m), atol=1e-9)
+    fresh = np.linalg.inv(bmat) @ a0
+    gamma = 1.0 + (fresh**2).sum(0)
+    nonbasic = pos < 0
+    assert (np.abs(w - gamma)[nonbasic] / gamma[nonbasic]).max() < 1e-10
+    row = -fresh[pos[key]]
+    row[basis] = 0.0
+    np.testing.assert_allclose(d, row, atol=1e-9)
+    binv += 1e-3 * rng.normal(size=(m, m))  # fabricated: a drifted inverse is seen as one
+    assert np.abs(binv @ bmat - np.eye(m)).max() > 1e-4
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -244,108 +278,68 @@ def test_single_row_intervals_run_in_the_simplex_and_match_highs():
     assert got.lp_solved > 0
 
 
-def test_steepest_edge_weights_follow_their_definition():
-    """γ_k = 1 + ‖B⁻¹A_k‖² for every non-basic key after 60 pivots (Goldfarb–Reid
-    updates with γ_q taken from the column at hand), against the weights recomputed from
-    a fresh inverse; reduced costs against a fresh tableau row. With γ_q read from the
-    stored weights instead, the relative error reached 3e-8 after 50 pivots."""
-    from identifiable.attention.certificates import _Simplex
-
-    rng = np.random.default_rng(0)
-    m, n = 20, 60
-    aq = np.linalg.qr(rng.normal(size=(n, m)))[0].T[None]
-    a = rng.random(n)
-    a /= a.sum()
-    ch = _Simplex(aq, a[None], np.ones((1, n), bool), [[(0, 0, 1)]], np.arange(m)[None], True)
-    ch.d[0] = ch.tableau_rows(np.array([3]))[0]  # any consistent start: a tableau row
-    key = int(ch.basic[0, 3])
-    for _ in range(60):
-        if ch.pos[0, key] < 0:  # the row's key left: follow a basic one
-            key = int(ch.basic[0, 3])
-            ch.d[0] = ch.tableau_rows(np.array([3]))[0]
-        k = int(rng.choice(np.flatnonzero(ch.pos[0] < 0)))
-        col = ch.columns(np.array([k]))
-        ch.pivot(np.array([int(np.abs(col[0]).argmax())]), np.array([k]), col, np.array([True]))
-    fresh = np.linalg.inv(aq[0][:, ch.basic[0]]) @ aq[0]
-    gamma = 1.0 + (fresh**2).sum(0)
-    nonbasic = ch.pos[0] < 0
-    rel = np.abs(ch.w[0] - gamma)[nonbasic] / gamma[nonbasic]
-    assert rel.max() < 1e-10
-    np.testing.assert_allclose(ch.d[0], fresh[ch.pos[0, key]], atol=1e-9)
-
-
 def test_refinement_recovers_a_drifted_inverse_and_flags_a_wrong_one():
-    """`_Simplex.refined`: with B⁻¹ off by a relative 1e-9 (the drift of rank-one updates)
-    one refinement step gives x_B and the row e_pᵀB⁻¹ to round-off of the exact solves,
-    where the drifted inverse alone is off by ~1e-9; an inverse off by 1e-4 leaves a
-    residual above REFINE_TOL, so no optimum is certified on it."""
-    from identifiable.attention.certificates import _Simplex
-    from identifiable.attention.simplex import REFINE_TOL
+    """`kernel.refine`: with B⁻¹ off by a relative 1e-9 (the drift of rank-one updates) one
+    refinement step gives x_B and the row e_pᵀB⁻¹ to round-off of the exact solves, where
+    the drifted inverse alone is off by ~1e-9; an inverse off by 1e-4 leaves a residual
+    above REFINE_TOL, so no optimum is certified on it."""
+    from identifiable.attention import kernel
 
     rng = np.random.default_rng(4)
     m, n = 20, 60
-    aq = np.linalg.qr(rng.normal(size=(n, m)))[0].T[None]
-    a = rng.random((3, n))
-    a /= a.sum(1, keepdims=True)
-    start = np.repeat(np.arange(m)[None], 3, 0)
-    tasks = [[(r, 0, 1)] for r in range(3)]
-    ch = _Simplex(aq, a, np.ones((3, n), bool), tasks, start)
-    bmat = aq[0][:, :m]
-    x_exact = np.linalg.solve(bmat, ch.b.T).T
+    aq = np.linalg.qr(rng.normal(size=(n, m)))[0].T[None].copy()
+    a = rng.random((1, n))
+    ch, (a0, a_t, b) = _chain(aq, a / a.sum(), np.arange(m), steep=False)
+    bmat = a0[:, :m]
+    x_exact = np.linalg.solve(bmat, b[0])
     y_exact = np.linalg.solve(bmat.T, np.eye(m)[5])
-    cs, ps = np.arange(3), np.full(3, 5)
+    ch[7][kernel.J] = int(ch[0][5])
     for size, ok in ((1e-9, True), (1e-4, False)):
-        ch.binv[:] = np.linalg.inv(bmat) @ (np.eye(m) + size * rng.normal(size=(3, m, m)))
-        ch.reload(cs)
-        assert np.abs(ch.xb - x_exact).max() > 0.1 * size
-        x, y, resid = ch.refined(cs, ps)
-        assert bool((resid <= REFINE_TOL).all()) is ok
+        ch[3][:] = np.linalg.inv(bmat) @ (np.eye(m) + size * rng.normal(size=(m, m)))
+        kernel.reload(b, ch)
+        assert np.abs(ch[4] - x_exact).max() > 0.1 * size
+        resid = kernel.refine(a_t, b, ch)
+        assert (resid <= kernel.REFINE_TOL) is ok
         if ok:
-            assert np.abs(x - x_exact).max() < 1e-14
-            assert np.abs(y - y_exact).max() < 1e-14
+            assert np.abs(ch[8][0] - x_exact).max() < 1e-14
+            assert np.abs(ch[8][1] - y_exact).max() < 1e-14
 
 
 def test_optima_certified_on_refined_values_match_fresh_factorisations(monkeypatch):
     """Ending each LP on a refined x_B and tableau row instead of a fresh inverse changes
-    the work, not the bounds: against REFINE_TOL = 0 (every LP refactored, as before)
-    the bounds agree to 1e-12, with fewer inverses computed."""
-    import identifiable.attention.chains as chains
+    the work, not the bounds: against certifying every optimum on a fresh factorisation
+    (`simplex._REFINE = False`, as before) the bounds agree to 1e-12, with no LP for
+    HiGHS, in key and row order."""
     import identifiable.attention.simplex as simplex
 
     aq, a, movable = _shared_rows(60, 8, 12, seed=5)
     keys = np.ones(a.shape, bool)
-    calls = []
-    inv = np.linalg.inv
-    monkeypatch.setattr(chains.np.linalg, "inv", lambda x: calls.append(len(x)) or inv(x))
-    sols = []
-    for tol in (simplex.REFINE_TOL, 0.0):
-        monkeypatch.setattr(simplex, "REFINE_TOL", tol)
-        calls.clear()
+    sols = {}
+    for refine in (True, False):
+        monkeypatch.setattr(simplex, "_REFINE", refine)
         for order in ("key", "row"):
-            sols.append(interval_simplex(aq, a, keys, movable, order=order))
-        sols.append(sum(calls))
-    refined_inv, fresh_inv = sols[2], sols[5]
-    for new, old in ((sols[0], sols[3]), (sols[1], sols[4])):
+            sols[refine, order] = interval_simplex(aq, a, keys, movable, order=order)
+    for order in ("key", "row"):
+        new, old = sols[True, order], sols[False, order]
         np.testing.assert_allclose(new.lower, old.lower, atol=1e-12, rtol=0)
         np.testing.assert_allclose(new.upper, old.upper, atol=1e-12, rtol=0)
-        assert new.fallbacks.sum() == 0
-    assert refined_inv < 0.5 * fresh_inv
+        assert new.fallbacks.sum() == old.fallbacks.sum() == 0
 
 
 def test_budget_weights_rows_by_their_keys():
-    """The time-budget estimate prices each row at (k / k_max)² of the probe row (1.15×
+    """The time-budget estimate prices each row at (k / k_max)² of the probe row (1.3×
     for rows that do not share one key set): causal rows sum to about n/3, rows without a
     null space (k ≤ d_v + 1) to 0, and rows that share one key set (bidirectional, key
-    order) at half a probe each."""
+    order) at 1/2.8 of a probe each."""
     from identifiable.attention.mapwork import _row_weight
 
     n, d_v = 64, 7
     causal = np.tril(np.ones((n, n), dtype=bool))
     expected = sum((k / n) ** 2 for k in range(d_v + 2, n + 1))
-    assert _row_weight(causal, d_v) == pytest.approx(1.15 * expected)
-    assert _row_weight(np.ones((n, n), dtype=bool), d_v) == pytest.approx(n / 2)
+    assert _row_weight(causal, d_v) == pytest.approx(1.3 * expected)
+    assert _row_weight(np.ones((n, n), dtype=bool), d_v) == pytest.approx(n / 2.8)
     assert _row_weight(causal[: d_v + 1], d_v) == 0.0
-    assert _row_weight(causal, d_v) < 0.8 * n / 2  # the old rule: half a probe per row
+    assert _row_weight(causal, d_v) < 0.9 * n / 2  # the old rule: half a probe per row
 
 
 def _one_row(n: int, d_v: int, seed: int):
@@ -356,41 +350,33 @@ def _one_row(n: int, d_v: int, seed: int):
 def test_row_chains_draw_from_one_pool_basic_keys_first(monkeypatch):
     """Row order: the chains of a row share one pool of open keys, and a chain takes the
     open key basic at its vertex with the largest x_k (the smallest when minimising),
-    else the lowest open key; j = −1 once the pool is empty. Against the same pool taken
-    in index order, that costs fewer pivots (5-7 % on these rows) for the same bounds."""
-    from identifiable.attention import simplex
+    else the lowest open key; −1 once the pool is empty. Against the same pool taken in
+    index order (`simplex._POOL_RULE = 2`), that costs fewer pivots (5-7 % on these rows)
+    for the same bounds."""
+    from identifiable.attention import kernel, simplex
 
     aq, a, keys, movable = _one_row(30, 4, seed=5)
-    b = simplex._start(aq, a, keys, np.array([0]), False)
-    tasks = [[(0, j, 1) for j in range(c, 30, 2)] for c in range(2)]
-    run = simplex._ChainRun(aq, a, keys, tasks, b, "", None, True)
-    assert run.pool is not None and run.pool[0].all()  # the union of both chains' keys
-    run.pool[0, :] = True
-    basic, xb = run.ch.basic[1], run.ch.xb[1]
-    q, j, s = run._next_key(1, (0, 0, 1))
-    assert (q, s) == (0, 1) and j == int(basic[xb.argmax()]) and not run.pool[0, j]
-    q, j, s = run._next_key(1, (0, 0, -1))
-    assert j == int(basic[xb.argmin()])
-    run.pool[0, basic] = False
-    lowest_open = int(np.flatnonzero(run.pool[0])[0])
-    assert run._next_key(1, (0, 0, 1))[1] == lowest_open
-    run.pool[0, :] = False
-    assert run._next_key(0, (0, 0, 1))[1] == -1
-
-    def lowest(self, c, task):
-        open_keys = self.pool[task[0]]
-        if not open_keys.any():
-            return task[0], -1, task[2]
-        j = int(open_keys.argmax())
-        open_keys[j] = False
-        return task[0], j, task[2]
+    start = simplex._start(aq, a, keys, np.array([0]), False).start[0]
+    ch, _ = _chain(np.ascontiguousarray(aq), a, start, steep=False)
+    basis, xb = ch[0], ch[4]
+    pool = np.ones(30, dtype=bool)
+    j = kernel.pool_next(ch, pool, 1, True)
+    assert j == int(basis[xb.argmax()]) and not pool[j]
+    assert kernel.pool_next(ch, pool, -1, True) == int(basis[xb.argmin()])
+    pool[basis] = False
+    lowest_open = int(np.flatnonzero(pool)[0])
+    assert kernel.pool_next(ch, pool, 1, True) == lowest_open
+    pool[:] = True
+    assert kernel.pool_next(ch, pool, 1, False) == 0  # index order
+    pool[:] = False
+    assert kernel.pool_next(ch, pool, 1, True) == -1
 
     by_rule, by_index = 0, 0
     for seed in range(3):
         aq, a, keys, movable = _one_row(300, 40, seed)
         sol = interval_simplex(aq, a, keys, movable, chains_per_row=8, order="row")
         with monkeypatch.context() as m:
-            m.setattr(simplex._ChainRun, "_next_key", lowest)
+            m.setattr(simplex, "_POOL_RULE", 2)
             ref = interval_simplex(aq, a, keys, movable, chains_per_row=8, order="row")
         np.testing.assert_allclose(sol.upper, ref.upper, atol=1e-12, rtol=0)
         np.testing.assert_allclose(sol.lower, ref.lower, atol=1e-12, rtol=0)

@@ -125,6 +125,5 @@ from identifiable.attention.simplex import (  # noqa: E402, F401
     OPT_TOL,
     IntervalSolution,
     OutOfTime,
-    _Simplex,
     interval_simplex,
 )

@@ -305,13 +305,16 @@ def _row_weight(mask: np.ndarray, d_v: int) -> float:
 
     A row of k keys costs ~(k / k_max)² of the probe (k LPs, each pivot prices k keys); rows
     of ≤ d_v + 1 keys have no null space unless tokens repeat: 0. Rows that all see one key
-    set share A (key order), ~2× cheaper per row (MiniLM, bench_certify.py "probe_ratio");
-    other rows cost 1.15×, fitted on a Llama-3-sized causal head (m = 129): estimates of
-    1.10× (n = 256) and 0.94× (n = 512) the measured 118 s and 1,174 s.
+    set share A (key order), 2.8× cheaper per row (a MiniLM head at n = 121: probe 18 ms,
+    map 0.77 s; bench_certify.py "probe_ratio");
+    other rows cost 1.3×, fitted on a Llama-3-sized causal head (m = 129) with the compiled
+    engine: probes of 0.4 s (n = 256) and 1.9 s (n = 512) give estimates of 1.10× and 0.89×
+    the measured 35.4 s and 468.2 s (one process). The key-order pivots of wider rows cost
+    more than the probe's, so no one factor fits every n (1.15× did for the numpy engine).
     """
     keys = mask.sum(1).astype(float)
     share = float(((keys / keys.max()) ** 2 * (keys > d_v + 1)).sum())
-    return share / 2.0 if bool((mask == mask[:1]).all()) else 1.15 * share
+    return share / 2.8 if bool((mask == mask[:1]).all()) else 1.3 * share
 
 
 def check_budget(trace, job, rows, key_mask, n_rows, workers, budget, start) -> None:

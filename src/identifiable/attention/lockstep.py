@@ -1,0 +1,394 @@
+"""The lock step of `interval_simplex` (numba): many simplex chains, one pivot each per step,
+sharing one GEMM with A per step.
+
+A pivot needs products with A (m × n): the dual pivot row e_pᵀB⁻¹A before the entering key
+is chosen, and after the update the new tableau row ρ = (B⁻¹)_r A and, for steepest edge,
+Aᵀv. Chain by chain these are matrix–vector products that read all of A (528 KB at
+m = 129, n = 512) for 66k multiply-adds each: bound by the cache, ~9 µs apiece on this
+machine. When the chains share A (the rows of a bidirectional head, nested causal rows,
+the chains of one row), a step stacks those vectors and makes them one matrix product,
+which reads A once for every chain. Everything between the products runs per chain in
+compiled loops (`kernel.py`). A step has three phases:
+
+1. each chain settles what is settled (an optimum is certified, a minimum proved 0, the
+   next task taken) or picks its pivot: a primal pivot's entering key, column and leaving
+   row; a dual pivot's leaving row (its row of B⁻¹ goes to the first product);
+2. dual chains pick their entering key from the product's row; every pivoting chain
+   updates x_B and B⁻¹, and its new row of B⁻¹ (and v) go to the second product;
+3. every pivoting chain updates d, γ and its basis indices from that product.
+
+Chains whose rows have their own A (windowed rows, short prefixes) take the same phases
+with matrix–vector products of their own. A slot whose chain runs out of tasks takes the
+next chain at once, so the step stays full until the last chains.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numba
+import numpy as np
+
+from identifiable.attention import kernel
+from identifiable.attention.kernel import (
+    BROW,
+    CAP,
+    CHAIN,
+    DEGEN,
+    ENTER,
+    FEAS_TOL,
+    FRESH,
+    LEAVE,
+    MODE,
+    PIVOT_TOL,
+    POOL,
+    PTR,
+    REFACTOR,
+    REFINE,
+    RESTART,
+    ROW,
+    SINCE,
+    STEEP,
+    STEPS,
+    WAIT,
+    ZROW,
+    J,
+    S,
+    advance,
+    column,
+    dual_enter,
+    dual_leave,
+    fresh_d,
+    jit,
+    pivot_basis,
+    pivot_pricing,
+    price,
+    primal_ratio,
+    refactor,
+    refined,
+    reload,
+    settle,
+    times_a,
+)  # fmt: skip
+from identifiable.progress import status
+
+DONE, PAUSED, FALLBACK, SINGULAR = range(4)  # what `run_chains` returns
+_PRIMAL, _DUAL = 1, 2  # st[MODE]: this step's pivot
+
+
+@jit
+def _view(slots, c):
+    """The state tuple of slot c (see `kernel`)."""
+    basis, pos, blocked, binv, xb, d, w, st, vm, vn = (
+        slots[0],
+        slots[1],
+        slots[2],
+        slots[3],
+        slots[4],
+        slots[5],
+        slots[6],
+        slots[7],
+        slots[8],
+        slots[9],
+    )
+    return (basis[c], pos[c], blocked[c], binv[c], xb[c], d[c], w[c], st[c], vm[c], vn[c])
+
+
+@jit
+def _matrix(prob, row):
+    """A `[m, n]` and Aᵀ `[n, m]` of a row (the shared one when all rows share it)."""
+    a3, at3 = prob[0], prob[1]
+    i = 0 if a3.shape[0] == 1 else row
+    return a3[i], at3[i]
+
+
+@jit
+def _load(prob, bnd, slots, c, tasks, cfg, nxt, work):
+    """Slot c takes the next chain not yet started, from the basis its row last settled
+    (or the row's first vertex). Returns 1, 0 when no chain is left, −1: singular basis."""
+    b, allowed = prob[2], prob[3]
+    crow = tasks[0]
+    while nxt[0] < crow.size:
+        chain = nxt[0]
+        nxt[0] += 1
+        ch = _view(slots, c)
+        basis, pos, blocked, st = ch[0], ch[1], ch[2], ch[7]
+        row = crow[chain]
+        st[:] = 0
+        st[CHAIN], st[PTR], st[ROW], st[BROW], st[J] = chain, tasks[2][chain], row, row, -1
+        basis[:] = bnd[5][row]
+        pos[:] = -1
+        for k in range(blocked.size):
+            blocked[k] = not allowed[row, k]
+        for i in range(basis.size):
+            pos[basis[i]] = i
+            blocked[basis[i]] = True
+        a, a_t = _matrix(prob, row)
+        if not refactor(a, a_t, b, ch, work, cfg[STEEP] != 0):
+            return -1
+        advance(b, allowed, bnd, ch, tasks, cfg[POOL])
+        if st[J] >= 0:
+            return 1
+    return 0
+
+
+@jit
+def _decide(prob, bnd, ch, tasks, vert, nvert, cfg, work):
+    """Phase 1 for one chain: settle what its vertex settles, or pick its pivot. Returns
+    st[MODE] (0: no pivot this step); st[WAIT] = 1 hands the LP to HiGHS."""
+    a, a_t = _matrix(prob, ch[7][ROW])
+    b, allowed = prob[2], prob[3]
+    basis, pos, binv, xb, st, vm = ch[0], ch[1], ch[3], ch[4], ch[7], ch[8]
+    m = binv.shape[0]
+    if st[FRESH] == 0:
+        fresh_d(a, ch)
+    infeasible = False
+    for i in range(m):
+        infeasible |= xb[i] < -FEAS_TOL
+    catching = st[BROW] != st[ROW]  # x_B still solves an earlier row's b (see `advance`)
+    slow = st[DEGEN] > 2 * m
+    if infeasible:
+        st[LEAVE] = dual_leave(ch, slow)
+        return _DUAL
+    row_order = cfg[POOL]
+    if pos[st[J]] < 0 and st[S] < 0 and not catching:  # non-basic at a vertex: minimum 0
+        settle(allowed, bnd, ch, vert, nvert, 0.0)
+        advance(b, allowed, bnd, ch, tasks, row_order)
+        return 0
+    q = price(ch, slow, cfg[STEEP] != 0)
+    if q < 0:
+        if catching:  # optimal over the new keys at the old b: now load the row's b
+            st[BROW] = st[ROW]
+            reload(b, ch)
+        elif st[SINCE] == 0 or (cfg[REFINE] != 0 and refined(a, a_t, b, ch)):
+            p = pos[st[J]]
+            settle(allowed, bnd, ch, vert, nvert, max(xb[p], 0.0) if p >= 0 else 0.0)
+            advance(b, allowed, bnd, ch, tasks, row_order)
+        elif not refactor(a, a_t, b, ch, work, False):
+            st[WAIT] = 1
+        return 0
+    col = vm[2]
+    column(binv, a_t, q, col)
+    r = primal_ratio(ch, col, slow)
+    st[STEPS] += 1
+    if r < 0 or st[STEPS] > cfg[CAP] or abs(col[r]) <= PIVOT_TOL:
+        st[WAIT] = 1
+        return 0
+    if not catching:  # a primal pivot between vertices of P: the leaving key is 0 there
+        bnd[2][st[ROW], basis[r]] = True
+    st[ENTER], st[LEAVE] = q, r
+    pivot_basis(ch, r, col, cfg[STEEP] != 0)  # now, while this B⁻¹ is in the cache
+    return _PRIMAL
+
+
+@jit
+def _dual_pivot(prob, ch, alpha, cfg):
+    """Phase 2 of a dual pivot on tableau row alpha: the entering key and column, then the
+    first half of the pivot; ρ = alpha / α_rq into vn[0]. False: hand the LP to HiGHS."""
+    binv, d, st, vm, vn = ch[3], ch[5], ch[7], ch[8], ch[9]
+    a_t = _matrix(prob, st[ROW])[1]
+    q = dual_enter(ch, alpha, st[DEGEN] > 2 * binv.shape[0])
+    st[STEPS] += 1
+    if q < 0:
+        return False
+    col, r = vm[2], st[LEAVE]
+    column(binv, a_t, q, col)
+    st[DEGEN] = st[DEGEN] + 1 if d[q] >= -1e-14 else 0  # degenerate: d_q = 0
+    if st[STEPS] > cfg[CAP] or abs(col[r]) <= PIVOT_TOL:
+        return False
+    st[ENTER] = q
+    piv = col[r]
+    rho = vn[0]
+    for k in range(rho.size):
+        rho[k] = alpha[k] / piv
+    pivot_basis(ch, r, col, cfg[STEEP] != 0)
+    return True
+
+
+@jit
+def _products(prob, slots, c, y, n_y, steep):
+    """Phase 2, after the first half of slot c's pivot: queue its new row of B⁻¹ (primal)
+    and v (steepest edge) for the shared product at rows st[ZROW]…, or, when the row has
+    its own A, take its products now. Returns the rows queued so far."""
+    ch = _view(slots, c)
+    st, vm, vn = ch[7], ch[8], ch[9]
+    a = _matrix(prob, st[ROW])[0]
+    shared = prob[0].shape[0] == 1
+    st[ZROW] = n_y
+    if st[MODE] == _PRIMAL:
+        if shared:
+            y[n_y] = vm[0]
+            n_y += 1
+        else:
+            times_a(vm[0], a, vn[0])
+    if steep:
+        if shared:
+            y[n_y] = vm[1]
+            n_y += 1
+        else:
+            times_a(vm[1], a, vn[1])
+    return n_y
+
+
+@jit
+def _step(prob, bnd, slots, tasks, vert, nvert, cfg, work, y1, y2):
+    """One lock step of every live slot (see the module docstring)."""
+    a3, allowed = prob[0], prob[3]
+    n_slots, shared, steep = slots[0].shape[0], prob[0].shape[0] == 1, cfg[STEEP] != 0
+    n1 = 0
+    for c in range(n_slots):
+        st = slots[7][c]
+        st[MODE] = 0
+        if st[J] < 0 or st[WAIT]:
+            continue
+        ch = _view(slots, c)
+        st[MODE] = _decide(prob, bnd, ch, tasks, vert, nvert, cfg, work)
+        if st[MODE] == _DUAL:
+            st[ZROW] = n1
+            if shared:
+                y1[n1] = ch[3][st[LEAVE]]
+                n1 += 1
+            else:
+                times_a(ch[3][st[LEAVE]], _matrix(prob, st[ROW])[0], ch[9][2])
+    z1 = np.dot(y1[:n1], a3[0]) if shared and n1 > 0 else np.empty((0, a3.shape[2]))
+    n2 = 0
+    for c in range(n_slots):
+        st = slots[7][c]
+        if st[MODE] == _DUAL:
+            alpha = z1[st[ZROW]] if shared else slots[9][c, 2]
+            if not _dual_pivot(prob, _view(slots, c), alpha, cfg):
+                st[MODE], st[WAIT] = 0, 1
+                continue
+        elif st[MODE] != _PRIMAL:
+            continue
+        n2 = _products(prob, slots, c, y2, n2, steep)
+    z2 = np.dot(y2[:n2], a3[0]) if shared and n2 > 0 else np.empty((0, a3.shape[2]))
+    for c in range(n_slots):
+        st = slots[7][c]
+        if st[MODE] == 0:
+            continue
+        ch = _view(slots, c)
+        rho, av = ch[9][0], ch[9][1]
+        if shared:
+            z = st[ZROW]
+            if st[MODE] == _PRIMAL:
+                rho = z2[z]
+                z += 1
+            if steep:
+                av = z2[z]
+        pivot_pricing(allowed, ch, st[LEAVE], st[ENTER], ch[8][2], rho, av, steep)
+        bnd[7][st[ROW]] += 1
+        if st[SINCE] >= cfg[REFACTOR]:
+            a, a_t = _matrix(prob, st[ROW])
+            if not refactor(a, a_t, prob[2], ch, work, False):
+                st[WAIT] = 1
+
+
+def _sources_hash() -> str:
+    """sha256 of this file and `kernel.py`: the cache key of `run_chains` (see `_compile`)."""
+    digest = hashlib.sha256()
+    for path in (Path(__file__), Path(kernel.__file__)):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _compile(stamp: str):
+    """`run_chains`, cached on disk by numba (about 25 s to compile, 0.4 s to load).
+
+    numba keys a cached function by its own bytecode and its own file's time stamp, not by
+    the functions it calls, so an edit to `kernel.py` alone would load a stale engine. The
+    closure over `stamp` (the sources' hash) puts both files into the key.
+    """
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=kernel.FASTMATH)
+    def run_chains(prob, bnd, slots, tasks, vert, nvert, cfg, nxt, budget):
+        """Run the chains of `tasks` in the lock step of `slots` for up to `budget` steps.
+
+        Returns DONE (every chain finished), PAUSED (budget spent: call again), FALLBACK (some
+        slots have st[WAIT] = 1: the caller solves their LPs (st[ROW], st[J], st[S]), sets
+        st[RESTART] = 1 and st[WAIT] = 0, and calls again) or SINGULAR (a basis matrix was
+        singular).
+
+        prob: (A `[1 or R, m, n]`, Aᵀ `[1 or R, n, m]`, b `[R, m]`, allowed `[R, n]`); bnd:
+        (lower, upper, zero_seen, seen_max `[R, n]`, total `[R]`, start `[R, m]`, solved,
+        pivots `[R]`); slots: the chain states (see `kernel`), each `[C, …]`; tasks: (first
+        row, sense `[N]` and task offsets `[N + 1]` per chain, rows and keys `[T]` of the
+        tasks, pool `[R, n]`: row order's open keys); vert: (rows, keys, senses `[V]`, bases,
+        values `[V, m]`) witnesses, nvert `[1]` of them used; cfg: see `kernel`; nxt `[1]`:
+        the next chain to start.
+        """
+        if len(stamp) == 0:  # never: keeps the sources' hash in the cache key (above)
+            return SINGULAR
+        b, allowed = prob[2], prob[3]
+        n_slots, m = slots[0].shape
+        work = np.empty((m, m))
+        y1, y2 = np.empty((n_slots, m)), np.empty((2 * n_slots, m))
+        for step in range(budget + 1):
+            live = waiting = 0
+            for c in range(n_slots):
+                st = slots[7][c]
+                if st[WAIT]:
+                    waiting += 1
+                    continue
+                if st[RESTART]:  # its LP went to HiGHS: start clean on the next task
+                    ch = _view(slots, c)
+                    a, a_t = _matrix(prob, st[ROW])
+                    if not refactor(a, a_t, b, ch, work, cfg[STEEP] != 0):
+                        return SINGULAR
+                    st[PTR] += 1
+                    st[STEPS] = st[DEGEN] = st[RESTART] = 0
+                    advance(b, allowed, bnd, ch, tasks, cfg[POOL])
+                if st[J] < 0 and _load(prob, bnd, slots, c, tasks, cfg, nxt, work) < 0:
+                    return SINGULAR
+                live += st[J] >= 0
+            if waiting:
+                return FALLBACK
+            if live == 0:
+                return DONE
+            if step == budget:
+                return PAUSED
+            _step(prob, bnd, slots, tasks, vert, nvert, cfg, work, y1, y2)
+        return PAUSED
+
+    return run_chains
+
+
+run_chains = _compile(_sources_hash())
+_ready: list[bool] = []  # [True] once `run_chains` is compiled or loaded in this process
+
+
+def ensure_compiled() -> None:
+    """Compile (or load from the disk cache) `run_chains` now, with a status line on
+    stderr when it compiles: on a fresh install that is ~25 s, once. Callers with a time
+    budget call this first, so that the budget counts the work, not the compiler."""
+    if _ready:
+        return
+    try:  # numba's cache file for this source; internal, so only a hint for the message
+        cold = not Path(run_chains._cache._cache_file._index_path).exists()
+    except AttributeError:
+        cold = False
+    m, n = 1, 1
+    prob = (np.zeros((1, m, n)), np.zeros((1, n, m)), np.zeros((1, m)), np.ones((1, n), bool))
+    ints = np.zeros(1, dtype=np.int64)
+    bnd = (np.zeros((1, n)), np.zeros((1, n)), np.zeros((1, n), bool), np.zeros((1, n)),
+           np.zeros(1), np.zeros((1, m), dtype=np.int64), ints.copy(), ints.copy())  # fmt: skip
+    slots = new_slots(1, m, n)
+    tasks = (ints[:0], ints[:0], ints.copy(), ints[:0], ints[:0], np.zeros((1, n), bool))
+    vert = (ints[:0], ints[:0], ints[:0], np.zeros((0, m), dtype=np.int64), np.zeros((0, m)))
+    cfg = np.zeros(5, dtype=np.int64)
+    with status("compiling the interval engine (once; cached on disk)", enabled=cold):
+        run_chains(prob, bnd, slots, tasks, vert, ints.copy(), cfg, ints.copy(), 1)
+    _ready.append(True)
+
+
+def new_slots(n_slots: int, m: int, n: int) -> tuple:
+    """Empty chain states for `n_slots` slots of the lock step (see `kernel`)."""
+    state = np.zeros((n_slots, kernel.N_ST), dtype=np.int64)
+    state[:, kernel.J] = -1  # empty: takes the next chain
+    return (
+        np.zeros((n_slots, m), dtype=np.int64), np.full((n_slots, n), -1, dtype=np.int64),
+        np.ones((n_slots, n), dtype=bool), np.zeros((n_slots, m, m)), np.zeros((n_slots, m)),
+        np.zeros((n_slots, n)), np.ones((n_slots, n)), state, np.zeros((n_slots, 4, m)),
+        np.zeros((n_slots, 3, n)),
+    )  # fmt: skip
