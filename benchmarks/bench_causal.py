@@ -204,9 +204,10 @@ def measure(trace, hf, ids, old, before: bool, repeats: int) -> dict:
 
 def certify_section(repeats: int, before: bool) -> dict:
     """Causal certificates on the Llama-style trace at n = 512, layer 2, head 0."""
-    from identifiable.attention import attention_intervals, interval_map
+    from identifiable.attention import attention_intervals, interval_map, lockstep
     from identifiable.errors import IdentifiableError
 
+    lockstep.ensure_compiled()  # once per install (cached on disk): outside the timings
     _, model = build("llama")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -13,8 +13,8 @@ from identifiable.attention import kernel, lockstep
 
 _LOAD = (
     "import time\n"
-    "t = time.perf_counter()\n"
     "from identifiable.attention import lockstep\n"
+    "t = time.perf_counter()\n"
     "lockstep.ensure_compiled()\n"
     "print(time.perf_counter() - t)\n"
 )
@@ -48,3 +48,10 @@ def test_the_cache_key_covers_both_source_files():
     assert lockstep._sources_hash() == digest
     closure = lockstep.run_chains.py_func.__closure__ or ()
     assert digest in [cell.cell_contents for cell in closure]
+
+
+def test_the_python_side_states_the_compiled_tolerance():
+    """`simplex.OPT_TOL` (what the docs and `certificates` quote) is the kernel's own."""
+    from identifiable.attention import simplex
+
+    assert simplex.OPT_TOL == kernel.OPT_TOL

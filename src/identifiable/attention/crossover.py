@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-PIVOT_TOL = 1e-9  # smallest pivot element accepted in a ratio test (here and in simplex.py)
+PIVOT_TOL = 1e-9  # smallest pivot element accepted in a ratio test (here and in kernel.py)
 
 
 def crossover(aq: np.ndarray, a: np.ndarray, allowed: np.ndarray) -> np.ndarray:

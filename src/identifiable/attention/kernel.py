@@ -12,8 +12,9 @@ basis the previous task left. Its state is a tuple of arrays (one slot of the lo
 pos[k] is k's row in the basis (−1: non-basic); blocked keys are basic or outside the row's
 key set; d are the reduced costs of the current objective (0 at basic keys), γ the
 steepest-edge weights 1 + ‖B⁻¹A_k‖² of the basis; st holds the integers below; vm and vn
-are the chain's scratch vectors (vm[2] the entering column, vn[0:2] ρ and Aᵀv, vn[2] the
-dual pivot row). Each routine is written out as loops over contiguous rows, so that a
+are the chain's scratch vectors (vm[0:2] the new row of B⁻¹ and v, vm[2] the entering
+column, vm[3] the primal ratios; vn[0:2] ρ and Aᵀv, vn[1] also the dual ratios, vn[2] the
+dual pivot row; `refine` borrows vm and vn[2] between pivots). Each routine is written out as loops over contiguous rows, so that a
 pivot reads B⁻¹ once for the entering column and once (with the write) for the rank-one
 update, and the element-wise work between the products stays in registers: the numpy
 engine this replaces spent more than half of each step in such passes.
@@ -24,6 +25,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from identifiable.attention.crossover import PIVOT_TOL
+
 # Reassociation and FMA contraction let the dot products vectorise. No "nnan"/"ninf":
 # the ratio tests rely on ±inf (error_model="numpy": x / 0 is ±inf, not an exception).
 # Nothing here is cached on its own: `lockstep.run_chains` is, with all of this compiled
@@ -33,7 +36,6 @@ jit = numba.njit(nogil=True, error_model="numpy", fastmath=FASTMATH)
 
 OPT_TOL = 1e-11  # largest reduced cost accepted at an optimum (bounds the gap, simplex.py)
 FEAS_TOL = 1e-10  # basic values down to −FEAS_TOL count as 0 (round-off)
-PIVOT_TOL = 1e-9  # smallest pivot element accepted in a ratio test
 # Largest residual (‖b − B x_B‖∞, ‖e_p − Bᵀy‖∞) before refinement for which an optimum is
 # certified on refined values (`refined`); beyond it, a refactor.
 REFINE_TOL = 1e-8

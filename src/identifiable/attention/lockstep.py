@@ -79,20 +79,9 @@ _PRIMAL, _DUAL = 1, 2  # st[MODE]: this step's pivot
 
 @jit
 def _view(slots, c):
-    """The state tuple of slot c (see `kernel`)."""
-    basis, pos, blocked, binv, xb, d, w, st, vm, vn = (
-        slots[0],
-        slots[1],
-        slots[2],
-        slots[3],
-        slots[4],
-        slots[5],
-        slots[6],
-        slots[7],
-        slots[8],
-        slots[9],
-    )
-    return (basis[c], pos[c], blocked[c], binv[c], xb[c], d[c], w[c], st[c], vm[c], vn[c])
+    """The state tuple of slot c (see `kernel`): a view of every state array's row c."""
+    return (slots[0][c], slots[1][c], slots[2][c], slots[3][c], slots[4][c], slots[5][c],
+            slots[6][c], slots[7][c], slots[8][c], slots[9][c])  # fmt: skip
 
 
 @jit

@@ -262,6 +262,10 @@ def solve_jobs(trace, jobs, row_list, key_mask, chains, plan, deadline, budget, 
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
+            from identifiable.attention.lockstep import ensure_compiled
+
+            ensure_compiled()  # here, once: the workers then load it from the disk cache
+
             ctx = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=pool_size, mp_context=ctx,
                                      initializer=one_thread_per_process) as pool:  # fmt: skip
@@ -305,11 +309,11 @@ def _row_weight(mask: np.ndarray, d_v: int) -> float:
 
     A row of k keys costs ~(k / k_max)² of the probe (k LPs, each pivot prices k keys); rows
     of ≤ d_v + 1 keys have no null space unless tokens repeat: 0. Rows that all see one key
-    set share A (key order), 2.8× cheaper per row (a MiniLM head at n = 121: probe 18 ms,
-    map 0.77 s; bench_certify.py "probe_ratio");
+    set share A (key order), 2.8× cheaper per row (a MiniLM head at n = 121: probe 18 ms
+    and 23 ms, map 0.77 s and 0.71 s: 2.8× and 3.9×; bench_certify.py "probe_ratio");
     other rows cost 1.3×, fitted on a Llama-3-sized causal head (m = 129) with the compiled
-    engine: probes of 0.4 s (n = 256) and 1.9 s (n = 512) give estimates of 1.10× and 0.89×
-    the measured 35.4 s and 468.2 s (one process). The key-order pivots of wider rows cost
+    engine: probes of 0.4 s (n = 256) and 1.9 s (n = 512) give estimates of 1.07× and
+    0.99–0.89× the measured 36.5 s and 421.3–468.2 s (one process). The key-order pivots of wider rows cost
     more than the probe's, so no one factor fits every n (1.15× did for the numpy engine).
     """
     keys = mask.sum(1).astype(float)

@@ -37,7 +37,7 @@ from identifiable.threads import one_blas_thread
 # gap to the true optimum by OPT_TOL·Σa (Σa = 1): the reported bound is exact to ~1e-11.
 # The vertex x̂ itself is the witness that the bound is attained.
 
-OPT_TOL = 1e-11  # = kernel.OPT_TOL (kernel.py is imported only when the engine runs)
+OPT_TOL = 1e-11  # = kernel.OPT_TOL (tested; kernel.py is imported only when the engine runs)
 # Pivots between refactorisations of B⁻¹: max(_REFACTOR_EVERY, 2m); every LP also ends on
 # values recomputed at its basis (`kernel.refined`). 2m against m: 4.4 s against 4.9 s on
 # a 512-key row at m = 129.
@@ -158,11 +158,12 @@ def interval_simplex(
 
 
 def _problem(aq, a, allowed) -> tuple:
-    """(A, Aᵀ, b, allowed) as the compiled engine takes them (contiguous float64)."""
-    aq = np.ascontiguousarray(aq, dtype=np.float64)
+    """(A, Aᵀ, b, allowed) as the compiled engine takes them: contiguous and writable (a
+    read-only or strided array is another type to numba, which would compile again)."""
+    aq = np.require(aq, np.float64, ["C", "W"])
     b = a @ aq[0].T if aq.shape[0] == 1 else np.einsum("rmn,rn->rm", aq, a)
     at = np.ascontiguousarray(aq.transpose(0, 2, 1))
-    return aq, at, np.ascontiguousarray(b), np.ascontiguousarray(allowed, dtype=bool)
+    return aq, at, np.ascontiguousarray(b), np.require(allowed, bool, ["C", "W"])
 
 
 def _start(aq, a, allowed, rows_live, keep_vertices: bool) -> _Bounds:
@@ -268,10 +269,10 @@ def _run(prob, b: _Bounds, tasks: list, row_order: bool, what: str, deadline) ->
                                        counters[1:], _STEPS_PER_CALL)  # fmt: skip
             if code == lockstep.DONE:
                 break
-            if code == lockstep.SINGULAR:
+            if code == lockstep.SINGULAR:  # never seen: pivots keep |α_rq| > PIVOT_TOL
                 raise IdentifiableError(
-                    f"{what or 'interval map'}: a simplex basis became "
-                    "singular; compute it with interval_lp instead"
+                    f"{what or 'interval map'}: a simplex basis became singular; bound "
+                    "this row with attention.certificates.interval_lp (HiGHS per key)"
                 )
             for c in np.flatnonzero(state[:, kernel.WAIT]):
                 _fallback(prob, b, state[c], what)
