@@ -67,12 +67,22 @@ def one_blas_thread() -> Iterator[None]:
     compiled code; a second BLAS thread gains nothing on them and spins on the other core
     in between. A Llama-3-sized causal head (n = 256) took 37.5-39.0 s with one BLAS thread
     and 45.4-46.4 s with the default two, alternating in one process; a 512-key row
-    2.2 s either way.
-    """
-    from threadpoolctl import threadpool_limits
+    1.99-2.16 s with one and 1.78-2.10 s with two.
 
-    with threadpool_limits(1, user_api="blas"):
+    The controller is made once (finding the loaded libraries takes 3 ms, a limit with it
+    0.03 ms; the engine enters this once per `interval_simplex` call and sense), so it
+    limits the BLAS libraries loaded by the first call: numpy's, and scipy's, which the
+    engine's products use.
+    """
+    if not _BLAS:
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS.append(ThreadpoolController())
+    with _BLAS[0].limit(limits=1, user_api="blas"):
         yield
+
+
+_BLAS: list = []  # the ThreadpoolController of `one_blas_thread`, made at its first use
 
 
 def one_thread_per_process() -> None:

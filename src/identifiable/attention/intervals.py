@@ -273,7 +273,7 @@ def interval_map(
             rows are cut into pieces when there are fewer heads than processes.
         time_budget: seconds; when one measured row says the map needs more,
             raise IdentifiableError saying how long it would take. The engine's one-time
-            compilation (about 25 s on a fresh install, then cached on disk) runs
+            compilation (25–40 s on a fresh install, then cached on disk) runs
             before the clock starts.
         chains_per_row: simplex chains per row when rows are solved one by one
             (default: enough to keep ~128 in the lock step; unused for a bidirectional

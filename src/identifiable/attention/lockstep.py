@@ -283,7 +283,7 @@ def _sources_hash() -> str:
 
 
 def _compile(stamp: str):
-    """`run_chains`, cached on disk by numba (about 25 s to compile, 0.4 s to load).
+    """`run_chains`, cached on disk by numba (25–40 s to compile, 0.3–1 s to load).
 
     numba keys a cached function by its own bytecode and its own file's time stamp, not by
     the functions it calls, so an edit to `kernel.py` alone would load a stale engine. The
@@ -349,7 +349,7 @@ _ready: list[bool] = []  # [True] once `run_chains` is compiled or loaded in thi
 
 def ensure_compiled() -> None:
     """Compile (or load from the disk cache) `run_chains` now, with a status line on
-    stderr when it compiles: on a fresh install that is ~25 s, once. Callers with a time
+    stderr when it compiles: on a fresh install that is 25–40 s, once. Callers with a time
     budget call this first, so that the budget counts the work, not the compiler."""
     if _ready:
         return
