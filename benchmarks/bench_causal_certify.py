@@ -10,10 +10,13 @@ other; the load average is printed with each figure.
 
 - row: `attention_intervals` on the last row (n keys);
 - tail: `interval_map` on the last `--tail` rows of the head at n (rows that see
-  n − tail … n keys: before row by row, after as one nested set walked in key order);
+  n − tail … n keys, one nested set: row order since this stop, key order before);
 - head: `interval_map` on every row of the head at `--head-n` (default 256);
 - agree: the largest |difference| between the two sides' bounds (both are certified
   optima of the same LPs, so it should be round-off, ≤ 1e-9).
+
+- `--nested-key`: "before" is the working tree with nested causal rows in key order
+  (`mapwork._NESTED_ORDER`), the layout main used before row order.
 
 - workers (`--workers W`): the head again, after side, in W worker processes (one
   thread each; the before side cannot run in workers, which cannot import it).
@@ -28,12 +31,14 @@ Run: python benchmarks/bench_causal_certify.py [--n 512] [--tail 4] [--head-n 25
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.abc
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 
@@ -72,7 +77,42 @@ class _GitAttention(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         src = src.replace("identifiable.attention.", "_oldattn.").replace(
             "from identifiable.attention import", "from _oldattn import"
         )
-        exec(compile(src, f"_oldattn/{tail}.py", "exec"), module.__dict__)
+        # A real file: the compiled engine hashes its own source and numba caches by file.
+        path = os.path.join(_old_dir(self.commit), f"{tail}.py")
+        with open(path, "w") as fh:
+            fh.write(src)
+        module.__file__ = path
+        exec(compile(src, path, "exec"), module.__dict__)
+
+
+def _old_dir(commit: str) -> str:
+    """A folder for the sources of `_oldattn` at `commit` (kept: numba's cache lives there)."""
+    path = os.path.join(tempfile.gettempdir(), f"identifiable-bench-{commit}")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+class _NestedKey:
+    """The working tree's attention package with nested causal rows in key order (chains
+    of 16 rows, main before row order) instead of row order."""
+
+    def __init__(self, pkg) -> None:
+        self.pkg = pkg
+
+    def _keyed(self, fn, *args, **kw):
+        from identifiable.attention import mapwork
+
+        mapwork._NESTED_ORDER = "key"
+        try:
+            return fn(*args, **kw)
+        finally:
+            mapwork._NESTED_ORDER = "row"
+
+    def interval_map(self, *args, **kw):
+        return self._keyed(self.pkg.interval_map, *args, **kw)
+
+    def attention_intervals(self, *args, **kw):
+        return self._keyed(self.pkg.attention_intervals, *args, **kw)
 
 
 def main() -> None:
@@ -85,6 +125,11 @@ def main() -> None:
     p.add_argument("--parts", default="row,tail,head", help="comma-separated: row, tail, head")
     p.add_argument("--workers", type=int, default=1, help="head, after side: also this many")
     p.add_argument("--sides", default="before,after", help="comma-separated: before, after")
+    p.add_argument(
+        "--nested-key",
+        action="store_true",
+        help="before = the working tree with nested causal rows in key order",
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args()
     parts = args.parts.split(",")
@@ -108,7 +153,15 @@ def main() -> None:
     out: dict = {"threads": args.threads or f"default ({torch.get_num_threads()})",
                  "before": args.before, "n": args.n}  # fmt: skip
     last = args.n - 1
-    sides_run = [(n, p) for n, p in (("before", _oldattn), ("after", new)) if n in args.sides]
+    old = _NestedKey(new) if args.nested_key else _oldattn
+    if not args.nested_key and "before" in args.sides:
+        # A compiled engine at --before is compiled (or loaded) outside the timings too; a
+        # commit without lockstep.py (the numpy engine) has nothing to compile.
+        with contextlib.suppress(subprocess.CalledProcessError):
+            importlib.import_module("_oldattn.lockstep").ensure_compiled()
+    if args.nested_key:
+        out["before"] = "working tree, nested rows in key order"
+    sides_run = [(n, p) for n, p in (("before", old), ("after", new)) if n in args.sides]
     for side, pkg in sides_run:
         if "row" not in parts:
             break

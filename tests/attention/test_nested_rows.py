@@ -1,5 +1,6 @@
-"""Causal rows in one constraint matrix (`attention/nested.py`): the interval map walks
-down them in key order, and every bound still equals a plain per-key LP."""
+"""Causal rows in one constraint matrix (`attention/nested.py`): the interval map runs
+them in row order, key order walks down them (catch-up, then dual pivots), and every
+bound of either equals a plain per-key LP."""
 
 from __future__ import annotations
 
@@ -38,18 +39,33 @@ def test_nested_rows_equal_plain_lps_on_every_row(monkeypatch, repeat):
     if repeat:
         trace.values[:, :, 10:20] = trace.values[:, :, 0:10]
     seen = _spy(monkeypatch)
+    orders: list = []
+    engine = mapwork.interval_simplex
+
+    def record(*args, **kw):
+        orders.append((args[1].shape[0], kw["order"]))
+        return engine(*args, **kw)
+
+    monkeypatch.setattr(mapwork, "interval_simplex", record)
     m = interval_map(trace, layers=[1], heads=[2])
     nested = [rs for rs in seen if rs.movable is not None]
     assert len(nested) == 1 and nested[0].rows.size >= 20  # the long rows went together
-    # Every LP was certified by the chains walking down the rows (catch-up, then dual
-    # pivots); none needed HiGHS.
-    assert m.fallbacks == 0 and int(m.lp_solved.sum()) > 0
+    assert (nested[0].rows.size, "row") in orders  # the nested set ran in row order
+    assert m.fallbacks == 0 and int(m.lp_solved.sum()) > 0  # none needed HiGHS
     vf = (trace.values[1, 2].double() @ head_factors(trace.out_proj[1, 2].double())[0]).numpy()
+    rs = nested[0]
+    # Key order on the same set: chains walk down the rows (catch-up, then dual pivots).
+    by_key = interval_simplex(rs.aq, rs.raw, rs.keys, rs.movable, order="key", block=7)
+    assert by_key.fallbacks.sum() == 0
     for r in range(30):
         a = trace.attentions[1, 2, r, : r + 1].double().numpy()
         lo, hi = plain_bounds(a, vf[: r + 1])
         np.testing.assert_allclose(m.lower[0, 0, r, : r + 1].numpy(), lo, atol=1e-8, rtol=0)
         np.testing.assert_allclose(m.upper[0, 0, r, : r + 1].numpy(), hi, atol=1e-8, rtol=0)
+        if r in rs.rows:
+            i = int(np.flatnonzero(rs.rows == r)[0])
+            np.testing.assert_allclose(by_key.lower[i, : r + 1], lo, atol=1e-8, rtol=0)
+            np.testing.assert_allclose(by_key.upper[i, : r + 1], hi, atol=1e-8, rtol=0)
     assert torch.count_nonzero(m.upper[0, 0].triu(1)) == 0
 
 

@@ -142,7 +142,10 @@ def head_rows(
 
 
 _ROW_CHUNK = 32  # rows built and solved at a time when rows have their own key sets
-_NESTED_BLOCK = 16  # rows per key-order chain of nested rows
+# Nested causal rows: "row" order, or "key" order in chains of _NESTED_BLOCK rows (kept
+# for the benchmark that measures the choice, bench_causal_certify.py --nested-key).
+_NESTED_ORDER = "row"
+_NESTED_BLOCK = 16
 
 
 def _solve_head(args: tuple) -> list[tuple]:
@@ -158,12 +161,17 @@ def _solve_head(args: tuple) -> list[tuple]:
                 aq = rs.aq[0 if rs.aq.shape[0] == 1 else i]
                 if rs.null_dim[i] > 0:
                     movable[i] = (1.0 - (aq**2).sum(0) > MOVABLE_TOL) & rs.keys[i]
-        k = chains or max(1, min(int(rs.keys.sum(1).max()) // 16, 128 // max(n_rows, 1)))
-        # Nested rows: chains of _NESTED_BLOCK rows, not one chain down the whole head,
-        # keep the lock step full (one long chain per key leaves the last steps near-empty).
-        block = _NESTED_BLOCK if rs.movable is not None else None
+        # Nested causal rows run in row order, one chain per row (32 chains in all at most
+        # when rows are few): on a Llama-3-sized head 0.60x the pivots of key order and
+        # 0.56x the time at n = 256, 0.91x and 0.77x on the widest 32 rows at n = 512
+        # (docs/certified_attention.md).
+        nested = rs.movable is not None
+        order = _NESTED_ORDER if nested else "auto"
+        most = 32 if order == "row" else 128
+        k = chains or max(1, min(int(rs.keys.sum(1).max()) // 16, most // max(n_rows, 1)))
+        block = _NESTED_BLOCK if order == "key" else None
         sol = interval_simplex(rs.aq, rs.raw, rs.keys, movable, chains_per_row=k, what=what,
-                               deadline=deadline, block=block)  # fmt: skip
+                               deadline=deadline, order=order, block=block)  # fmt: skip
         out.append(
             (rs.rows, sol.lower, sol.upper, sol.lp_solved, sol.pivots, int(sol.fallbacks.sum()))
         )
@@ -172,9 +180,10 @@ def _solve_head(args: tuple) -> list[tuple]:
 
 def _head_sets(trace: Trace, layer: int, head: int, rows: list[int], key_mask, pieces: int = 1):
     """The row sets of one head, a list at a time: all rows together where they share one
-    key set, or one constraint matrix (nested causal rows, `nested.nested_rows`): key order
-    carries bases across them. Other rows go `_ROW_CHUNK` at a time, so that the bases of
-    rows with their own key sets (n·(d_v + 1) floats each) never exist for a whole head.
+    key set, or one constraint matrix (nested causal rows, `nested.nested_rows`), so that
+    one product with A per lock step serves all their chains. Other rows go `_ROW_CHUNK`
+    at a time, so that the bases of rows with their own key sets (n·(d_v + 1) floats each)
+    never exist for a whole head.
     With `pieces` > 1 (worker processes), a set of rows sharing A comes as up to that many
     lists of one piece each (`_pieces`)."""
     mask = layer_key_mask(trace, layer, key_mask)[rows]
@@ -196,7 +205,7 @@ def _head_sets(trace: Trace, layer: int, head: int, rows: list[int], key_mask, p
         yield head_rows(trace, layer, head, rest[i : i + _ROW_CHUNK], key_mask=key_mask)
 
 
-_MIN_PIECE = 16  # rows per piece at least: _NESTED_BLOCK, so a cut costs nested rows no warm start
+_MIN_PIECE = 16  # rows per piece at least
 
 
 def _pieces(rs: RowSet, pieces: int) -> list[RowSet]:
@@ -205,8 +214,8 @@ def _pieces(rs: RowSet, pieces: int) -> list[RowSet]:
 
     A row of k keys with a null space costs ~k² (k LPs, each pivot prices k keys), as in
     `_row_weight`. The rows keep their order, so nested key sets stay nested. A cut costs
-    little: key order restarts its chains every `_NESTED_BLOCK` rows in nested sets anyway,
-    and in a bidirectional set a piece's first row is solved without a warm start.
+    little: row order solves each nested row on its own, and in a bidirectional set (key
+    order) a piece's first row is solved without a warm start.
     """
     count = min(pieces, rs.rows.size // _MIN_PIECE)
     if count <= 1 or rs.aq.shape[0] != 1:
@@ -304,6 +313,9 @@ def _light(rs: RowSet) -> RowSet:
     return RowSet(rs.rows, rs.keys, rs.raw, empty, empty, rs.null_dim)
 
 
+_OWN_KEYS_FACTOR = 1.0  # rows that do not share one key set, in (k / k_max)² probes
+
+
 def _row_weight(mask: np.ndarray, d_v: int) -> float:
     """The rows `mask` `[R, n]` (key sets) in units of the probe, the row with most keys.
 
@@ -311,14 +323,16 @@ def _row_weight(mask: np.ndarray, d_v: int) -> float:
     of ≤ d_v + 1 keys have no null space unless tokens repeat: 0. Rows that all see one key
     set share A (key order), 2.8× cheaper per row (a MiniLM head at n = 121: probe 18 ms
     and 23 ms, map 0.77 s and 0.71 s: 2.8× and 3.9×; bench_certify.py "probe_ratio");
-    other rows cost 1.3×, fitted on a Llama-3-sized causal head (m = 129) with the compiled
-    engine: probes of 0.4 s (n = 256) and 1.9 s (n = 512) give estimates of 1.07× and
-    0.99–0.89× the measured 36.5 s and 421.3–468.2 s (one process). The key-order pivots of wider rows cost
-    more than the probe's, so no one factor fits every n (1.15× did for the numpy engine).
+    other rows (causal, windowed) cost _OWN_KEYS_FACTOR×, fitted on a Llama-3-sized
+    causal head (m = 129), nested rows in row order: probes of 0.88 s and 1.0 s gave 87 s
+    and 100 s with 1.3×, for a map of 73.0 s (n = 256), so 1.0× says 0.92–1.05×. With key
+    order (1.3×: 1.07× at n = 256, 0.89–0.99× at n = 512) wider rows cost more than the
+    probe's; row order took 0.77× key order's time on the widest 32 rows at n = 512, which
+    1.0× follows (about 0.94× there, not measured on a whole head).
     """
     keys = mask.sum(1).astype(float)
     share = float(((keys / keys.max()) ** 2 * (keys > d_v + 1)).sum())
-    return share / 2.8 if bool((mask == mask[:1]).all()) else 1.3 * share
+    return share / 2.8 if bool((mask == mask[:1]).all()) else _OWN_KEYS_FACTOR * share
 
 
 def check_budget(trace, job, rows, key_mask, n_rows, workers, budget, start) -> None:
