@@ -102,11 +102,11 @@ class _NestedKey:
     def _keyed(self, fn, *args, **kw):
         from identifiable.attention import mapwork
 
-        mapwork._NESTED_ORDER = "key"
+        kept, mapwork._NESTED_ORDER = mapwork._NESTED_ORDER, "key"
         try:
             return fn(*args, **kw)
         finally:
-            mapwork._NESTED_ORDER = "row"
+            mapwork._NESTED_ORDER = kept
 
     def interval_map(self, *args, **kw):
         return self._keyed(self.pkg.interval_map, *args, **kw)

@@ -328,9 +328,9 @@ def test_optima_certified_on_refined_values_match_fresh_factorisations(monkeypat
 
 def test_budget_weights_rows_by_their_keys():
     """The time-budget estimate prices each row at (k / k_max)² of the probe row (times
-    `_OWN_KEYS_FACTOR` for rows that do not share one key set): causal rows sum to about n/3, rows without a
-    null space (k ≤ d_v + 1) to 0, and rows that share one key set (bidirectional, key
-    order) at 1/2.8 of a probe each."""
+    `_OWN_KEYS_FACTOR` for rows that do not share one key set): causal rows sum to about
+    n/3, rows without a null space (k ≤ d_v + 1) to 0, and rows that share one key set
+    (bidirectional, key order) at 1/2.8 of a probe each."""
     from identifiable.attention.mapwork import _OWN_KEYS_FACTOR, _row_weight
 
     n, d_v = 64, 7

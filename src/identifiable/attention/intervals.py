@@ -276,8 +276,9 @@ def interval_map(
             compilation (25–40 s on a fresh install, then cached on disk) runs
             before the clock starts.
         chains_per_row: simplex chains per row when rows are solved one by one
-            (default: enough to keep ~128 in the lock step; unused for a bidirectional
-            head of 8 rows or more, which runs one chain per key).
+            (default: enough to keep ~128 in the lock step, ~32 for the nested rows of a
+            causal head; unused for a bidirectional head of 8 rows or more, which runs
+            one chain per key).
         progress: a bar of the rows solved on stderr (lines in a log); None: only when a
             person is watching (a terminal or Jupyter).
     Raises: IdentifiableError for out-of-range indices, a corrupt trace (naming layer
