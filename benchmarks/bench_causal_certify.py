@@ -23,6 +23,8 @@ other; the load average is printed with each figure.
 
 `--threads 0` leaves torch's and numpy's thread counts as a user gets them (torch: one per
 core), which is what exposed the two libraries' thread pools spinning against each other.
+Since the engine runs on threads (default: torch's count), `--threads T` also gives the
+after side T lock steps in T threads; a `--before` commit without threads runs one.
 
 Run: python benchmarks/bench_causal_certify.py [--n 512] [--tail 4] [--head-n 256]
      [--threads 1] [--parts row,tail,head] [--workers 1] [--json out.json]

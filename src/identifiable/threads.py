@@ -2,7 +2,7 @@
 
 Used by the probe fitters (`tokens`); `one_blas_thread` by the simplex engine of certified
 intervals (`attention.simplex`); `one_thread_per_process` starts the worker processes of
-interval maps.
+interval maps; `engine_threads` resolves the threads that engine may use.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from typing import ParamSpec, TypeVar
 
 import torch
+
+from identifiable.errors import IdentifiableError
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -102,3 +104,19 @@ def one_thread_per_process() -> None:
 
     threadpool_limits(1)
     torch.set_num_threads(1)
+
+
+def engine_threads(threads: int | None, name: str = "threads") -> int:
+    """The threads the interval engine may use: `threads`, or by default torch's intra-op
+    thread count (one per core unless the caller set it: `torch.set_num_threads`,
+    OMP_NUM_THREADS; 1 in the worker processes of `one_thread_per_process`).
+
+    The engine's threads each run a lock step of their own (`attention.simplex._run`); its
+    compiled code releases the GIL. `name` is the argument named when `threads` < 1 (the
+    CLI passes its flag).
+    """
+    if threads is None:
+        return max(1, torch.get_num_threads())
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise IdentifiableError(f"{name} must be a whole number of at least 1, got {threads!r}")
+    return threads

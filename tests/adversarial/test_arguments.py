@@ -129,6 +129,7 @@ SPECIFIC = [
     (["mixing", "x", "--model", "{model}", "--workers", "2"], "does not apply to --method"),
     (["mixing", "x", "--model", "{model}", "--method", "flow", "--workers", "0"], "workers"),
     (["certify", "x", "--layer", "abc"], "Invalid value for '--layer'"),
+    (["certify", "x", "--model", "{model}", "--threads", "0"], "--threads 0 must be at least 1"),
 ]
 
 CASES = (

@@ -24,6 +24,7 @@ from identifiable.errors import IdentifiableError
 from identifiable.models.trace import Trace
 from identifiable.progress import task_bar, watching
 from identifiable.results import Result
+from identifiable.threads import engine_threads
 
 
 @dataclass(frozen=True)
@@ -154,20 +155,30 @@ def witness(
 
 
 def attention_intervals(
-    trace: Trace, layer: int, head: int, row: int, *, factors: HeadFactors | None = None
+    trace: Trace,
+    layer: int,
+    head: int,
+    row: int,
+    *,
+    factors: HeadFactors | None = None,
+    threads: int | None = None,
 ) -> AttentionIntervals:
     """Min and max of every weight of one row consistent with its head output.
 
     The row's LPs run in the warm-started simplex (`interval_simplex`, row order: chains
     of keys warm-started across objectives, each bound certified); an LP it cannot
     certify goes to HiGHS. `lp_solved` counts both.
+
+    threads: the row's chains split over this many threads (default: torch's thread
+    count, `torch.get_num_threads()`); the bounds do not depend on it.
     """
+    threads = engine_threads(threads)
     a, seen, _, _, basis, null_dim = _row_problem(trace, layer, head, row, factors)
     aq, allowed, movable = row_problem(a[seen].numpy(), basis)
     chains = max(1, min(int(movable.sum()) // 16, 32))  # 32: fastest on 512 keys, m = 33 and 129
     where = f"layer {layer}, head {head}, row {row}"
     sol = interval_simplex(aq, a[seen].numpy()[None], allowed, movable, chains_per_row=chains,
-                           what=where)  # fmt: skip
+                           what=where, threads=threads)  # fmt: skip
     lo, hi = sol.lower[0], sol.upper[0]
     solved = int(sol.lp_solved[0] + sol.fallbacks[0])
     lower, upper = torch.zeros_like(a), torch.zeros_like(a)
@@ -250,6 +261,7 @@ def interval_map(
     rows: list[int] | None = None,
     key_mask: Tensor | None = None,
     workers: int = 1,
+    threads: int | None = None,
     time_budget: float | None = None,
     chains_per_row: int | None = None,
     progress: bool | None = None,
@@ -271,6 +283,9 @@ def interval_map(
             `key_mask` if it has one, else causal or full).
         workers: processes (1: in this process). Heads run in parallel, and a head's
             rows are cut into pieces when there are fewer heads than processes.
+        threads: with workers=1, the chains of each row set split over this many
+            threads of this process (default: torch's thread count,
+            `torch.get_num_threads()`); worker processes run one thread each.
         time_budget: seconds; when one measured row says the map needs more,
             raise IdentifiableError saying how long it would take. The engine's one-time
             compilation (25–40 s on a fresh install, then cached on disk) runs
@@ -292,6 +307,7 @@ def interval_map(
         from identifiable.attention.lockstep import ensure_compiled
 
         ensure_compiled()
+    threads = engine_threads(threads)
     start = time.time()
     layers, heads = check_selection(trace, layers, heads)
     heads = list(range(trace.n_heads)) if heads is None else heads
@@ -305,11 +321,11 @@ def interval_map(
     deadline = None if time_budget is None else start + 1.05 * time_budget
     if time_budget is not None:
         check_budget(trace, jobs[0], row_list, key_mask, len(jobs) * len(row_list), parallel,
-                     time_budget, start)  # fmt: skip
+                     time_budget, start, threads)  # fmt: skip
     shown = watching() if progress is None else progress
     with task_bar("attention intervals (rows)", len(jobs) * len(row_list), enabled=shown) as bar:
         solved = solve_jobs(trace, jobs, row_list, key_mask, chains_per_row, plan, deadline,
-                            time_budget, start, bar)  # fmt: skip
+                            time_budget, start, bar, threads)  # fmt: skip
     return _assemble(trace, layers, heads, row_list, jobs, solved, start)
 
 

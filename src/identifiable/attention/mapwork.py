@@ -150,7 +150,7 @@ _NESTED_BLOCK = 16
 
 def _solve_head(args: tuple) -> list[tuple]:
     """Row sets through `interval_simplex` (module-level: process pools)."""
-    sets, chains, what, deadline = args
+    sets, chains, what, deadline, threads = args
     out = []
     for rs in sets:
         n_rows = rs.rows.size
@@ -171,7 +171,8 @@ def _solve_head(args: tuple) -> list[tuple]:
         k = chains or max(1, min(int(rs.keys.sum(1).max()) // 16, most // max(n_rows, 1)))
         block = _NESTED_BLOCK if order == "key" else None
         sol = interval_simplex(rs.aq, rs.raw, rs.keys, movable, chains_per_row=k, what=what,
-                               deadline=deadline, order=order, block=block)  # fmt: skip
+                               deadline=deadline, order=order, block=block,
+                               threads=threads)  # fmt: skip
         out.append(
             (rs.rows, sol.lower, sol.upper, sol.lp_solved, sol.pivots, int(sol.fallbacks.sum()))
         )
@@ -254,8 +255,10 @@ def pool_plan(workers: int, n_jobs: int, n_rows: int) -> tuple[int, int]:
     return pool_size, (2 * splits if splits > 1 else 1)
 
 
-def solve_jobs(trace, jobs, row_list, key_mask, chains, plan, deadline, budget, start, bar):
-    """Per job, the list of (light row set, result) pairs; one line if the budget runs out."""
+def solve_jobs(trace, jobs, row_list, key_mask, chains, plan, deadline, budget, start, bar,
+               threads=1):  # fmt: skip
+    """Per job, the list of (light row set, result) pairs; one line if the budget runs out.
+    `threads` per row set in this process; worker processes run one each."""
     done = 0
     out: dict = {}
     pool_size, pieces = plan
@@ -264,7 +267,7 @@ def solve_jobs(trace, jobs, row_list, key_mask, chains, plan, deadline, budget, 
         lyr, h = job
         what = f"layer {lyr}, head {h}"
         for sets in _head_sets(trace, lyr, h, row_list, key_mask, pieces):
-            yield sets, (chains, what, deadline)
+            yield sets, (chains, what, deadline, 1 if pool_size > 1 else threads)
 
     try:
         if pool_size > 1:
@@ -335,8 +338,9 @@ def _row_weight(mask: np.ndarray, d_v: int) -> float:
     return share / 2.8 if bool((mask == mask[:1]).all()) else _OWN_KEYS_FACTOR * share
 
 
-def check_budget(trace, job, rows, key_mask, n_rows, workers, budget, start) -> None:
-    """Time one row (the one with the most keys) and refuse a map that cannot fit.
+def check_budget(trace, job, rows, key_mask, n_rows, workers, budget, start, threads=1) -> None:
+    """Time one row (the one with the most keys) and refuse a map that cannot fit. The
+    probe runs on the map's `threads` (with worker processes, 1), as its rows will.
 
     Only that row's problem is built; a row that alone outlasts the budget is stopped
     when the budget (and its 10 % slack) runs out, not when it ends.
@@ -347,7 +351,7 @@ def check_budget(trace, job, rows, key_mask, n_rows, workers, budget, start) -> 
     t0 = time.time()
     try:  # the probe may use the budget and half its 10 % slack, no more
         _solve_head((head_rows(trace, job[0], job[1], [probe], key_mask=key_mask), None, what,
-                     start + 1.05 * budget))  # fmt: skip
+                     start + 1.05 * budget, 1 if workers > 1 else threads))  # fmt: skip
         cut = False
     except OutOfTime:
         cut = True

@@ -7,7 +7,9 @@ chains and runs them in the compiled lock step (`lockstep.run_chains`, pivots in
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +53,8 @@ _PIVOTS_PER_M = 8
 _MIN_BLOCK = 16  # "key" order, phase 2 (minima): rows per chain
 _CHAIN_BYTES = 2**23  # B⁻¹ of the chains in one lock step (8 MB: 63 chains at m = 129)
 _STEPS_PER_CALL = 16  # lock steps between checks of the deadline
+_THREAD_CHAINS = 8  # chains per thread at least (`_run`)
+_THREAD_COPY_BYTES = 2**28  # the threads' own copies of the shared state, in all (`_run`)
 # Switches kept for the tests and benchmarks that measure the choices made: row order's
 # pool takes basic keys first (1) or keys in index order (2); optima are certified on
 # refined values (True) or each on a fresh factorisation (False).
@@ -93,6 +97,7 @@ def interval_simplex(
     order: str = "auto",
     block: int | None = None,
     deadline: float | None = None,
+    threads: int = 1,
 ) -> IntervalSolution:
     """Min and max of every movable x_j over each row's P, by warm-started simplex chains.
 
@@ -129,6 +134,9 @@ def interval_simplex(
         order: "auto", "key" or "row" (see above).
         block: "key" order: rows per chain (default: all rows in one chain).
         deadline: a wall-clock time (`time.time()`); past it, raise `OutOfTime`.
+        threads: the chains are split into up to this many groups, each run by its own
+            lock step in its own thread (see `_run`); the bounds are the same certified
+            optima, the pivots and witnesses those of the split.
     """
     n_rows = a.shape[0]
     rows_live = np.flatnonzero(movable.any(1))
@@ -150,7 +158,7 @@ def interval_simplex(
             todo, size = movable & ~b.zero_seen, min(size, _MIN_BLOCK)
         tasks = _layout(todo, sense, size, order, max(1, int(chains_per_row)))
         if tasks:
-            _run(prob, b, tasks, order == "row", what, deadline)
+            _run(prob, b, tasks, order == "row", what, deadline, threads)
     return IntervalSolution(
         np.minimum(b.lower, a), np.maximum(b.upper, a), b.solved, b.pivots, b.fallbacks,
         b.vertices,
@@ -234,12 +242,91 @@ class OutOfTime(Exception):
     """Raised by `interval_simplex` when its `deadline` (wall clock, `time.time()`) has passed."""
 
 
-def _run(prob, b: _Bounds, tasks: list, row_order: bool, what: str, deadline) -> None:
-    """The chains of `tasks` in the compiled lock step, with HiGHS for the LPs it hands
-    back; every `_STEPS_PER_CALL` steps the deadline is checked."""
-    from identifiable.attention import kernel, lockstep
+def _run(prob, b: _Bounds, tasks: list, row_order: bool, what: str, deadline, threads: int) -> None:
+    """The chains of `tasks` in the compiled lock step, in up to `threads` threads.
+
+    Each thread runs every `threads`-th chain (round robin: the chains of one row, and
+    neighbouring rows, which cost about the same, alternate) in a lock step of its own,
+    on its own copy of the bounds, which are merged when all are done (`_merge`). The
+    compiled engine releases the GIL, so the threads run on as many cores. A thread takes
+    at least `_THREAD_CHAINS` chains: fewer would leave its products with A too small;
+    and the threads' own arrays (`_copy`) take at most `_THREAD_COPY_BYTES` in all
+    (R·n·9 + R·m·8 bytes a thread: 38 MB for a bidirectional head at n = 2,048).
+    """
+    from identifiable.attention import lockstep
 
     lockstep.ensure_compiled()
+    groups = max(1, min(int(threads), len(tasks) // _THREAD_CHAINS,
+                        _THREAD_COPY_BYTES // max(1, _copy_bytes(b))))  # fmt: skip
+    with one_blas_thread():  # the GEMMs of a step are small: BLAS threads would only spin
+        if groups == 1:
+            _run_group(prob, b, tasks, row_order, what, deadline, _CHAIN_BYTES, None)
+            return
+        parts = [_copy(b) for _ in range(groups)]
+        stop = threading.Event()  # set by a group that fails, so that the others end too
+
+        def one(g: int) -> None:
+            try:
+                _run_group(prob, parts[g], tasks[g::groups], row_order, what, deadline,
+                           _CHAIN_BYTES // groups, stop)  # fmt: skip
+            except BaseException:
+                stop.set()
+                raise
+
+        with ThreadPoolExecutor(groups) as pool:
+            futures = [pool.submit(one, g) for g in range(groups)]
+        errors = [f.exception() for f in futures]
+        first = next((e for e in errors if e is not None and not isinstance(e, _Stopped)), None)
+        if first is not None:
+            raise first
+    _merge(b, parts)
+
+
+class _Stopped(Exception):
+    """A group of `_run` ended because another group failed."""
+
+
+def _copy(b: _Bounds) -> _Bounds:
+    """The bounds as one thread of `_run` sees them: lower and upper shared (each is
+    written only by the task that owns it, so the threads never touch the same element),
+    the rest its own (what the visited points prove, which the kernel also reads, and
+    the counts), so that no thread's path depends on another's timing."""
+    return _Bounds(b.raw, b.lower, b.upper, b.zero_seen.copy(), b.seen_max.copy(), b.total,
+                   b.start.copy(), None if b.vertices is None else {}, b.solved.copy(),
+                   b.pivots.copy(), b.fallbacks.copy())  # fmt: skip
+
+
+def _copy_bytes(b: _Bounds) -> int:
+    """Bytes of one `_copy` of b."""
+    return b.zero_seen.nbytes + b.seen_max.nbytes + b.start.nbytes
+
+
+def _merge(b: _Bounds, parts: list[_Bounds]) -> None:
+    """Fold the threads' own arrays into b (their bounds are already there): a point one
+    thread visited proves its zeros and values for all; counts add up; a row's start
+    basis is the first thread's that moved it (any feasible basis will do: the rule only
+    keeps runs deterministic)."""
+    start0 = b.start.copy()
+    solved0, pivots0, fallbacks0 = b.solved.copy(), b.pivots.copy(), b.fallbacks.copy()
+    for p in parts:
+        b.zero_seen |= p.zero_seen
+        np.maximum(b.seen_max, p.seen_max, out=b.seen_max)
+        b.solved += p.solved - solved0
+        b.pivots += p.pivots - pivots0
+        b.fallbacks += p.fallbacks - fallbacks0
+        moved = (p.start != start0).any(1) & (b.start == start0).all(1)
+        b.start[moved] = p.start[moved]
+        if b.vertices is not None and p.vertices is not None:
+            b.vertices.update(p.vertices)
+
+
+def _run_group(prob, b: _Bounds, tasks: list, row_order: bool, what: str, deadline,
+               chain_bytes: int, stop) -> None:  # fmt: skip
+    """The chains of `tasks` in one compiled lock step, with HiGHS for the LPs it hands
+    back; every `_STEPS_PER_CALL` steps the deadline (and `stop`, set when another
+    thread's group failed) is checked."""
+    from identifiable.attention import kernel, lockstep
+
     m, n = prob[0].shape[1:]
     n_rows = prob[2].shape[0]
     rows = np.array([t[0] for tl in tasks for t in tl], dtype=np.int64)
@@ -252,7 +339,7 @@ def _run(prob, b: _Bounds, tasks: list, row_order: bool, what: str, deadline) ->
         pool[rows, keys] = True
     # Chains in lock step share one pass over their B⁻¹ per step: past a few MB that
     # pass leaves the cache, so at most _CHAIN_BYTES of them run at once.
-    slots = lockstep.new_slots(min(len(tasks), max(1, _CHAIN_BYTES // (8 * m * m))), m, n)
+    slots = lockstep.new_slots(min(len(tasks), max(1, chain_bytes // (8 * m * m))), m, n)
     state = slots[7]
     cfg = np.array([max(_PIVOTS_PER_LP, _PIVOTS_PER_M * m), max(_REFACTOR_EVERY, _REFACTOR_PER_M * m),
                     row_order, _POOL_RULE if row_order else 0, _REFINE], dtype=np.int64)  # fmt: skip
@@ -263,22 +350,23 @@ def _run(prob, b: _Bounds, tasks: list, row_order: bool, what: str, deadline) ->
     counters = np.zeros(2, dtype=np.int64)  # witnesses kept, next chain to start
     bnd = (b.lower, b.upper, b.zero_seen, b.seen_max, b.total, b.start, b.solved, b.pivots)
     work = (first, senses, offsets, rows, keys, pool)
-    with one_blas_thread():  # the GEMMs of a step are small: threads would only spin
-        while True:
-            code = lockstep.run_chains(prob, bnd, slots, work, vert, counters[:1], cfg,
-                                       counters[1:], _STEPS_PER_CALL)  # fmt: skip
-            if code == lockstep.DONE:
-                break
-            if code == lockstep.SINGULAR:  # never seen: pivots keep |α_rq| > PIVOT_TOL
-                raise IdentifiableError(
-                    f"{what or 'interval map'}: a simplex basis became singular; bound "
-                    "this row with attention.certificates.interval_lp (HiGHS per key)"
-                )
-            for c in np.flatnonzero(state[:, kernel.WAIT]):
-                _fallback(prob, b, state[c], what)
-                state[c, kernel.WAIT], state[c, kernel.RESTART] = 0, 1
-            if deadline is not None and time.time() > deadline:
-                raise OutOfTime
+    while True:
+        code = lockstep.run_chains(prob, bnd, slots, work, vert, counters[:1], cfg,
+                                   counters[1:], _STEPS_PER_CALL)  # fmt: skip
+        if code == lockstep.DONE:
+            break
+        if code == lockstep.SINGULAR:  # never seen: pivots keep |α_rq| > PIVOT_TOL
+            raise IdentifiableError(
+                f"{what or 'interval map'}: a simplex basis became singular; bound "
+                "this row with attention.certificates.interval_lp (HiGHS per key)"
+            )
+        for c in np.flatnonzero(state[:, kernel.WAIT]):
+            _fallback(prob, b, state[c], what)
+            state[c, kernel.WAIT], state[c, kernel.RESTART] = 0, 1
+        if deadline is not None and time.time() > deadline:
+            raise OutOfTime
+        if stop is not None and stop.is_set():
+            raise _Stopped
     if b.vertices is not None:
         for t in range(int(counters[0])):
             x = np.zeros(n)

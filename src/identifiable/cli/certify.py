@@ -46,6 +46,14 @@ _WorkersArg = Annotated[
     int, typer.Option("--workers", help="Processes: heads in parallel, or pieces of one head.")
 ]
 
+_ThreadsArg = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        help="Threads of the interval engine in this process (default: torch's thread count).",
+    ),
+]
+
 
 def certify(
     text: _TextArg,
@@ -57,6 +65,7 @@ def certify(
     out: _OutArg = None,
     time_budget: _TimeBudgetArg = None,
     workers: _WorkersArg = 1,
+    threads: _ThreadsArg = None,
     force: ForceOption = False,
     no_truncate: NoTruncateOption = False,
 ) -> None:
@@ -65,7 +74,7 @@ def certify(
     (the valid row closest to uniform). Prints a summary per head."""
     from identifiable.attention import constrained_attention, interval_map
 
-    _check_flags(out, workers, time_budget, force)
+    _check_flags(out, workers, threads, time_budget, force)
     m = load(model)
     tr = m.trace((text, pair) if pair is not None else text, truncate=not no_truncate)
     check_ranges(tr, layer, head, row)
@@ -73,7 +82,7 @@ def certify(
     heads = [head] if head is not None else None
     rows = [row] if row is not None else None
     imap = interval_map(tr, layers=layers, heads=heads, rows=rows, workers=workers,
-                        time_budget=time_budget, progress=True)  # fmt: skip
+                        threads=threads, time_budget=time_budget, progress=True)  # fmt: skip
     records: dict[str, list[Any]] = {c: [] for c in COLUMNS}
     table = Table(
         title=f"{m.info.name}: {tr.n_tokens} tokens; intervals of valid rows with the same head "
@@ -122,12 +131,16 @@ def certify(
         console.print(f"wrote {len(df)} rows to {out}")
 
 
-def _check_flags(out: Path | None, workers: int, time_budget: float | None, force: bool) -> None:
+def _check_flags(
+    out: Path | None, workers: int, threads: int | None, time_budget: float | None, force: bool
+) -> None:
     """One line for a flag that cannot work, before the model loads."""
     if out is not None and out.suffix != ".parquet":
         raise IdentifiableError(f"--out '{out}' must end in .parquet")
     if workers < 1:
         raise IdentifiableError(f"--workers {workers} must be at least 1")
+    if threads is not None and threads < 1:
+        raise IdentifiableError(f"--threads {threads} must be at least 1")
     if time_budget is not None and not time_budget > 0:  # NaN too: it would refuse nothing
         raise IdentifiableError(
             f"--time-budget {time_budget:g} must be a positive number of seconds"
