@@ -106,17 +106,16 @@ def one_thread_per_process() -> None:
     torch.set_num_threads(1)
 
 
-def engine_threads(threads: int | None, name: str = "threads") -> int:
+def engine_threads(threads: int | None) -> int:
     """The threads the interval engine may use: `threads`, or by default torch's intra-op
     thread count (one per core unless the caller set it: `torch.set_num_threads`,
     OMP_NUM_THREADS; 1 in the worker processes of `one_thread_per_process`).
 
     The engine's threads each run a lock step of their own (`attention.simplex._run`); its
-    compiled code releases the GIL. `name` is the argument named when `threads` < 1 (the
-    CLI passes its flag).
+    compiled code releases the GIL.
     """
     if threads is None:
         return max(1, torch.get_num_threads())
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise IdentifiableError(f"{name} must be a whole number of at least 1, got {threads!r}")
+        raise IdentifiableError(f"threads must be a whole number of at least 1, got {threads!r}")
     return threads

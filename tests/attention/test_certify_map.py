@@ -10,10 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers.traces import TEXT_LONG, plain_bounds, synthetic_trace
+from helpers.traces import TEXT_LONG, plain_bounds, shared_rows, synthetic_trace
 from identifiable.attention import attention_intervals, interval_map
-from identifiable.attention.certificates import interval_simplex, movable_keys
-from identifiable.attention.linalg import add_ones, column_basis
+from identifiable.attention.certificates import interval_simplex
 from identifiable.errors import IdentifiableError
 
 
@@ -22,37 +21,21 @@ from identifiable.errors import IdentifiableError
        chains=st.integers(1, 4), order=st.sampled_from(["key", "row"]),
        block=st.sampled_from([None, 1, 3]), seed=st.integers(0, 10_000))  # fmt: skip
 def test_simplex_matches_plain_linprog(n, d_v, rows, chains, order, block, seed):
-    g = torch.Generator().manual_seed(seed)
-    v = torch.randn(n, d_v, generator=g, dtype=torch.float64)
-    a = torch.softmax(torch.randn(rows, n, generator=g, dtype=torch.float64) * 2, 1).numpy()
-    q, r, _ = column_basis(v)
-    qa, _ = add_ones(q, r)
-    basis = qa[:, torch.linalg.vector_norm(qa, dim=0) > 0].numpy()
-    if basis.shape[1] >= n:
+    aq, a, movable, v = shared_rows(n, d_v, rows, seed)
+    if aq.shape[1] >= n:
         return
-    movable = np.repeat(movable_keys(basis)[None], rows, 0)
-    sol = interval_simplex(basis.T[None], a, np.ones((rows, n), bool), movable,
+    sol = interval_simplex(aq, a, np.ones((rows, n), bool), movable,
                            chains_per_row=chains, keep_vertices=True, order=order,
                            block=block)  # fmt: skip
     for i in range(rows):
-        lo, hi = plain_bounds(a[i], v.numpy())
+        lo, hi = plain_bounds(a[i], v)
         np.testing.assert_allclose(sol.lower[i], lo, atol=1e-8)
         np.testing.assert_allclose(sol.upper[i], hi, atol=1e-8)
     for (i, j, s), x in sol.vertices.items():  # every LP's vertex is a valid witness
         assert (x >= 0).all() and abs(x.sum() - a[i].sum()) < 1e-9
-        assert np.abs((x - a[i]) @ v.numpy()).max() < 1e-9 * max(1.0, np.abs(v.numpy()).max())
+        assert np.abs((x - a[i]) @ v).max() < 1e-9 * max(1.0, np.abs(v).max())
         assert x[j] == pytest.approx((sol.upper if s > 0 else sol.lower)[i, j], abs=1e-12)
     assert (sol.lp_solved + sol.fallbacks <= 2 * n).all()
-
-
-def _shared_rows(n: int, d_v: int, rows: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    v = torch.randn(n, d_v, generator=g, dtype=torch.float64)
-    a = torch.softmax(torch.randn(rows, n, generator=g, dtype=torch.float64) * 2, 1).numpy()
-    q, r, _ = column_basis(v)
-    qa, _ = add_ones(q, r)
-    basis = qa[:, torch.linalg.vector_norm(qa, dim=0) > 0].numpy()
-    return basis.T[None], a, np.repeat(movable_keys(basis)[None], rows, 0)
 
 
 def test_dual_warm_start_across_rows_saves_pivots():
@@ -60,7 +43,7 @@ def test_dual_warm_start_across_rows_saves_pivots():
     row order warm-starts across objectives (primal). Same bounds, fewer pivots: on
     these rows 5,665 against 6,564 (7.8k before row order took basic keys first,
     `kernel.pool_next`; on MiniLM heads the ratio is ~2.4)."""
-    aq, a, movable = _shared_rows(40, 6, 30, seed=1)
+    aq, a, movable, _ = shared_rows(40, 6, 30, seed=1)
     keys = np.ones(a.shape, bool)
     by_key = interval_simplex(aq, a, keys, movable, order="key")
     by_row = interval_simplex(aq, a, keys, movable, order="row")
@@ -312,7 +295,7 @@ def test_optima_certified_on_refined_values_match_fresh_factorisations(monkeypat
     HiGHS, in key and row order."""
     import identifiable.attention.simplex as simplex
 
-    aq, a, movable = _shared_rows(60, 8, 12, seed=5)
+    aq, a, movable, _ = shared_rows(60, 8, 12, seed=5)
     keys = np.ones(a.shape, bool)
     sols = {}
     for refine in (True, False):
@@ -344,7 +327,7 @@ def test_budget_weights_rows_by_their_keys():
 
 
 def _one_row(n: int, d_v: int, seed: int):
-    aq, a, movable = _shared_rows(n, d_v, 1, seed)
+    aq, a, movable, _ = shared_rows(n, d_v, 1, seed)
     return aq, a, np.ones(a.shape, bool), movable
 
 

@@ -13,23 +13,16 @@ import pytest
 import torch
 
 import identifiable.attention.simplex as simplex
-from helpers.traces import plain_bounds, synthetic_trace
+from helpers.traces import plain_bounds, shared_rows, synthetic_trace
 from identifiable.attention import attention_intervals, interval_map
-from identifiable.attention.certificates import OutOfTime, interval_simplex, movable_keys
-from identifiable.attention.linalg import add_ones, column_basis
+from identifiable.attention.certificates import OutOfTime, interval_simplex
 from identifiable.errors import IdentifiableError
 from identifiable.threads import engine_threads
 
 
 def _problem(n: int, d_v: int, rows: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    v = torch.randn(n, d_v, generator=g, dtype=torch.float64)
-    a = torch.softmax(torch.randn(rows, n, generator=g, dtype=torch.float64) * 2, 1).numpy()
-    q, r, _ = column_basis(v)
-    qa, _ = add_ones(q, r)
-    basis = qa[:, torch.linalg.vector_norm(qa, dim=0) > 0].numpy()
-    movable = np.repeat(movable_keys(basis)[None], rows, 0)
-    return basis.T[None], a, np.ones((rows, n), bool), movable, v.numpy()
+    aq, a, movable, v = shared_rows(n, d_v, rows, seed)
+    return aq, a, np.ones((rows, n), bool), movable, v
 
 
 def _spy_groups(monkeypatch) -> list:

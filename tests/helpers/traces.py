@@ -75,3 +75,19 @@ def plain_bounds(a: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
                           method="highs")  # fmt: skip
             out[j] = res.x[j]
     return lo, hi
+
+
+def shared_rows(n: int, d_v: int, rows: int, seed: int):
+    """An engine problem of `rows` rows sharing one key set of n keys: random values V
+    `[n, d_v]` and softmax rows a `[rows, n]`; returns (A = Qᵀ `[1, m, n]` with Q an
+    orthonormal basis of col([V, 1]), a, movable keys `[rows, n]`, V as numpy)."""
+    from identifiable.attention.certificates import movable_keys
+    from identifiable.attention.linalg import add_ones, column_basis
+
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(n, d_v, generator=g, dtype=torch.float64)
+    a = torch.softmax(torch.randn(rows, n, generator=g, dtype=torch.float64) * 2, 1).numpy()
+    q, r, _ = column_basis(v)
+    qa, _ = add_ones(q, r)
+    basis = qa[:, torch.linalg.vector_norm(qa, dim=0) > 0].numpy()
+    return basis.T[None], a, np.repeat(movable_keys(basis)[None], rows, 0), v.numpy()

@@ -170,7 +170,7 @@ def attention_intervals(
     certify goes to HiGHS. `lp_solved` counts both.
 
     threads: the row's chains split over this many threads (default: torch's thread
-    count, `torch.get_num_threads()`); the bounds do not depend on it.
+    count, `torch.get_num_threads()`); the bounds agree with one thread's to round-off.
     """
     threads = engine_threads(threads)
     a, seen, _, _, basis, null_dim = _row_problem(trace, layer, head, row, factors)
@@ -316,6 +316,8 @@ def interval_map(
         trace.check_row(r)
     jobs = [(lyr, h) for lyr in layers for h in heads]
     plan = pool_plan(workers, len(jobs), len(row_list))
+    if plan[0] > 1:  # worker processes run one thread each
+        threads = 1
     # The budget check assumes no more processes than the machine's cores.
     parallel = min(plan[0], os.cpu_count() or 1)
     deadline = None if time_budget is None else start + 1.05 * time_budget

@@ -258,7 +258,7 @@ def pool_plan(workers: int, n_jobs: int, n_rows: int) -> tuple[int, int]:
 def solve_jobs(trace, jobs, row_list, key_mask, chains, plan, deadline, budget, start, bar,
                threads=1):  # fmt: skip
     """Per job, the list of (light row set, result) pairs; one line if the budget runs out.
-    `threads` per row set in this process; worker processes run one each."""
+    `threads`: the engine's threads per row set (1 with worker processes)."""
     done = 0
     out: dict = {}
     pool_size, pieces = plan
@@ -267,7 +267,7 @@ def solve_jobs(trace, jobs, row_list, key_mask, chains, plan, deadline, budget, 
         lyr, h = job
         what = f"layer {lyr}, head {h}"
         for sets in _head_sets(trace, lyr, h, row_list, key_mask, pieces):
-            yield sets, (chains, what, deadline, 1 if pool_size > 1 else threads)
+            yield sets, (chains, what, deadline, threads)
 
     try:
         if pool_size > 1:
@@ -340,7 +340,7 @@ def _row_weight(mask: np.ndarray, d_v: int) -> float:
 
 def check_budget(trace, job, rows, key_mask, n_rows, workers, budget, start, threads=1) -> None:
     """Time one row (the one with the most keys) and refuse a map that cannot fit. The
-    probe runs on the map's `threads` (with worker processes, 1), as its rows will.
+    probe runs on the map's `threads`, as its rows will.
 
     Only that row's problem is built; a row that alone outlasts the budget is stopped
     when the budget (and its 10 % slack) runs out, not when it ends.
@@ -351,7 +351,7 @@ def check_budget(trace, job, rows, key_mask, n_rows, workers, budget, start, thr
     t0 = time.time()
     try:  # the probe may use the budget and half its 10 % slack, no more
         _solve_head((head_rows(trace, job[0], job[1], [probe], key_mask=key_mask), None, what,
-                     start + 1.05 * budget, 1 if workers > 1 else threads))  # fmt: skip
+                     start + 1.05 * budget, threads))  # fmt: skip
         cut = False
     except OutOfTime:
         cut = True

@@ -247,7 +247,8 @@ def _run(prob, b: _Bounds, tasks: list, row_order: bool, what: str, deadline, th
 
     Each thread runs every `threads`-th chain (round robin: the chains of one row, and
     neighbouring rows, which cost about the same, alternate) in a lock step of its own,
-    on its own copy of the bounds, which are merged when all are done (`_merge`). The
+    writing the bounds it owns in place, with its own copy of what visited points prove,
+    merged when all are done (`_copy`, `_merge`). The
     compiled engine releases the GIL, so the threads run on as many cores. A thread takes
     at least `_THREAD_CHAINS` chains: fewer would leave its products with A too small;
     and the threads' own arrays (`_copy`) take at most `_THREAD_COPY_BYTES` in all
