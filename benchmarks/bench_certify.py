@@ -130,7 +130,7 @@ def main() -> None:
     # What the time-budget check would estimate for this head (one probe row).
     sets = head_rows(tr, layer, head)
     t0 = time.perf_counter()
-    _solve_head(([_one_row(sets, n - 1)], None, "", None))
+    _solve_head(([_one_row(sets, n - 1)], None, "", None, args.threads))
     out["probe_row_s"] = time.perf_counter() - t0
     out["probe_ratio"] = out["probe_row_s"] * n / out["head_new_s"]
 

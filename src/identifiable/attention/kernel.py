@@ -44,10 +44,18 @@ REFINE_TOL = 1e-8
 # (ROW, BROW: they differ while catching up), its objective (J, S), whether d is fresh,
 # pivots in this LP (STEPS), consecutive degenerate pivots (DEGEN), pivots since the last
 # refactor (SINCE), and the lock step's per-step decisions (WAIT: the LP goes to HiGHS;
-# RESTART: it came back; MODE, ENTER, LEAVE, ZROW: this step's pivot).
+# RESTART: it came back; MODE, ENTER, LEAVE, ZROW: this step's pivot), and the updates of
+# d from single-precision products since d was last computed in double (DRIFT).
 CHAIN, PTR, ROW, BROW, J, S, FRESH, STEPS, DEGEN, SINCE = range(10)
-WAIT, RESTART, MODE, ENTER, LEAVE, ZROW = range(10, 16)
-N_ST = 16
+WAIT, RESTART, MODE, ENTER, LEAVE, ZROW, DRIFT = range(10, 17)
+N_ST = 17
+# Shared products with A run in single precision (`lockstep`): they only steer the pivots
+# (d and γ), never a bound, which is certified on double-precision values (`refined`). d is
+# recomputed in double when pricing finds no key that gains more than DRIFT_GAIN a unit, and
+# after DRIFT_STEPS updates, so that the round-off of single precision (~1e-7 of ‖ρ‖) neither
+# ends an LP nor steers more than a few pivots.
+DRIFT_GAIN = 1e-6
+DRIFT_STEPS = 32
 # cfg: the pivot cap per LP, pivots between refactors, steepest-edge pricing (else
 # Dantzig's), row order (chains draw keys from their row's pool: 1 basic keys first,
 # 2 in index order), certify optima on refined values (else refactor at every optimum).
@@ -160,6 +168,7 @@ def fresh_d(a, ch):
         d[:] = 0.0
         d[j] = s
     st[FRESH] = 1
+    st[DRIFT] = 0
 
 
 @jit
@@ -382,6 +391,7 @@ def refined(a, a_t, b, ch):
     for i in range(basis.size):
         d[basis[i]] = 0.0
     st[FRESH] = 1
+    st[DRIFT] = 0
     return True
 
 

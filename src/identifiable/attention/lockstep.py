@@ -7,8 +7,9 @@ Aᵀv. Chain by chain these are matrix–vector products that read all of A (528
 m = 129, n = 512) for 66k multiply-adds each: bound by the cache, ~9 µs apiece on this
 machine. When the chains share A (the rows of a bidirectional head, nested causal rows,
 the chains of one row), a step stacks those vectors and makes them one matrix product,
-which reads A once for every chain. Everything between the products runs per chain in
-compiled loops (`kernel.py`). A step has three phases:
+which reads A once for every chain. At n ≥ `simplex._SINGLE_MIN_KEYS` the second product
+(ρ and Aᵀv, which only steer the pivots) is single precision. Everything between the
+products runs per chain in compiled loops (`kernel.py`). A step has three phases:
 
 1. each chain settles what is settled (an optimum is certified, a minimum proved 0, the
    next task taken) or picks its pivot: a primal pivot's entering key, column and leaving
@@ -36,6 +37,9 @@ from identifiable.attention.kernel import (
     CAP,
     CHAIN,
     DEGEN,
+    DRIFT,
+    DRIFT_GAIN,
+    DRIFT_STEPS,
     ENTER,
     FEAS_TOL,
     FRESH,
@@ -146,6 +150,9 @@ def _decide(prob, bnd, ch, tasks, vert, nvert, cfg, work):
         advance(b, allowed, bnd, ch, tasks, row_order)
         return 0
     q = price(ch, slow, cfg[STEEP] != 0)
+    if st[DRIFT] > 0 and (q < 0 or st[DRIFT] >= DRIFT_STEPS or ch[5][q] <= DRIFT_GAIN):
+        fresh_d(a, ch)  # d in double again before it ends the LP or steers on round-off
+        q = price(ch, slow, cfg[STEEP] != 0)
     if q < 0:
         if catching:  # optimal over the new keys at the old b: now load the row's b
             st[BROW] = st[ROW]
@@ -207,13 +214,13 @@ def _products(prob, slots, c, y, n_y, steep):
     st[ZROW] = n_y
     if st[MODE] == _PRIMAL:
         if shared:
-            y[n_y] = vm[0]
+            _put(vm[0], y[n_y])
             n_y += 1
         else:
             times_a(vm[0], a, vn[0])
     if steep:
         if shared:
-            y[n_y] = vm[1]
+            _put(vm[1], y[n_y])
             n_y += 1
         else:
             times_a(vm[1], a, vn[1])
@@ -221,10 +228,34 @@ def _products(prob, slots, c, y, n_y, steep):
 
 
 @jit
-def _step(prob, bnd, slots, tasks, vert, nvert, cfg, work, y1, y2):
+def _put(x, out):
+    """out = x, a row of the shared product's left factor (in single or double precision)."""
+    for c in range(x.size):
+        out[c] = x[c]
+
+
+@jit
+def _shared_pricing(allowed, ch, z2, steep, drift):
+    """Phase 3 of a pivot whose products came from the shared product z2 (double or single
+    precision): ρ of a primal pivot (and Aᵀv) from z2; a dual pivot's ρ is its tableau row
+    (double). drift = 1: ρ was single precision, so d drifts (see `kernel.DRIFT`)."""
+    st = ch[7]
+    r, q, col, z = st[LEAVE], st[ENTER], ch[8][2], st[ZROW]
+    if st[MODE] == _PRIMAL:
+        pivot_pricing(allowed, ch, r, q, col, z2[z], z2[z + 1 if steep else z], steep)
+        st[DRIFT] += drift
+    elif steep:
+        pivot_pricing(allowed, ch, r, q, col, ch[9][0], z2[z], steep)
+    else:
+        pivot_pricing(allowed, ch, r, q, col, ch[9][0], ch[9][1], steep)
+
+
+@jit
+def _step(prob, bnd, slots, tasks, vert, nvert, cfg, work, y1, y2, y2s):
     """One lock step of every live slot (see the module docstring)."""
-    a3, allowed = prob[0], prob[3]
+    a3, allowed, a32 = prob[0], prob[3], prob[4]
     n_slots, shared, steep = slots[0].shape[0], prob[0].shape[0] == 1, cfg[STEEP] != 0
+    single = shared and a32.shape[0] == 1  # the second product in single precision
     n1 = 0
     for c in range(n_slots):
         st = slots[7][c]
@@ -251,22 +282,24 @@ def _step(prob, bnd, slots, tasks, vert, nvert, cfg, work, y1, y2):
                 continue
         elif st[MODE] != _PRIMAL:
             continue
-        n2 = _products(prob, slots, c, y2, n2, steep)
-    z2 = np.dot(y2[:n2], a3[0]) if shared and n2 > 0 else np.empty((0, a3.shape[2]))
+        if single:
+            n2 = _products(prob, slots, c, y2s, n2, steep)
+        else:
+            n2 = _products(prob, slots, c, y2, n2, steep)
+    go = shared and n2 > 0
+    z2 = np.dot(y2[:n2], a3[0]) if go and not single else np.empty((0, a3.shape[2]))
+    z2s = np.dot(y2s[:n2], a32[0]) if go and single else np.empty((0, a3.shape[2]), np.float32)
     for c in range(n_slots):
         st = slots[7][c]
         if st[MODE] == 0:
             continue
         ch = _view(slots, c)
-        rho, av = ch[9][0], ch[9][1]
-        if shared:
-            z = st[ZROW]
-            if st[MODE] == _PRIMAL:
-                rho = z2[z]
-                z += 1
-            if steep:
-                av = z2[z]
-        pivot_pricing(allowed, ch, st[LEAVE], st[ENTER], ch[8][2], rho, av, steep)
+        if not shared:
+            pivot_pricing(allowed, ch, st[LEAVE], st[ENTER], ch[8][2], ch[9][0], ch[9][1], steep)
+        elif single:
+            _shared_pricing(allowed, ch, z2s, steep, 1)
+        else:
+            _shared_pricing(allowed, ch, z2, steep, 0)
         bnd[7][st[ROW]] += 1
         if st[SINCE] >= cfg[REFACTOR]:
             a, a_t = _matrix(prob, st[ROW])
@@ -299,7 +332,9 @@ def _compile(stamp: str):
         st[RESTART] = 1 and st[WAIT] = 0, and calls again) or SINGULAR (a basis matrix was
         singular).
 
-        prob: (A `[1 or R, m, n]`, Aᵀ `[1 or R, n, m]`, b `[R, m]`, allowed `[R, n]`); bnd:
+        prob: (A `[1 or R, m, n]`, Aᵀ `[1 or R, n, m]`, b `[R, m]`, allowed `[R, n]`, A in
+        single precision `[1 or 0, m, n]`: with one, the shared second product runs in
+        single precision, see `kernel.DRIFT`); bnd:
         (lower, upper, zero_seen, seen_max `[R, n]`, total `[R]`, start `[R, m]`, solved,
         pivots `[R]`); slots: the chain states (see `kernel`), each `[C, …]`; tasks: (first
         row, sense `[N]` and task offsets `[N + 1]` per chain, rows and keys `[T]` of the
@@ -313,6 +348,7 @@ def _compile(stamp: str):
         n_slots, m = slots[0].shape
         work = np.empty((m, m))
         y1, y2 = np.empty((n_slots, m)), np.empty((2 * n_slots, m))
+        y2s = np.empty((2 * n_slots, m), np.float32)
         for step in range(budget + 1):
             live = waiting = 0
             for c in range(n_slots):
@@ -337,7 +373,7 @@ def _compile(stamp: str):
                 return DONE
             if step == budget:
                 return PAUSED
-            _step(prob, bnd, slots, tasks, vert, nvert, cfg, work, y1, y2)
+            _step(prob, bnd, slots, tasks, vert, nvert, cfg, work, y1, y2, y2s)
         return PAUSED
 
     return run_chains
@@ -358,7 +394,8 @@ def ensure_compiled() -> None:
     except AttributeError:
         cold = False
     m, n = 1, 1
-    prob = (np.zeros((1, m, n)), np.zeros((1, n, m)), np.zeros((1, m)), np.ones((1, n), bool))
+    prob = (np.zeros((1, m, n)), np.zeros((1, n, m)), np.zeros((1, m)), np.ones((1, n), bool),
+            np.zeros((1, m, n), np.float32))  # fmt: skip
     ints = np.zeros(1, dtype=np.int64)
     bnd = (np.zeros((1, n)), np.zeros((1, n)), np.zeros((1, n), bool), np.zeros((1, n)),
            np.zeros(1), np.zeros((1, m), dtype=np.int64), ints.copy(), ints.copy())  # fmt: skip

@@ -51,7 +51,20 @@ _REFACTOR_PER_M = 4
 _PIVOTS_PER_LP = 400
 _PIVOTS_PER_M = 8
 _MIN_BLOCK = 16  # "key" order, phase 2 (minima): rows per chain
-_CHAIN_BYTES = 2**23  # B⁻¹ of the chains in one lock step (8 MB: 63 chains at m = 129)
+# B⁻¹ of the chains in one lock step: _CHAIN_BYTES, split between the threads' lock steps
+# down to _GROUP_BYTES each (2 MB: 15 chains at m = 129; 1 MB: 7). Each pivot reads its
+# chain's B⁻¹ twice and writes it once, so the batch should stay in a core's cache (here
+# 1 MB of L2 per core, 8 MB of L3 shared). Same run, Llama-3-sized head, 8 MB against
+# 2 MB: n = 256 on 2 threads 37.5 -> 28.7 s; the 4 widest rows at n = 512 on 1 thread
+# 26.8 -> 21.5 s (benchmarks/bench_causal_certify.py; 1 MB on 1 thread, 0.5 MB on 2: slower).
+_CHAIN_BYTES = 2**21
+_GROUP_BYTES = 2**20
+# The shared second product of a lock step (ρ and Aᵀv: they steer the pivots, and bound
+# nothing) runs in single precision from this many keys on. Same run, 2 MB batches: the 4
+# widest rows at n = 512 0.70-0.85x on 2 threads and 0.80x on 1; a head at n = 256 on 2
+# threads 1.05-1.08x (single-precision GEMMs of ≤ 14 × 129 by 129 × 256 are slower in
+# OpenBLAS). d is kept honest in double precision: see `kernel.DRIFT`.
+_SINGLE_MIN_KEYS = 384
 _STEPS_PER_CALL = 16  # lock steps between checks of the deadline
 _THREAD_CHAINS = 8  # chains per thread at least (`_run`)
 _THREAD_COPY_BYTES = 2**28  # the threads' own copies of the shared state, in all (`_run`)
@@ -166,12 +179,16 @@ def interval_simplex(
 
 
 def _problem(aq, a, allowed) -> tuple:
-    """(A, Aᵀ, b, allowed) as the compiled engine takes them: contiguous and writable (a
-    read-only or strided array is another type to numba, which would compile again)."""
+    """(A, Aᵀ, b, allowed, A in single precision) as the compiled engine takes them:
+    contiguous and writable (a read-only or strided array is another type to numba, which
+    would compile again). The single-precision A is for the products that rows sharing A
+    make together (`lockstep`), from _SINGLE_MIN_KEYS keys on; else an empty one."""
     aq = np.require(aq, np.float64, ["C", "W"])
     b = a @ aq[0].T if aq.shape[0] == 1 else np.einsum("rmn,rn->rm", aq, a)
     at = np.ascontiguousarray(aq.transpose(0, 2, 1))
-    return aq, at, np.ascontiguousarray(b), np.require(allowed, bool, ["C", "W"])
+    single = aq.shape[0] == 1 and aq.shape[2] >= _SINGLE_MIN_KEYS
+    a32 = aq.astype(np.float32) if single else np.zeros((0, *aq.shape[1:]), np.float32)
+    return aq, at, np.ascontiguousarray(b), np.require(allowed, bool, ["C", "W"]), a32
 
 
 def _start(aq, a, allowed, rows_live, keep_vertices: bool) -> _Bounds:
@@ -269,7 +286,7 @@ def _run(prob, b: _Bounds, tasks: list, row_order: bool, what: str, deadline, th
         def one(g: int) -> None:
             try:
                 _run_group(prob, parts[g], tasks[g::groups], row_order, what, deadline,
-                           _CHAIN_BYTES // groups, stop)  # fmt: skip
+                           max(_GROUP_BYTES, _CHAIN_BYTES // groups), stop)  # fmt: skip
             except BaseException:
                 stop.set()
                 raise
