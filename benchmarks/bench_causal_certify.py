@@ -26,8 +26,12 @@ core), which is what exposed the two libraries' thread pools spinning against ea
 Since the engine runs on threads (default: torch's count), `--threads T` also gives the
 after side T lock steps in T threads; a `--before` commit without threads runs one.
 
+- `--repeats R`: each part R times, the sides alternating which goes first (this
+  machine's speed drifts by up to 25 % within minutes): medians, and the ratio of each
+  before/after pair.
+
 Run: python benchmarks/bench_causal_certify.py [--n 512] [--tail 4] [--head-n 256]
-     [--threads 1] [--parts row,tail,head] [--workers 1] [--json out.json]
+     [--threads 1] [--parts row,tail,head] [--workers 1] [--repeats 1] [--json out.json]
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_causal import build, load, timed, zipf_ids
+from bench_causal import build, load, zipf_ids
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -117,6 +121,24 @@ class _NestedKey:
         return self._keyed(self.pkg.attention_intervals, *args, **kw)
 
 
+def _alternate(sides: list, repeats: int, out: dict, what):
+    """Yield (side, payload, [start time]) for `repeats` rounds of `sides`, the order
+    reversed every other round so that neither side always runs first; the caller sets
+    t[0] to the elapsed time. Records out[f"{what}_{side}_runs_s"] and the median in
+    out[f"{what}_{side}_s"]. what = False: nothing to run."""
+    if not what:
+        return
+    runs: dict = {name: [] for name, _ in sides}
+    for r in range(repeats):
+        for name, payload in sides if r % 2 == 0 else sides[::-1]:
+            t = [time.perf_counter()]
+            yield name, payload, t
+            runs[name].append(t[0])
+    for name, times in runs.items():
+        out[f"{what}_{name}_runs_s"] = times
+        out[f"{what}_{name}_s"] = float(np.median(times))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=512)
@@ -131,6 +153,13 @@ def main() -> None:
         "--nested-key",
         action="store_true",
         help="before = the working tree with nested causal rows in key order",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="row, tail and head this many times, alternating which side goes first "
+        "(before, after, after, before, ...): medians, and the ratio of each pair",
     )
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -164,30 +193,31 @@ def main() -> None:
     if args.nested_key:
         out["before"] = "working tree, nested rows in key order"
     sides_run = [(n, p) for n, p in (("before", old), ("after", new)) if n in args.sides]
-    for side, pkg in sides_run:
-        if "row" not in parts:
-            break
-        t, iv = timed(lambda pkg=pkg: pkg.attention_intervals(trace, 1, 0, last), 1)
-        out[f"row_{side}_s"], out[f"row_{side}_lps"] = t, iv.lp_solved
+    for side, pkg, t in _alternate(sides_run, args.repeats, out, "row" in parts and "row"):
+        iv = pkg.attention_intervals(trace, 1, 0, last)
+        t[0] = time.perf_counter() - t[0]
+        out[f"row_{side}_lps"] = iv.lp_solved
         out[f"row_{side}_bounds"] = np.stack([iv.lower.numpy(), iv.upper.numpy()])
-        print(f"row of {args.n} keys, {side}: {t:.1f} s, {iv.lp_solved} LPs, {load()}",
+        print(f"row of {args.n} keys, {side}: {t[0]:.1f} s, {iv.lp_solved} LPs, {load()}",
               flush=True)  # fmt: skip
     rows = list(range(args.n - args.tail, args.n))
     heads = {"tail": (trace, rows), "head": (short, None)}
-    sides = [(n, p, 1) for n, p in sides_run]
     for what, (tr, rws) in heads.items():
         if what not in parts:
             continue
-        extra = [("workers", new, args.workers)] if what == "head" and args.workers > 1 else []
-        for side, pkg, w in sides + extra:  # worker processes cannot import _oldattn
+        sides = [(n, p, 1) for n, p in sides_run]
+        if what == "head" and args.workers > 1:  # worker processes cannot import _oldattn
+            sides.append(("workers", new, args.workers))
+        for side, (pkg, w), t in _alternate([(n, (p, w)) for n, p, w in sides], args.repeats,
+                                            out, what):  # fmt: skip
             kw = {"workers": w} if w > 1 else {}
-            t, im = timed(lambda pkg=pkg, tr=tr, rws=rws, kw=kw: pkg.interval_map(
-                tr, layers=[1], heads=[0], rows=rws, progress=False, **kw), 1)  # fmt: skip
-            out[f"{what}_{side}_s"], out[f"{what}_{side}_pivots"] = t, int(im.pivots.sum())
+            im = pkg.interval_map(tr, layers=[1], heads=[0], rows=rws, progress=False, **kw)
+            t[0] = time.perf_counter() - t[0]
+            out[f"{what}_{side}_pivots"] = int(im.pivots.sum())
             out[f"{what}_{side}_fallbacks"] = im.fallbacks
             out[f"{what}_{side}_bounds"] = np.stack([im.lower.numpy(), im.upper.numpy()])
             print(f"{what} ({len(im.rows)} rows of ≤ {tr.n_tokens} keys), {side}"
-                  f"{f' ({w} processes)' if w > 1 else ''}: {t:.1f} s, {int(im.pivots.sum())} "
+                  f"{f' ({w} processes)' if w > 1 else ''}: {t[0]:.1f} s, {int(im.pivots.sum())} "
                   f"pivots, {im.fallbacks} HiGHS fallbacks, {load()}", flush=True)  # fmt: skip
     for what in ("row", "tail", "head"):
         if what not in parts or f"{what}_after_bounds" not in out:
@@ -200,7 +230,13 @@ def main() -> None:
             out[f"{what}_{other}_agree"] = float(diff)
             ratio = out[f"{what}_after_s"] / out[f"{what}_{other}_s"]
             if other == "before":
-                print(f"{what}: after/before {ratio:.3f}, max |bound difference| {diff:.2e}")
+                pairs = [a / b for a, b in zip(out[f"{what}_after_runs_s"],
+                                               out[f"{what}_before_runs_s"], strict=True)]  # fmt: skip
+                out[f"{what}_pair_ratios"] = pairs
+                print(
+                    f"{what}: after/before {ratio:.3f} (medians; pairs "
+                    f"{min(pairs):.3f}-{max(pairs):.3f}), max |bound difference| {diff:.2e}"
+                )
             else:
                 print(
                     f"{what}: 1 process / {args.workers} processes {ratio:.3f}, "
