@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers.traces import TEXT_LONG, plain_bounds, shared_rows, synthetic_trace
+from helpers.traces import TEXT_LONG, assert_certified, plain_bounds, shared_rows, synthetic_trace
 from identifiable.attention import attention_intervals, interval_map
 from identifiable.attention.certificates import interval_simplex
 from identifiable.errors import IdentifiableError
@@ -27,14 +27,7 @@ def test_simplex_matches_plain_linprog(n, d_v, rows, chains, order, block, seed)
     sol = interval_simplex(aq, a, np.ones((rows, n), bool), movable,
                            chains_per_row=chains, keep_vertices=True, order=order,
                            block=block)  # fmt: skip
-    for i in range(rows):
-        lo, hi = plain_bounds(a[i], v)
-        np.testing.assert_allclose(sol.lower[i], lo, atol=1e-8)
-        np.testing.assert_allclose(sol.upper[i], hi, atol=1e-8)
-    for (i, j, s), x in sol.vertices.items():  # every LP's vertex is a valid witness
-        assert (x >= 0).all() and abs(x.sum() - a[i].sum()) < 1e-9
-        assert np.abs((x - a[i]) @ v).max() < 1e-9 * max(1.0, np.abs(v).max())
-        assert x[j] == pytest.approx((sol.upper if s > 0 else sol.lower)[i, j], abs=1e-12)
+    assert_certified(sol, a, v, resid=1e-9 * max(1.0, np.abs(v).max()))  # and every witness
     assert (sol.lp_solved + sol.fallbacks <= 2 * n).all()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from scipy.optimize import linprog
 
@@ -77,17 +78,38 @@ def plain_bounds(a: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
-def shared_rows(n: int, d_v: int, rows: int, seed: int):
+def shared_rows(n: int, d_v: int, rows: int, seed: int, twins: bool = False):
     """An engine problem of `rows` rows sharing one key set of n keys: random values V
     `[n, d_v]` and softmax rows a `[rows, n]`; returns (A = Qᵀ `[1, m, n]` with Q an
-    orthonormal basis of col([V, 1]), a, movable keys `[rows, n]`, V as numpy)."""
+    orthonormal basis of col([V, 1]), a, movable keys `[rows, n]`, V as numpy).
+
+    twins: the first n / 2 value vectors repeated once, as repeated tokens give: keys with
+    equal columns of A, whose reduced costs are 0 when their twin is basic."""
     from identifiable.attention.certificates import movable_keys
     from identifiable.attention.linalg import add_ones, column_basis
 
     g = torch.Generator().manual_seed(seed)
-    v = torch.randn(n, d_v, generator=g, dtype=torch.float64)
+    if twins:
+        half = torch.randn(n // 2, d_v, generator=g, dtype=torch.float64)
+        v = torch.cat([half, half])
+    else:
+        v = torch.randn(n, d_v, generator=g, dtype=torch.float64)
     a = torch.softmax(torch.randn(rows, n, generator=g, dtype=torch.float64) * 2, 1).numpy()
     q, r, _ = column_basis(v)
     qa, _ = add_ones(q, r)
     basis = qa[:, torch.linalg.vector_norm(qa, dim=0) > 0].numpy()
     return basis.T[None], a, np.repeat(movable_keys(basis)[None], rows, 0), v.numpy()
+
+
+def assert_certified(sol, a: np.ndarray, v: np.ndarray, resid: float = 1e-9) -> None:
+    """The bounds of an `IntervalSolution` of rows a `[R, n]` over values v `[n, d_v]`
+    equal per-key scipy LPs (`plain_bounds`, 1e-8), and every witness it kept is a point
+    of P (x ≥ 0, Σx = Σa, ‖(x − a)ᵀV‖∞ < resid) attaining its bound."""
+    for i in range(a.shape[0]):
+        lo, hi = plain_bounds(a[i], v)
+        np.testing.assert_allclose(sol.lower[i], lo, atol=1e-8)
+        np.testing.assert_allclose(sol.upper[i], hi, atol=1e-8)
+    for (i, j, s), x in (sol.vertices or {}).items():
+        assert (x >= 0).all() and abs(x.sum() - a[i].sum()) < 1e-9
+        assert np.abs((x - a[i]) @ v).max() < resid
+        assert x[j] == pytest.approx((sol.upper if s > 0 else sol.lower)[i, j], abs=1e-12)

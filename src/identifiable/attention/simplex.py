@@ -355,8 +355,8 @@ def _run_group(prob, b: _Bounds, tasks: list, row_order: bool, what: str, deadli
     pool = np.zeros((n_rows, n), dtype=bool)
     if row_order:
         pool[rows, keys] = True
-    # Chains in lock step share one pass over their B⁻¹ per step: past a few MB that
-    # pass leaves the cache, so at most _CHAIN_BYTES of them run at once.
+    # Chains in lock step share one pass over their B⁻¹ per step: past a core's cache that
+    # pass slows down, so at most chain_bytes of them run at once (see _CHAIN_BYTES).
     slots = lockstep.new_slots(min(len(tasks), max(1, chain_bytes // (8 * m * m))), m, n)
     state = slots[7]
     cfg = np.array([max(_PIVOTS_PER_LP, _PIVOTS_PER_M * m), max(_REFACTOR_EVERY, _REFACTOR_PER_M * m),
