@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import identifiable.attention.simplex as simplex
-from helpers.traces import assert_certified, shared_rows
+from helpers.traces import assert_certified, plain_bounds, shared_rows
 from identifiable.attention.certificates import interval_simplex
+from identifiable.attention.nested import nested_rows
 
 
 def _spy_single(monkeypatch) -> list:
@@ -59,8 +61,62 @@ def test_single_precision_from_the_threshold_on():
         prob = simplex._problem(aq, a, np.ones(a.shape, bool))
         assert (prob[4].shape[0] == 1) is expect
         if expect:
-            np.testing.assert_allclose(prob[4][0], aq[0], rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(prob[4][0], aq[0].T, rtol=1e-6, atol=1e-7)
     # rows with their own A (windows, short prefixes) make no shared product
     aq, a, _, _ = shared_rows(n=400, d_v=4, rows=2, seed=1)
     prob = simplex._problem(np.repeat(aq, 2, 0), a, np.ones(a.shape, bool))
     assert prob[4].shape[0] == 0
+
+
+def _nested(n: int, d_v: int, seed: int, twins: bool):
+    """Causal rows (keys 0..r) of random values, as one nested set (`nested_rows`): A, the
+    shared rows' raw weights and key sets, movable keys, and the values."""
+    g = torch.Generator().manual_seed(seed)
+    if twins:  # every value vector twice, keys i and n/2 + i: twins from row n/2 on
+        half = torch.randn(n // 2, d_v, generator=g, dtype=torch.float64)
+        vf = torch.cat([half, half])
+    else:
+        vf = torch.randn(n, d_v, generator=g, dtype=torch.float64)
+    mask = torch.ones(n, n, dtype=torch.bool).tril()
+    rs = nested_rows(vf, mask)
+    assert rs is not None
+    rows = rs.shared
+    logits = torch.randn(n, n, generator=g, dtype=torch.float64) * 2
+    a = torch.softmax(logits.masked_fill(~mask, -torch.inf), 1)[rows].numpy()
+    return rs.aq, a, mask[rows].numpy(), rs.movable, vf.numpy(), rows
+
+
+@pytest.mark.parametrize("twins", [False, True])
+def test_nested_rows_price_their_own_keys(monkeypatch, twins):
+    """Nested causal rows in row order price and multiply only the keys below their span
+    (`kernel.SPAN`): each row's bounds equal per-key LPs on its own keys, every witness is
+    a vertex of its own row's P (0 past its keys), and pivots equal those of double
+    precision. With the single-precision threshold between the shortest and the longest
+    row, lock steps switch between the two products as the rows get longer."""
+    aq, a, allowed, movable, vf, rows = _nested(n=64, d_v=8, seed=5, twins=twins)
+    keys = rows + 1  # row r has r + 1 keys
+    assert keys.min() < 40 < keys.max()
+    seen = _spy_single(monkeypatch)
+    double = interval_simplex(aq, a, allowed, movable, order="row", keep_vertices=True)
+    assert seen and not any(seen)
+    for i, r in enumerate(rows.tolist()):
+        assert not double.upper[i, r + 1 :].any()
+        if i % 3 and r != rows[-1]:
+            continue  # per-key LPs on every third row and the longest: 1/3 of the time
+        lo, hi = plain_bounds(a[i, : r + 1], vf[: r + 1])
+        np.testing.assert_allclose(double.lower[i, : r + 1], lo, atol=1e-8)
+        np.testing.assert_allclose(double.upper[i, : r + 1], hi, atol=1e-8)
+    for (i, j, s), x in (double.vertices or {}).items():
+        r = int(rows[i])
+        assert (x >= 0).all() and not x[r + 1 :].any() and abs(x.sum() - 1) < 1e-9
+        assert np.abs((x - a[i]) @ vf).max() < 1e-9
+        assert x[j] == pytest.approx((double.upper if s > 0 else double.lower)[i, j], abs=1e-12)
+    seen.clear()
+    monkeypatch.setattr(simplex, "_SINGLE_MIN_KEYS", 40)
+    single = interval_simplex(aq, a, allowed, movable, order="row")
+    assert seen and all(seen)
+    np.testing.assert_allclose(single.lower, double.lower, atol=1e-9)
+    np.testing.assert_allclose(single.upper, double.upper, atol=1e-9)
+    assert int(single.fallbacks.sum()) == int(double.fallbacks.sum()) == 0
+    ratio = single.pivots.sum() / double.pivots.sum()
+    assert 0.95 < ratio < 1.05, ratio

@@ -45,10 +45,13 @@ REFINE_TOL = 1e-8
 # pivots in this LP (STEPS), consecutive degenerate pivots (DEGEN), pivots since the last
 # refactor (SINCE), and the lock step's per-step decisions (WAIT: the LP goes to HiGHS;
 # RESTART: it came back; MODE, ENTER, LEAVE, ZROW: this step's pivot), and the updates of
-# d from single-precision products since d was last computed in double (DRIFT).
+# d from single-precision products since d was last computed in double (DRIFT), and the
+# keys its row can use lie below SPAN (row order: the row's last key + 1, so that a nested
+# causal row of k keys prices and multiplies k columns of A, not n; key order, whose chains
+# move to rows with more keys: n). d, γ and the products are kept for keys below SPAN only.
 CHAIN, PTR, ROW, BROW, J, S, FRESH, STEPS, DEGEN, SINCE = range(10)
-WAIT, RESTART, MODE, ENTER, LEAVE, ZROW, DRIFT = range(10, 17)
-N_ST = 17
+WAIT, RESTART, MODE, ENTER, LEAVE, ZROW, DRIFT, SPAN = range(10, 18)
+N_ST = 18
 # Shared products with A run in single precision (`lockstep`): they only steer the pivots
 # (d and γ), never a bound, which is certified on double-precision values (`refined`). d is
 # recomputed in double when pricing finds no key that gains more than DRIFT_GAIN a unit, and
@@ -58,8 +61,10 @@ DRIFT_GAIN = 1e-6
 DRIFT_STEPS = 32
 # cfg: the pivot cap per LP, pivots between refactors, steepest-edge pricing (else
 # Dantzig's), row order (chains draw keys from their row's pool: 1 basic keys first,
-# 2 in index order), certify optima on refined values (else refactor at every optimum).
-CAP, REFACTOR, STEEP, POOL, REFINE = range(5)
+# 2 in index order), certify optima on refined values (else refactor at every optimum),
+# and the widest SPAN of a lock step from which its shared second product runs in single
+# precision (when the problem carries a single-precision A).
+CAP, REFACTOR, STEEP, POOL, REFINE, SINGLE = range(6)
 
 
 @jit
@@ -74,20 +79,20 @@ def invert(bmat, out):
 
 
 @jit
-def times_a(y, a, out):
-    """out `[n]` = yᵀA for y `[m]`, A `[m, n]`: four rows of A per pass over out (1.5× the
-    speed of one row per pass at m = 129, n = 512)."""
-    out[:] = 0.0
+def times_a(y, a, out, cols):
+    """out[:cols] = yᵀA[:, :cols] for y `[m]`, A `[m, n]`: four rows of A per pass over out
+    (1.5× the speed of one row per pass at m = 129, n = 512)."""
+    out[:cols] = 0.0
     m, i = a.shape[0], 0
     while i + 4 <= m:
         y0, y1, y2, y3 = y[i], y[i + 1], y[i + 2], y[i + 3]
         a0, a1, a2, a3 = a[i], a[i + 1], a[i + 2], a[i + 3]
-        for k in range(a.shape[1]):
+        for k in range(cols):
             out[k] += y0 * a0[k] + y1 * a1[k] + y2 * a2[k] + y3 * a3[k]
         i += 4
     for r in range(i, m):
         yr = y[r]
-        for k in range(a.shape[1]):
+        for k in range(cols):
             out[k] += yr * a[r, k]
 
 
@@ -142,11 +147,11 @@ def refactor(a, a_t, b, ch, work, weights):
     st[SINCE] = 0
     st[FRESH] = 0
     if weights:
-        row = vn[2]
-        w[:] = 1.0
+        row, span = vn[2], st[SPAN]
+        w[:span] = 1.0
         for i in range(m):
-            times_a(binv[i], a, row)
-            for k in range(w.size):
+            times_a(binv[i], a, row, span)
+            for k in range(span):
                 w[k] += row[k] * row[k]
     return True
 
@@ -156,16 +161,16 @@ def fresh_d(a, ch):
     """d of maximising s·x_j at the current basis: −s (B⁻¹A)[p_j] if j is basic (0 at
     basic keys), else s at j and 0 elsewhere."""
     basis, pos, binv, d, st = ch[0], ch[1], ch[3], ch[5], ch[7]
-    j, s = st[J], st[S]
+    j, s, span = st[J], st[S], st[SPAN]
     p = pos[j]
     if p >= 0:
-        times_a(binv[p], a, d)
-        for k in range(d.size):
+        times_a(binv[p], a, d, span)
+        for k in range(span):
             d[k] *= -s
         for i in range(basis.size):
             d[basis[i]] = 0.0
     else:
-        d[:] = 0.0
+        d[:span] = 0.0
         d[j] = s
     st[FRESH] = 1
     st[DRIFT] = 0
@@ -177,7 +182,7 @@ def price(ch, slow, steep):
     unblocked keys with d_k > OPT_TOL; the lowest such key when slow (Bland); −1: optimal."""
     blocked, d, w = ch[2], ch[5], ch[6]
     best, score = -1, 0.0
-    for k in range(d.size):
+    for k in range(ch[7][SPAN]):
         dk = d[k]
         if dk > OPT_TOL and not blocked[k]:
             if slow:
@@ -235,16 +240,16 @@ def dual_enter(ch, alpha, slow):
     """Entering key of a dual pivot on tableau row alpha: the smallest d_k / α_k over
     unblocked α_k < −PIVOT_TOL (ties to the largest |α_k|, the lowest key when slow).
     The ratios go to vn[1] (free during a dual pivot's choice) in one branch-free pass."""
-    blocked, d, ratios = ch[2], ch[5], ch[9][1]
+    blocked, d, ratios, span = ch[2], ch[5], ch[9][1], ch[7][SPAN]
     best = np.inf
-    for k in range(alpha.size):
+    for k in range(span):
         ok = (alpha[k] < -PIVOT_TOL) & (not blocked[k])
         ratios[k] = min(d[k], 0.0) / alpha[k] if ok else np.inf
         best = min(best, ratios[k])
     if best == np.inf:
         return -1
     e = -1
-    for k in range(alpha.size):
+    for k in range(span):
         if ratios[k] <= best + 1e-12:
             if slow:
                 return k
@@ -307,8 +312,8 @@ def pivot_pricing(allowed, ch, r, q, col, rho, av, steep):
     steepest edge, Aᵀv: d −= d_q ρ; γ_k by Goldfarb and Reid (γ_q exactly from col, at least
     1 + ρ_k², the leaving key γ_q / α_rq²); the basis indices."""
     basis, pos, blocked, d, w, st = ch[0], ch[1], ch[2], ch[5], ch[6], ch[7]
-    dq = d[q]
-    for k in range(d.size):
+    dq, span = d[q], st[SPAN]
+    for k in range(span):
         d[k] -= dq * rho[k]
     d[q] = 0.0
     leaving = basis[r]
@@ -316,7 +321,7 @@ def pivot_pricing(allowed, ch, r, q, col, rho, av, steep):
         wq = 1.0
         for i in range(col.size):
             wq += col[i] * col[i]
-        for k in range(d.size):
+        for k in range(span):
             rk = rho[k]
             g = w[k] + rk * (rk * wq - 2.0 * av[k])
             w[k] = max(g, 1.0 + rk * rk)
@@ -380,14 +385,14 @@ def refined(a, a_t, b, ch):
     for i in range(x.size):
         if x[i] < -FEAS_TOL:
             return False
-    dd, s = vn[2], st[S]
-    times_a(y, a, dd)
-    for k in range(dd.size):
+    dd, s, span = vn[2], st[S], st[SPAN]
+    times_a(y, a, dd, span)
+    for k in range(span):
         dd[k] *= -s
         if not blocked[k] and dd[k] > OPT_TOL:
             return False
     xb[:] = x
-    d[:] = dd
+    d[:span] = dd[:span]
     for i in range(basis.size):
         d[basis[i]] = 0.0
     st[FRESH] = 1

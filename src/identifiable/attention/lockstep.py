@@ -53,6 +53,8 @@ from identifiable.attention.kernel import (
     RESTART,
     ROW,
     SINCE,
+    SINGLE,
+    SPAN,
     STEEP,
     STEPS,
     WAIT,
@@ -112,8 +114,11 @@ def _load(prob, bnd, slots, c, tasks, cfg, nxt, work):
         st[CHAIN], st[PTR], st[ROW], st[BROW], st[J] = chain, tasks[2][chain], row, row, -1
         basis[:] = bnd[5][row]
         pos[:] = -1
+        st[SPAN] = 0 if cfg[POOL] != 0 else blocked.size  # see `kernel.SPAN`
         for k in range(blocked.size):
             blocked[k] = not allowed[row, k]
+            if allowed[row, k] and cfg[POOL] != 0:
+                st[SPAN] = k + 1
         for i in range(basis.size):
             pos[basis[i]] = i
             blocked[basis[i]] = True
@@ -196,7 +201,7 @@ def _dual_pivot(prob, ch, alpha, cfg):
     st[ENTER] = q
     piv = col[r]
     rho = vn[0]
-    for k in range(rho.size):
+    for k in range(st[SPAN]):
         rho[k] = alpha[k] / piv
     pivot_basis(ch, r, col, cfg[STEEP] != 0)
     return True
@@ -217,13 +222,13 @@ def _products(prob, slots, c, y, n_y, steep):
             _put(vm[0], y[n_y])
             n_y += 1
         else:
-            times_a(vm[0], a, vn[0])
+            times_a(vm[0], a, vn[0], st[SPAN])
     if steep:
         if shared:
             _put(vm[1], y[n_y])
             n_y += 1
         else:
-            times_a(vm[1], a, vn[1])
+            times_a(vm[1], a, vn[1], st[SPAN])
     return n_y
 
 
@@ -252,11 +257,12 @@ def _shared_pricing(allowed, ch, z2, steep, drift):
 
 @jit
 def _step(prob, bnd, slots, tasks, vert, nvert, cfg, work, y1, y2, y2s):
-    """One lock step of every live slot (see the module docstring)."""
-    a3, allowed, a32 = prob[0], prob[3], prob[4]
+    """One lock step of every live slot (see the module docstring). The shared products
+    take the first s columns of A, s the widest SPAN among the chains they serve (a C × F
+    product through Aᵀ[:s], as fast as C × C at s = n)."""
+    at3, allowed, a32t = prob[1], prob[3], prob[4]
     n_slots, shared, steep = slots[0].shape[0], prob[0].shape[0] == 1, cfg[STEEP] != 0
-    single = shared and a32.shape[0] == 1  # the second product in single precision
-    n1 = 0
+    n1 = s1 = s2 = 0
     for c in range(n_slots):
         st = slots[7][c]
         st[MODE] = 0
@@ -264,14 +270,19 @@ def _step(prob, bnd, slots, tasks, vert, nvert, cfg, work, y1, y2, y2s):
             continue
         ch = _view(slots, c)
         st[MODE] = _decide(prob, bnd, ch, tasks, vert, nvert, cfg, work)
+        if st[MODE] != 0:
+            s2 = max(s2, st[SPAN])
         if st[MODE] == _DUAL:
             st[ZROW] = n1
             if shared:
                 y1[n1] = ch[3][st[LEAVE]]
                 n1 += 1
+                s1 = max(s1, st[SPAN])
             else:
-                times_a(ch[3][st[LEAVE]], _matrix(prob, st[ROW])[0], ch[9][2])
-    z1 = np.dot(y1[:n1], a3[0]) if shared and n1 > 0 else np.empty((0, a3.shape[2]))
+                times_a(ch[3][st[LEAVE]], _matrix(prob, st[ROW])[0], ch[9][2], st[SPAN])
+    z1 = np.dot(y1[:n1], at3[0][:s1].T) if shared and n1 > 0 else np.empty((0, 0))
+    # the second product in single precision (see `kernel.DRIFT`) when its span is wide
+    single = shared and a32t.shape[0] == 1 and s2 >= cfg[SINGLE]
     n2 = 0
     for c in range(n_slots):
         st = slots[7][c]
@@ -287,8 +298,8 @@ def _step(prob, bnd, slots, tasks, vert, nvert, cfg, work, y1, y2, y2s):
         else:
             n2 = _products(prob, slots, c, y2, n2, steep)
     go = shared and n2 > 0
-    z2 = np.dot(y2[:n2], a3[0]) if go and not single else np.empty((0, a3.shape[2]))
-    z2s = np.dot(y2s[:n2], a32[0]) if go and single else np.empty((0, a3.shape[2]), np.float32)
+    z2 = np.dot(y2[:n2], at3[0][:s2].T) if go and not single else np.empty((0, 0))
+    z2s = np.dot(y2s[:n2], a32t[0][:s2].T) if go and single else np.empty((0, 0), np.float32)
     for c in range(n_slots):
         st = slots[7][c]
         if st[MODE] == 0:
@@ -332,9 +343,9 @@ def _compile(stamp: str):
         st[RESTART] = 1 and st[WAIT] = 0, and calls again) or SINGULAR (a basis matrix was
         singular).
 
-        prob: (A `[1 or R, m, n]`, Aᵀ `[1 or R, n, m]`, b `[R, m]`, allowed `[R, n]`, A in
-        single precision `[1 or 0, m, n]`: with one, the shared second product runs in
-        single precision, see `kernel.DRIFT`); bnd:
+        prob: (A `[1 or R, m, n]`, Aᵀ `[1 or R, n, m]`, b `[R, m]`, allowed `[R, n]`, Aᵀ in
+        single precision `[1 or 0, n, m]`: with one, the shared second product runs in
+        single precision from a span of cfg[SINGLE] keys on, see `kernel.DRIFT`); bnd:
         (lower, upper, zero_seen, seen_max `[R, n]`, total `[R]`, start `[R, m]`, solved,
         pivots `[R]`); slots: the chain states (see `kernel`), each `[C, …]`; tasks: (first
         row, sense `[N]` and task offsets `[N + 1]` per chain, rows and keys `[T]` of the
@@ -395,14 +406,14 @@ def ensure_compiled() -> None:
         cold = False
     m, n = 1, 1
     prob = (np.zeros((1, m, n)), np.zeros((1, n, m)), np.zeros((1, m)), np.ones((1, n), bool),
-            np.zeros((1, m, n), np.float32))  # fmt: skip
+            np.zeros((1, n, m), np.float32))  # fmt: skip
     ints = np.zeros(1, dtype=np.int64)
     bnd = (np.zeros((1, n)), np.zeros((1, n)), np.zeros((1, n), bool), np.zeros((1, n)),
            np.zeros(1), np.zeros((1, m), dtype=np.int64), ints.copy(), ints.copy())  # fmt: skip
     slots = new_slots(1, m, n)
     tasks = (ints[:0], ints[:0], ints.copy(), ints[:0], ints[:0], np.zeros((1, n), bool))
     vert = (ints[:0], ints[:0], ints[:0], np.zeros((0, m), dtype=np.int64), np.zeros((0, m)))
-    cfg = np.zeros(5, dtype=np.int64)
+    cfg = np.zeros(6, dtype=np.int64)
     with status("compiling the interval engine (once; cached on disk)", enabled=cold):
         run_chains(prob, bnd, slots, tasks, vert, ints.copy(), cfg, ints.copy(), 1)
     _ready.append(True)
@@ -412,6 +423,7 @@ def new_slots(n_slots: int, m: int, n: int) -> tuple:
     """Empty chain states for `n_slots` slots of the lock step (see `kernel`)."""
     state = np.zeros((n_slots, kernel.N_ST), dtype=np.int64)
     state[:, kernel.J] = -1  # empty: takes the next chain
+    state[:, kernel.SPAN] = n  # every key, until `_load` gives a row-order chain its own
     return (
         np.zeros((n_slots, m), dtype=np.int64), np.full((n_slots, n), -1, dtype=np.int64),
         np.ones((n_slots, n), dtype=bool), np.zeros((n_slots, m, m)), np.zeros((n_slots, m)),

@@ -179,15 +179,16 @@ def interval_simplex(
 
 
 def _problem(aq, a, allowed) -> tuple:
-    """(A, Aᵀ, b, allowed, A in single precision) as the compiled engine takes them:
+    """(A, Aᵀ, b, allowed, Aᵀ in single precision) as the compiled engine takes them:
     contiguous and writable (a read-only or strided array is another type to numba, which
-    would compile again). The single-precision A is for the products that rows sharing A
-    make together (`lockstep`), from _SINGLE_MIN_KEYS keys on; else an empty one."""
+    would compile again). The single-precision Aᵀ is for the products that rows sharing A
+    make together (`lockstep`), in lock steps whose chains span _SINGLE_MIN_KEYS keys or
+    more; when no row can, an empty one."""
     aq = np.require(aq, np.float64, ["C", "W"])
     b = a @ aq[0].T if aq.shape[0] == 1 else np.einsum("rmn,rn->rm", aq, a)
     at = np.ascontiguousarray(aq.transpose(0, 2, 1))
     single = aq.shape[0] == 1 and aq.shape[2] >= _SINGLE_MIN_KEYS
-    a32 = aq.astype(np.float32) if single else np.zeros((0, *aq.shape[1:]), np.float32)
+    a32 = at.astype(np.float32) if single else np.zeros((0, *at.shape[1:]), np.float32)
     return aq, at, np.ascontiguousarray(b), np.require(allowed, bool, ["C", "W"]), a32
 
 
@@ -360,7 +361,8 @@ def _run_group(prob, b: _Bounds, tasks: list, row_order: bool, what: str, deadli
     slots = lockstep.new_slots(min(len(tasks), max(1, chain_bytes // (8 * m * m))), m, n)
     state = slots[7]
     cfg = np.array([max(_PIVOTS_PER_LP, _PIVOTS_PER_M * m), max(_REFACTOR_EVERY, _REFACTOR_PER_M * m),
-                    row_order, _POOL_RULE if row_order else 0, _REFINE], dtype=np.int64)  # fmt: skip
+                    row_order, _POOL_RULE if row_order else 0, _REFINE, _SINGLE_MIN_KEYS],
+                   dtype=np.int64)  # fmt: skip
     room = rows.size if b.vertices is not None else 0
     vert = (np.zeros(room, dtype=np.int64), np.zeros(room, dtype=np.int64),
             np.zeros(room, dtype=np.int64), np.zeros((room, m), dtype=np.int64),
