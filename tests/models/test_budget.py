@@ -111,6 +111,26 @@ def test_fewer_heads_and_streaming_need_less():
     assert stream.result < 1.05 * 2 * full.result / 32  # about two layers' results
 
 
+def test_the_gpu_forward_is_the_larger_phase():
+    """On a GPU the forward part is max(MLP phase, attention phase): linear in n for
+    half-precision sdpa (no scores formed), quadratic for eager and float32 sdpa, and the
+    same whatever heads or layers are kept (the maps go to host memory)."""
+    from identifiable.models.budget import Shape, plan
+
+    def forward(s: int, n: int, eager: bool, heads: int = 32) -> int:
+        shape = Shape(32, 8, 128, 4096, 14336, s)
+        return plan(shape, n, n, layers=2, heads=heads, eager=eager, gpu=True).forward
+
+    mlp = 2 * 8192 * (3 * 14336 + 5 * 4096)
+    assert forward(2, 8192, False) == mlp == 2 * forward(2, 4096, False)
+    assert forward(2, 8192, False, heads=1) == mlp
+    eager = forward(2, 8192, True)
+    assert eager > 10 * 32 * 8192**2 > 20 * mlp  # bf16 eager: 10 bytes a score, 32 heads
+    assert forward(4, 8192, False) > 9 * 32 * 8192**2  # float32 sdpa forms its scores
+    cpu = plan(Shape(32, 8, 128, 4096, 14336, 2), 8192, 8192, layers=2, heads=32, eager=False)
+    assert cpu.forward > mlp  # host memory: the phases add up
+
+
 ALLOCATED = r"""
 import json, sys
 import torch
@@ -177,3 +197,118 @@ def test_a_trace_allocates_the_forward_and_its_result_and_nothing_else():
     extra = got["trace"] - got["forward"]
     assert abs(extra - got["result"]) <= 0.02 * got["result"], got
     assert got["eager_tuple"] - got["forward"] > got["maps"], got
+
+
+def test_a_forward_that_will_not_fit_the_gpu_is_refused_before_it_runs(bert_tokenizer, monkeypatch):
+    """On a GPU the forward part of the formula is checked against the GPU's free memory and
+    `memory_budget` bounds the host's share, the result. Fabricated room: the CPU model is
+    told its device has exactly the forward's bytes, then one byte fewer."""
+    from identifiable.models import budget
+
+    text = "the cat sat on the mat " * 8
+    for attention in ("sdpa", "eager"):
+        hf = build_tiny_hf_model("llama", attn_implementation=attention)
+        m = Model.from_hf(hf, bert_tokenizer, attention=attention)
+        ran: list[int] = []
+        hook = m.hf_model.register_forward_pre_hook(lambda mod, a, ran=ran: ran.append(1))
+        plan = m.memory_plan(len(m.encode(text)), 2, None)
+        try:
+            monkeypatch.setattr(budget, "device_room", lambda device, r=plan.forward - 1: r)
+            with pytest.raises(IdentifiableError, match="for the forward pass") as exc:
+                m.trace(text, memory_budget=1 << 50)  # the host's budget does not help
+            msg, cli = str(exc.value), exc.value.for_cli()
+            assert "\n" not in msg and "free there; shorten the input" in msg
+            assert ('attention="sdpa"' in msg) == (attention == "eager"), msg
+            assert "attention=" not in cli and "GPU with more free memory" in cli
+            with pytest.raises(IdentifiableError, match="batch_size="):
+                list(m.trace_many([text, text], batch_size=2))
+            assert ran == []
+            monkeypatch.setattr(budget, "device_room", lambda device, r=plan.forward: r)
+            m.trace(text, memory_budget=plan.result)  # result alone on the host: fits
+            assert ran == [1]
+            plan = m.memory_plan(len(m.encode(text)), 2, None)  # W_O's shared copy now exists
+            with pytest.raises(IdentifiableError, match="of results in host memory"):
+                m.trace(text, memory_budget=plan.result - 1)
+            assert ran == [1]
+        finally:
+            hook.remove()
+    monkeypatch.undo()
+    with pytest.raises(IdentifiableError, match=r"MB of results, 0\.\d+ MB for the forward pass"):
+        m.trace(text, memory_budget=plan.total - 1)  # on the CPU: one budget for both
+
+
+CUDA = pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(),
+    reason="no CUDA device on this machine: the GPU's own allocator is measured",
+)
+
+
+def _llama1024(attention: str, dtype: str, positions: int = 4096):
+    """The d = 1,024, d_h = 128 Llama-style model of CHILD, on the GPU."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model(
+        "llama", hidden_size=1024, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+        intermediate_size=2816, num_hidden_layers=2, vocab_size=1024,
+        max_position_embeddings=positions, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    hf = AutoModel.from_config(cfg, attn_implementation=attention, dtype=getattr(torch, dtype))
+    return Model.from_hf(hf.eval().to("cuda"), attention=attention)
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("attention", [pytest.param("sdpa", marks=needs_recompute), "eager"])
+def test_gpu_peak_follows_the_forward_formula(attention, dtype):
+    """On a GPU, the peak of the bytes torch's CUDA allocator holds during a trace, above
+    the loaded model, is the formula's forward part within 25 % (the result goes to host
+    memory as it is captured), at n = 1,024 on the model of CHILD."""
+    import torch
+
+    from identifiable.models.backends import running
+
+    m = _llama1024(attention, dtype)
+    ids = torch.randint(3, 1000, (1024,), generator=torch.Generator().manual_seed(0))
+    m.trace(ids[:16])  # kernels and the shared W_O copy
+    inputs = m.batch_inputs([m.encode_ids(ids)])
+
+    def peak_of(run) -> tuple[int, object]:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = run()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base, out
+
+    def forward():
+        with running(m.hf_model, attention), torch.no_grad():
+            return m.hf_model(**inputs).last_hidden_state
+
+    plain, _ = peak_of(forward)
+    peak, tr = peak_of(lambda: m.trace(ids))
+    err = float(tr.verify().max())
+    assert tr.attentions.device.type == "cpu" and err < 5e-2, err
+    plan = m.memory_plan(1024, 2, None)
+    assert 0.75 <= peak / plan.forward <= 1.25, (peak, plan.forward, plain)
+    assert peak <= plain + 2**20, (peak, plain)  # the capture adds nothing on the GPU
+
+
+@CUDA
+def test_a_forward_larger_than_the_gpu_is_refused_on_the_gpu():
+    """The real room of the real GPU: an eager trace of 60,000 tokens needs about 230 GB of
+    scores there (8 heads of float32 scores and softmax), more than any GPU has; it is
+    refused before the forward pass, whatever the host's budget."""
+    import torch
+
+    m = _llama1024("eager", "float32", positions=65536)
+    ran: list[int] = []
+    hook = m.hf_model.register_forward_pre_hook(lambda mod, a: ran.append(1))
+    ids = torch.randint(3, 1000, (60_000,))
+    try:
+        with pytest.raises(IdentifiableError, match=r"on cuda(:0)? for the forward pass"):
+            m.trace(ids, memory_budget=1 << 50)
+    finally:
+        hook.remove()
+    assert ran == []

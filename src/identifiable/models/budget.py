@@ -18,6 +18,11 @@ of s bytes each (float32: 4):
     iter_layers = 2 × result of one layer + forward   (a layer is built while the caller
                 holds the previous one)
 
+On a CUDA model the forward part is on the GPU, where it takes the form of `gpu_forward`
+(the larger of the MLP's and the attention's phase), and is checked against the GPU's free
+memory (`device_room`); the result is moved to host memory layer by layer, as captured,
+and `memory_budget` then bounds the result alone.
+
 The constants (6·d, 2·(H + 2·H_kv)·d_h: hidden states, norms, Q/K/V before and after
 rotary, the attention output; 3·d_ff: the gated MLP's two projections and their product)
 were measured on random Llama-style models (tests/models/test_budget.py checks the whole
@@ -29,6 +34,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from identifiable.errors import IdentifiableError
 from identifiable.models.recompute import CHUNK_ELEMENTS
@@ -69,9 +76,11 @@ def plan(
     streaming: bool = False,
     masked: bool = False,
     shared_out_proj: bool = False,
+    gpu: bool = False,
 ) -> TracePlan:
     """The formula above (`layers`, `heads`: how many are chosen; `masked`: the model
-    builds a boolean mask, for windows or padding)."""
+    builds a boolean mask, for windows or padding; `gpu`: the forward pass runs on a CUDA
+    device, whose part is `gpu_forward`)."""
     s, d, d_v = shape.weight_bytes, shape.hidden_size, shape.head_dim
     kept = 1 if streaming else layers
     result = (
@@ -83,6 +92,8 @@ def plan(
     if streaming:
         result *= 2
     qkv = (shape.n_heads + 2 * shape.n_kv_heads) * shape.head_dim
+    if gpu:
+        return TracePlan(result, gpu_forward(shape, n, n_keys, eager=eager, masked=masked))
     forward = s * n * (6 * d + 2 * qkv + 3 * shape.mlp_width)
     if eager:
         forward += (s + 4) * shape.n_heads * n * n_keys + s * n * n_keys
@@ -91,16 +102,53 @@ def plan(
     return TracePlan(result, forward)
 
 
+def gpu_forward(shape: Shape, n: int, n_keys: int, *, eager: bool, masked: bool) -> int:
+    """The forward pass's peak on a CUDA device (README 'Memory'). torch's CUDA allocator
+    frees each temporary at once, so the peak is the larger of two phases, not their sum
+    (host memory keeps freed heap, hence the sum above):
+
+        mlp       = s·n·(3·d_ff + 5·d)
+        attention = s·n·(2·d + 2·(H + 2·H_kv)·d_h + 2·H·d_h) + 8·CHUNK (+ n·n_k, mask)
+                    + eager: (s + 4 + [4 if s < 4])·H·n·n_k + s·n·n_k
+                    + sdpa in float32: (s + 5)·H·n·n_k + s·n·n_k
+
+    Eager's half-precision softmax casts its scores to float32 before it normalises them
+    (4 bytes more a score); float32 sdpa has no fused kernel on these GPUs and forms its
+    scores; half-precision sdpa forms none. The capture adds nothing to the peak: the maps
+    are recomputed in chunks while the attention phase's tensors are alive, and they go to
+    host memory. Fitted to torch's `max_memory_allocated` on an H200 (torch 2.11,
+    transformers 5.17; benchmarks/bench_gpu.py --memory-n): 32 cells of two Llama-style
+    models, float32 and bfloat16, sdpa and eager, n = 512..4,096, within 0.78–1.22 (0.93–1.08
+    from n = 1,024)."""
+    s, d, h = shape.weight_bytes, shape.hidden_size, shape.n_heads
+    qkv = (h + 2 * shape.n_kv_heads) * shape.head_dim
+    mlp = s * n * (3 * shape.mlp_width + 5 * d)
+    attention = s * n * (2 * d + 2 * qkv + 2 * h * shape.head_dim) + 8 * CHUNK_ELEMENTS
+    scores = n * n_keys
+    if eager:
+        attention += (s + 4 + (4 if s < 4 else 0)) * h * scores + s * scores
+    else:
+        attention += scores if masked else 0
+        if s >= 4:
+            attention += (s + 5) * h * scores + s * scores
+    return max(mlp, attention)
+
+
 def check(need: TracePlan, budget: int | None, what: str) -> None:
     """Refuse, in one line naming `memory_budget=` (CLI: `--memory-budget`), a plan over
-    `budget` bytes (None: no limit known)."""
+    `budget` bytes (None: no limit known). A plan whose forward part is 0 (it runs on a
+    GPU, checked by `check_device`) is the result alone, held in host memory."""
     if budget is None or need.total <= budget:
         return
+    parts = (
+        f"{_gb(need.result)} of results, {_gb(need.forward)} for the forward pass"
+        if need.forward
+        else "of results in host memory; the forward pass runs on the GPU"
+    )
     text = (
-        f"{what} needs about {_gb(need.total)} ({_gb(need.result)} of results, "
-        f"{_gb(need.forward)} for the forward pass; formula in README 'Memory'), over the "
-        f"{_gb(budget)} of {{}}; choose fewer layers or heads ({{}}), stream layers with "
-        "iter_layers, shorten the input or raise the budget"
+        f"{what} needs about {_gb(need.total)} ({parts}; formula in README 'Memory'), over "
+        f"the {_gb(budget)} of {{}}; choose fewer layers or heads ({{}}), stream layers "
+        "with iter_layers, shorten the input or raise the budget"
     )
     raise IdentifiableError(
         text.format("memory_budget=", "layers=, heads="),
@@ -108,9 +156,52 @@ def check(need: TracePlan, budget: int | None, what: str) -> None:
     )
 
 
-def check_trace(one: TracePlan, memory_budget: int | None, what: str, n: int, batch: int) -> None:
+def check_device(
+    forward: int, room: int, what: str, device: str, *, eager: bool, batch: int
+) -> None:
+    """Refuse, in one line, a forward pass of `forward` bytes on a GPU with `room` bytes
+    free. The maps, values and hidden states go to host memory as they are captured
+    (models/capture.py), so only the forward part of the formula lives on the GPU: fewer
+    heads or layers do not shrink it; a shorter input, a smaller batch or recomputed maps
+    (no eager scores of every head) do."""
+    if forward <= room:
+        return
+    head = (
+        f"{what} needs about {_gb(forward)} on {device} for the forward pass (formula in "
+        f"README 'Memory'), over the {_gb(room)} free there; shorten the input"
+    )
+    python = head + (", trace fewer sequences at once (batch_size=)" if batch > 1 else "")
+    if eager:
+        python += ', or recompute the maps from Q and K instead of eager (attention="sdpa")'
+    raise IdentifiableError(python, cli=head + " or use a GPU with more free memory")
+
+
+def device_room(device: torch.device) -> int | None:
+    """Bytes a CUDA device can still give torch: its free memory plus what torch's caching
+    allocator holds unused. None elsewhere: on the CPU the forward pass is host memory,
+    checked with the result (an MPS device shares host memory too)."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+
+
+def check_trace(
+    one: TracePlan,
+    memory_budget: int | None,
+    what: str,
+    n: int,
+    batch: int,
+    *,
+    room: int | None = None,
+    device: str = "cpu",
+    eager: bool = False,
+) -> None:
     """`check` for `batch` sequences of n tokens, each planned as `one`; `memory_budget`
-    (bytes, None: the memory available now) is checked to be a positive integer first."""
+    (bytes, None: the memory available now) is checked to be a positive integer first.
+    `room`: the free bytes of the GPU the forward pass runs on (`device_room`; None: it
+    runs on the CPU). Then the forward part is checked against `room`, and the budget
+    bounds host memory: the result alone."""
     if memory_budget is not None and (
         isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1
     ):
@@ -118,14 +209,19 @@ def check_trace(one: TracePlan, memory_budget: int | None, what: str, n: int, ba
             f"memory_budget= takes a number of bytes ≥ 1, got {memory_budget!r}",
             cli=f"--memory-budget takes a positive number of MiB, got {memory_budget!r}",
         )
-    if memory_budget is None:
-        memory_budget = available_memory()
     need = TracePlan(one.result * batch, one.forward * batch)
     size = f"{n} tokens" if batch == 1 else f"{batch} sequences of {n} tokens"
+    if room is not None:
+        check_device(need.forward, room, f"{what} ({size})", device, eager=eager, batch=batch)
+        need = TracePlan(need.result, 0)
+    if memory_budget is None:
+        memory_budget = available_memory()
     check(need, memory_budget, f"{what} ({size})")
 
 
 def _gb(n: int) -> str:
+    if n >= 1e11:  # "1,390 GB", not "1.39e+03 GB"
+        return f"{n / 1e9:,.0f} GB"
     return f"{n / 1e9:.3g} GB" if n >= 1e8 else f"{n / 1e6:.3g} MB"
 
 
