@@ -192,16 +192,14 @@ def check_trace(
     what: str,
     n: int,
     batch: int,
-    *,
-    room: int | None = None,
-    device: str = "cpu",
-    eager: bool = False,
+    device: torch.device | None = None,
+    attention: str = "eager",
 ) -> None:
     """`check` for `batch` sequences of n tokens, each planned as `one`; `memory_budget`
     (bytes, None: the memory available now) is checked to be a positive integer first.
-    `room`: the free bytes of the GPU the forward pass runs on (`device_room`; None: it
-    runs on the CPU). Then the forward part is checked against `room`, and the budget
-    bounds host memory: the result alone."""
+    On a CUDA `device` the forward part is checked against its free bytes (`device_room`),
+    and the budget bounds host memory: the result alone. `attention`: the model's
+    ("eager" or recomputed maps), for the advice of a refusal."""
     if memory_budget is not None and (
         isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1
     ):
@@ -211,8 +209,10 @@ def check_trace(
         )
     need = TracePlan(one.result * batch, one.forward * batch)
     size = f"{n} tokens" if batch == 1 else f"{batch} sequences of {n} tokens"
+    room = None if device is None else device_room(device)
     if room is not None:
-        check_device(need.forward, room, f"{what} ({size})", device, eager=eager, batch=batch)
+        eager = attention == "eager"
+        check_device(need.forward, room, f"{what} ({size})", str(device), eager=eager, batch=batch)
         need = TracePlan(need.result, 0)
     if memory_budget is None:
         memory_budget = available_memory()

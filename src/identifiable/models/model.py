@@ -301,10 +301,9 @@ class Model:
         "eager") no map outside it is ever computed. `trace.layers` / `trace.heads`
         give the model's indices. `memory_budget`: bytes the trace may use (default:
         the memory available now); a trace whose formula (README 'Memory',
-        models/budget.py) exceeds it is refused before the forward pass. On a CUDA
-        model the forward pass's part is checked against the GPU's free memory, and
-        `memory_budget` bounds the result, which is held in host memory.
-        """
+        models/budget.py) exceeds it is refused before the forward pass; on a GPU its
+        forward part is checked against the GPU's free memory, and the budget bounds the
+        result (host memory)."""
         chosen = layer_range(indices(layers, self.stack.n_layers, "layers"), self.stack.n_layers)
         kept = indices(heads, self.stack.n_heads, "heads")
         enc = self.inputs.encode_any(text, truncate)
@@ -323,17 +322,12 @@ class Model:
             next(self.hf_model.parameters()).element_size(),
         )  # fmt: skip
         return budget.plan(
-            shape,
-            n,
-            n,
-            layers=n_layers,
-            heads=info.n_heads if heads is None else len(heads),
-            eager=self.attention == "eager",
-            streaming=streaming,
+            shape, n, n, layers=n_layers, heads=info.n_heads if heads is None else len(heads),
+            eager=self.attention == "eager", streaming=streaming,
             masked=any(w is not None for w in self.windows),
             shared_out_proj=heads is None and self.stack.has_out_proj(),
             gpu=self.device.type == "cuda",
-        )
+        )  # fmt: skip
 
     def check_memory(
         self,
@@ -347,15 +341,10 @@ class Model:
         batch: int = 1,
     ) -> None:
         """Refuse in one line a trace over `memory_budget` bytes (None: available memory);
-        `batch` sequences padded to n tokens take `batch` times one's bytes. On a CUDA
-        model the forward part is checked against the GPU's free memory, and the budget
-        bounds the result, which is held in host memory."""
+        `batch` sequences padded to n tokens take `batch` times one's bytes (on a GPU: as
+        for `trace`)."""
         one = self.memory_plan(n, n_layers, heads, streaming=streaming)
-        device = self.device
-        budget.check_trace(
-            one, memory_budget, what, n, batch,
-            room=budget.device_room(device), device=str(device), eager=self.attention == "eager",
-        )  # fmt: skip
+        budget.check_trace(one, memory_budget, what, n, batch, self.device, self.attention)
 
     def trace_many(
         self,
