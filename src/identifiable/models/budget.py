@@ -91,9 +91,9 @@ def plan(
     )
     if streaming:
         result *= 2
-    qkv = (shape.n_heads + 2 * shape.n_kv_heads) * shape.head_dim
     if gpu:
         return TracePlan(result, gpu_forward(shape, n, n_keys, eager=eager, masked=masked))
+    qkv = (shape.n_heads + 2 * shape.n_kv_heads) * shape.head_dim
     forward = s * n * (6 * d + 2 * qkv + 3 * shape.mlp_width)
     if eager:
         forward += (s + 4) * shape.n_heads * n * n_keys + s * n * n_keys
@@ -113,10 +113,10 @@ def gpu_forward(shape: Shape, n: int, n_keys: int, *, eager: bool, masked: bool)
                     + sdpa in float32: (s + 5)·H·n·n_k + s·n·n_k
 
     Eager's half-precision softmax casts its scores to float32 before it normalises them
-    (4 bytes more a score); float32 sdpa has no fused kernel on these GPUs and forms its
-    scores; half-precision sdpa forms none. The capture adds nothing to the peak: the maps
-    are recomputed in chunks while the attention phase's tensors are alive, and they go to
-    host memory. Fitted to torch's `max_memory_allocated` on an H200 (torch 2.11,
+    (4 bytes more a score); float32 sdpa formed its scores there (as if no fused kernel
+    took it: inferred, not traced); half-precision sdpa formed none. The capture added
+    nothing to the peak (a trace's peak equalled the plain forward's to 0.1 MB): its
+    chunks of recomputed maps are small and go to host memory. Fitted to torch's `max_memory_allocated` on an H200 (torch 2.11,
     transformers 5.17; benchmarks/bench_gpu.py --memory-n): 32 cells of two Llama-style
     models, float32 and bfloat16, sdpa and eager, n = 512..4,096, within 0.78–1.22 (0.93–1.08
     from n = 1,024)."""
