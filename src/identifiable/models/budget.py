@@ -193,13 +193,13 @@ def check_trace(
     n: int,
     batch: int,
     device: torch.device | None = None,
-    attention: str = "eager",
+    suggest_sdpa: bool = False,
 ) -> None:
     """`check` for `batch` sequences of n tokens, each planned as `one`; `memory_budget`
     (bytes, None: the memory available now) is checked to be a positive integer first.
     On a CUDA `device` the forward part is checked against its free bytes (`device_room`),
-    and the budget bounds host memory: the result alone. `attention`: the model's
-    ("eager" or recomputed maps), for the advice of a refusal."""
+    and the budget bounds host memory: the result alone. `suggest_sdpa`: an eager model
+    whose maps could be recomputed from Q and K, so a refusal may advise sdpa."""
     if memory_budget is not None and (
         isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1
     ):
@@ -211,8 +211,8 @@ def check_trace(
     size = f"{n} tokens" if batch == 1 else f"{batch} sequences of {n} tokens"
     room = None if device is None else device_room(device)
     if room is not None:
-        eager = attention == "eager"
-        check_device(need.forward, room, f"{what} ({size})", str(device), eager=eager, batch=batch)
+        at = f"{what} ({size})"
+        check_device(need.forward, room, at, str(device), eager=suggest_sdpa, batch=batch)
         need = TracePlan(need.result, 0)
     if memory_budget is None:
         memory_budget = available_memory()
