@@ -34,6 +34,8 @@ from identifiable.attention.linalg import (
     _column_basis,
     cholesky_if_well_conditioned,
     ones_direction,
+    ones_inside,
+    row_ids,
 )
 from identifiable.attention.outproj import (  # noqa: F401  (re-exported: tests, benchmarks)
     _FACTOR_CACHE,
@@ -454,7 +456,7 @@ def _layer_dims(
             v, lambda: w_o.factor(layer), w_o.well_conditioned(layer), full_width
         )
         # The row-stochastic basis [q, w] is formed only when that variant is asked for.
-        w, new = _ones_is_new(q)
+        w, new = _ones_is_new(q, rank, v)
         rank_a = rank + new.long()
         rows = trace.n_tokens
         r = rank[:, None].expand(n_h, rows)  # one value per query row
@@ -470,7 +472,7 @@ def _layer_dims(
     if width is not None:
         return _window_dims(v @ w_o.factor(layer), width)
     if mask is not None and not torch.equal(mask, torch.ones_like(mask).tril()):
-        groups = keyset_groups(v @ w_o.factor(layer), mask)
+        groups = keyset_groups(v @ w_o.factor(layer), mask, row_ids(v))
         rank, dim, dim_s = keyset_ranks(groups, n_h, n)
         return rank, dim, dim_s, ("keysets", groups)
     p, pa, owner = _causal_prefixes(trace, layer, v, w_o, heads)
@@ -555,7 +557,7 @@ def _concat(a: Prefixes, b: Prefixes) -> Prefixes:
     return Prefixes(*(torch.cat([x, y]) for x, y in pairs))
 
 
-def _ones_is_new(q: Tensor) -> tuple[Tensor | None, Tensor]:
+def _ones_is_new(q: Tensor, rank: Tensor, v: Tensor) -> tuple[Tensor | None, Tensor]:
     """Whether the ones vector adds a direction to col(q), as `ones_direction` decides,
     without its Gram-Schmidt passes in the usual case; the direction itself is
     formed later, only for the row-stochastic variant (None here).
@@ -564,13 +566,13 @@ def _ones_is_new(q: Tensor) -> tuple[Tensor | None, Tensor]:
     orthonormal to ~1e-10 here (zero columns add nothing), so where 1 − ‖c‖² > 1e-6
     the distance is above 1e-3, far above the tolerance max(n, k + 1)·eps (~1e-13):
     the ones vector is new, exactly as the explicit passes would find. Otherwise
-    (1 nearly in col(T)) the passes decide.
+    (1 nearly in col(T)) the passes decide, after `ones_inside` (v: `[H, n, d_v]`).
     """
     n = q.shape[-2]
     c = q.sum(-2) * n**-0.5  # [H, k] = qᵀu
     if bool((1.0 - c.square().sum(-1) > 1e-6).all()):
         return None, torch.ones(q.shape[0], dtype=torch.bool, device=q.device)
-    return ones_direction(q)
+    return ones_direction(q, ones_inside(rank, row_ids(v)))
 
 
 def _encoder_basis(

@@ -18,7 +18,7 @@ from identifiable.attention.certificates import (
 )
 from identifiable.attention.checks import check_finite, check_selection
 from identifiable.attention.effective import HeadFactors
-from identifiable.attention.linalg import add_ones, column_basis, head_factors
+from identifiable.attention.linalg import add_ones, column_basis, head_factors, row_ids
 from identifiable.attention.mapwork import check_budget, pool_plan, solve_jobs
 from identifiable.errors import IdentifiableError
 from identifiable.models.trace import Trace
@@ -113,7 +113,7 @@ def _row_problem(trace: Trace, layer: int, head: int, row: int, factors: HeadFac
     factor = factors.factor[layer, head] if factors else head_factors(out_proj)[0]
     check_finite(factor[None, None], "output projection (W_O)", layer=layer)
     q, rank, _ = column_basis(values @ factor)
-    qa, rank_a = add_ones(q, rank)
+    qa, rank_a = add_ones(q, rank, row_ids(values))
     basis = qa[:, torch.linalg.vector_norm(qa, dim=0) > 0].numpy()
     return a, seen, values, out_proj, basis, len(seen) - int(rank_a)
 

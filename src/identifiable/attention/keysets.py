@@ -13,6 +13,9 @@ grouped by size and each group's matrices X[S] go through one batched
 tolerance σ_max(X[S]) · max(|S|, m) · eps, m = X's width), so a sliding window
 of w keys costs O(n · w · m²) per head instead of n SVDs of the full prefix.
 A row whose X[S_i] has full row rank keeps a_i unchanged (identity projection).
+
+Row-stochastic variant: whether the ones vector adds a direction to col(X[S]) is
+decided exactly where the distinct rows of X[S] are independent (`linalg.ones_inside`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from identifiable.attention.linalg import _column_basis, add_ones, project_rows
+from identifiable.attention.linalg import _column_basis, add_ones, project_rows, row_ids
 from identifiable.errors import IdentifiableError
 from identifiable.models.trace import Trace
 
@@ -47,16 +50,18 @@ class KeySetGroup:
     rank_stochastic: Tensor
 
 
-def keyset_groups(x: Tensor, mask: Tensor) -> list[KeySetGroup]:
+def keyset_groups(x: Tensor, mask: Tensor, ids: Tensor | None = None) -> list[KeySetGroup]:
     """Bases of col(X[S]) and col([X[S], 1]) for every distinct key set of `mask`.
 
     Args:
         x: `[H, n, m]` float64 (V' = V F of each head).
         mask: `[n, n]` bool, mask[i, j]: row i sees key j.
+        ids: `[H, n]` `linalg.row_ids` of V (default: of x).
     Returns: one `KeySetGroup` per distinct set size (sets of size 0 are skipped).
     """
     n_h, _, m = x.shape
     sets, inverse = torch.unique(mask, dim=0, return_inverse=True)  # [U, n], [n]
+    ids = row_ids(x) if ids is None else ids  # [H, n]
     sizes = sets.sum(-1)
     groups = []
     for size in sorted(set(sizes.tolist())):
@@ -68,7 +73,7 @@ def keyset_groups(x: Tensor, mask: Tensor) -> list[KeySetGroup]:
         g = keys.shape[0]
         sub = x[:, keys]  # [H, G, s, m]
         basis, rank, _, _ = _column_basis(sub.reshape(n_h * g, size, m), None)
-        basis_a, rank_a = add_ones(basis, rank)
+        basis_a, rank_a = add_ones(basis, rank, ids[:, keys].reshape(n_h * g, size))
         groups.append(
             KeySetGroup(
                 keys=keys,

@@ -216,24 +216,63 @@ def _cholesky_qr(x: Tensor, gram: Tensor) -> Tensor:
     return x @ torch.linalg.solve_triangular(lower, eye, upper=False).transpose(-1, -2)
 
 
-def add_ones(basis: Tensor, rank: Tensor) -> tuple[Tensor, Tensor]:
+def add_ones(basis: Tensor, rank: Tensor, ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Extend an orthonormal basis of col(T) to one of col([T, 1]).
 
     The ones column counts as a new direction when its distance from col(T),
     relative to its own norm, exceeds max(n, k + 1) · eps: the rank tolerance
-    for [T, s·1] with s scaled so that ‖s·1‖ = σ_max(T).
+    for [T, s·1] with s scaled so that ‖s·1‖ = σ_max(T). With `ids` it is first
+    decided exactly where it can be (`ones_inside`).
 
     Args:
         basis: `[..., n, k]` orthonormal columns (zero columns allowed).
         rank: `[...]` rank of col(T).
+        ids: `[..., n]` int64 from `row_ids` of V (equal rows of V, equal rows of T).
     Returns:
         basis: `[..., n, k + 1]`, rank: `[...]` of [T, 1].
     """
-    w, new = ones_direction(basis)
+    w, new = ones_direction(basis, None if ids is None else ones_inside(rank, ids))
     return torch.cat([basis, w], dim=-1), rank + new.long()
 
 
-def ones_direction(basis: Tensor) -> tuple[Tensor, Tensor]:
+def row_ids(x: Tensor) -> Tensor:
+    """`[..., n]` int64 ids of the rows of `x` `[..., n, m]`: equal rows share one.
+
+    Take them from V, not from a product such as V F or T: a matrix product need not
+    round equal rows equally (it did not, measured on this CPU's BLAS). Each row is keyed
+    by Σ_k x_k z_k for a fixed random z, an elementwise product and a sum along the row,
+    which reduces every row in the same order, so equal rows get equal keys; every row is
+    then compared with the first row of its key, so the ids are exact (a collision of two
+    different rows falls back to `torch.unique` over whole rows, 10-20x slower, measured)."""
+    flat = x.reshape(-1, x.shape[-1]).double()
+    if flat.shape[0] == 0:
+        return torch.zeros(x.shape[:-1], dtype=torch.long, device=x.device)
+    z = torch.randn(flat.shape[1], generator=torch.Generator().manual_seed(0), dtype=flat.dtype)
+    _, ids = torch.unique((flat * z.to(x.device)).sum(-1), return_inverse=True)
+    first = torch.full((int(ids.max()) + 1,), flat.shape[0], dtype=torch.long, device=x.device)
+    first.scatter_reduce_(0, ids, torch.arange(flat.shape[0], device=x.device), "amin")
+    if not torch.equal(flat[first[ids]], flat):  # a collision: two rows share a key
+        ids = torch.unique(flat, dim=0, return_inverse=True)[1]
+    return ids.reshape(x.shape[:-1])
+
+
+def ones_inside(rank: Tensor, ids: Tensor) -> Tensor:
+    """`[...]` bool: the ones vector lies in col(T) exactly, because the distinct rows
+    of T are independent (rank = their number), so col(T) holds every vector constant
+    on each group of equal rows. Repeated tokens give such matrices; there the residual
+    of ones against a computed basis is rounding amplified by the basis's condition
+    number, and it can exceed `add_ones`' tolerance (a spurious constraint: certified
+    intervals came out too narrow, by up to 0.22 against HiGHS on the exact polytope).
+
+    Args:
+        rank: `[...]` int64 rank of T; ids: `[..., n]` from `row_ids`.
+    """
+    ordered = ids.sort(-1).values
+    distinct = 1 + (ordered[..., 1:] != ordered[..., :-1]).sum(-1)
+    return rank == distinct
+
+
+def ones_direction(basis: Tensor, inside: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The unit direction the ones vector adds to col(T), without forming [basis, w].
 
     Callers that need only rank([T, 1]) (the paper variant's dim LN([T, 1]))
@@ -241,6 +280,8 @@ def ones_direction(basis: Tensor) -> tuple[Tensor, Tensor]:
 
     Args:
         basis: `[..., n, k]` orthonormal columns (zero columns allowed).
+        inside: `[...]` bool, where the ones vector is known to lie in col(T)
+            (`ones_inside`); elsewhere the tolerance decides.
     Returns:
         w: `[..., n, 1]` unit vector orthogonal to the basis, or zeros where the
             ones vector already lies in col(T) (see `add_ones` for the tolerance).
@@ -253,6 +294,8 @@ def ones_direction(basis: Tensor) -> tuple[Tensor, Tensor]:
         w = w - basis @ (basis.transpose(-1, -2) @ w)
     norm = torch.linalg.vector_norm(w, dim=(-2, -1))
     new = norm > max(n, k + 1) * _EPS64
+    if inside is not None:
+        new = new & ~inside
     w = w / torch.where(new, norm, torch.ones_like(norm))[..., None, None] * new[..., None, None]
     return w, new
 

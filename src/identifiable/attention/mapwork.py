@@ -22,7 +22,7 @@ from torch import Tensor
 from identifiable.attention.certificates import MOVABLE_TOL, OutOfTime, interval_simplex
 from identifiable.attention.checks import check_finite
 from identifiable.attention.keysets import layer_key_mask
-from identifiable.attention.linalg import add_ones, column_basis, head_factors
+from identifiable.attention.linalg import add_ones, column_basis, head_factors, row_ids
 from identifiable.attention.nested import nested_rows
 from identifiable.errors import IdentifiableError, seconds
 from identifiable.models.trace import Trace
@@ -56,7 +56,8 @@ class RowSet:
 
 
 def _head_inputs(trace: Trace, layer: int, head: int, rows: list[int], key_mask):
-    """Attention `[n, n_k]`, V' = V F `[n_k, k]` and key sets `[n, n_k]` of one head (float64),
+    """Attention `[n, n_k]`, V' = V F `[n_k, k]`, key sets `[n, n_k]` (float64) and the
+    `row_ids` `[n_k]` of V of one head,
     checked: a row whose raw weights are negative, do not sum to 1 over its key set, or
     put weight outside it cannot come from a softmax over that key set, so the LP would be
     infeasible; that is reported instead (numbers from a corrupt trace)."""
@@ -79,7 +80,7 @@ def _head_inputs(trace: Trace, layer: int, head: int, rows: list[int], key_mask)
                 f"{outside:.3g}), so no valid row can match it (numerically infeasible): "
                 "the trace is corrupt; trace the text again"
             )
-    return att, values @ head_factors(out_proj)[0], mask
+    return att, values @ head_factors(out_proj)[0], mask, row_ids(values)
 
 
 def head_rows(
@@ -100,7 +101,7 @@ def head_rows(
     rows = list(range(trace.n_tokens)) if rows is None else [int(r) for r in rows]
     for r in rows:
         trace.check_row(r)
-    att, vf, mask = _head_inputs(trace, layer, head, rows, key_mask)
+    att, vf, mask, ids = _head_inputs(trace, layer, head, rows, key_mask)
     n = trace.n_keys
     by_key_set: dict[bytes, list[int]] = {}
     for r in rows:
@@ -112,7 +113,7 @@ def head_rows(
         key_set = np.frombuffer(key_bytes, dtype=bool)
         idx = np.flatnonzero(key_set)
         q_t, rank, _ = column_basis(vf[idx])
-        qa, rank_a = add_ones(q_t, rank)
+        qa, rank_a = add_ones(q_t, rank, ids[idx])
         basis = qa[:, torch.linalg.vector_norm(qa, dim=0) > 0].numpy()
         aq = np.zeros((basis.shape[1], n))
         aq[:, idx] = basis.T
@@ -192,8 +193,8 @@ def _head_sets(trace: Trace, layer: int, head: int, rows: list[int], key_mask, p
         sets = head_rows(trace, layer, head, rows, key_mask=key_mask)
         yield from ([[p] for p in _pieces(sets[0], pieces)] if len(sets) == 1 else [sets])
         return
-    att, vf, _ = _head_inputs(trace, layer, head, rows, key_mask)
-    nested = nested_rows(vf, mask)
+    att, vf, _, ids = _head_inputs(trace, layer, head, rows, key_mask)
+    nested = nested_rows(vf, mask, ids)
     rest = rows if nested is None else [rows[i] for i in nested.rest]
     if nested is not None and nested.shared.size:
         shared = np.array(rows)[nested.shared]

@@ -55,12 +55,13 @@ class NestedRows:
     null_dim: np.ndarray
 
 
-def nested_rows(vf: Tensor, mask: Tensor) -> NestedRows | None:
+def nested_rows(vf: Tensor, mask: Tensor, ids: Tensor | None = None) -> NestedRows | None:
     """The rows of one head that can share one constraint matrix, and the rest.
 
     Args:
         vf: `[n, k]` float64, V' = V F of the head (k ≥ rank(T)).
         mask: `[R, n]` bool, each row's key set.
+        ids: `[n]` `linalg.row_ids` of V (for `add_ones`).
     Returns: None when all key sets are equal (bidirectional: rows share A already) or
         when they are not nested (windows).
     """
@@ -70,7 +71,7 @@ def nested_rows(vf: Tensor, mask: Tensor) -> NestedRows | None:
         return None
     idx = np.flatnonzero(sets[-1])
     q_t, rank, _ = column_basis(vf[torch.from_numpy(idx)])
-    qa, _ = add_ones(q_t, rank)
+    qa, _ = add_ones(q_t, rank, None if ids is None else ids[torch.from_numpy(idx)])
     basis = qa[:, torch.linalg.vector_norm(qa, dim=0) > 0].numpy()  # [|S_max|, m]
     m, n = basis.shape[1], sets.shape[1]
     aq = np.zeros((m, n))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from identifiable.attention.linalg import add_ones, column_basis, project_rows
+from identifiable.attention.linalg import column_basis, project_rows
 
 
 def effective_rows_reference(
@@ -50,9 +50,11 @@ def effective_attention_reference(
 
 
 def _project(a: Tensor, t: Tensor, stochastic: bool, d_v: int) -> Tensor:
+    if stochastic:  # the definition: one SVD of [T, s·1] with ‖s·1‖ = σ_max(T) (1 if T = 0)
+        smax = float(torch.linalg.matrix_norm(t, ord=2))
+        ones = torch.full_like(t[:, :1], (smax if smax > 0 else 1.0) * t.shape[0] ** -0.5)
+        t, d_v = torch.cat([t, ones], -1), d_v + 1
     q, rank, _ = column_basis(t, width=d_v)
-    if stochastic:
-        q, rank = add_ones(q, rank)
     if int(rank) == t.shape[0]:
         return a.clone()
     return project_rows(a, q)
