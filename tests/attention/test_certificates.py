@@ -7,13 +7,13 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from helpers.families import ARCHITECTURES
 from helpers.traces import TEXT_LONG, TEXT_SHORT, synthetic_trace
 from identifiable.attention import attention_intervals, witness
-from identifiable.attention.certificates import interval_lp, movable_keys, witness_lp
+from identifiable.attention.certificates import MOVABLE_TOL, interval_lp, witness_lp
 from identifiable.attention.linalg import add_ones, column_basis
 from identifiable.errors import IdentifiableError
 
@@ -49,6 +49,9 @@ def _vertices(a: np.ndarray, basis: np.ndarray) -> np.ndarray:
 
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(2, 6), d_v=st.integers(1, 4), repeat=st.booleans(), seed=st.integers(0, 999))
+# key 3 moves by 1.3e-5 (HiGHS: [0.0863739, 0.0863870]) though ‖(I − QQᵀ)e_3‖² < 1e-9, the
+# cut-off below which keys were once settled at a_j without an LP
+@example(n=5, d_v=2, repeat=True, seed=158)
 def test_intervals_match_vertex_enumeration(n, d_v, repeat, seed):
     a, _, basis = _problem(n, d_v, seed, repeat)
     lower, upper, solved = interval_lp(a, basis)
@@ -93,7 +96,7 @@ def test_witness_is_valid_and_moves_the_most_mass(n, d_v, repeat, seed):
     assert x is not None and sol.key is not None
     assert (x >= 0).all() and abs(x.sum() - a.sum()) < 1e-12
     np.testing.assert_allclose(x @ v, a @ v, atol=1e-11 * np.abs(a @ v).max() + 1e-13)
-    movable = movable_keys(basis)
+    movable = 1.0 - (basis**2).sum(1) > MOVABLE_TOL  # keys that visibly move
     assert sol.key == int(np.argmax(np.where(movable, a, -np.inf)))
     lower, _, _ = interval_lp(a, basis)
     assert x[sol.key] == pytest.approx(lower[sol.key], abs=1e-9)  # nothing can move more

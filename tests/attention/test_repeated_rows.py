@@ -42,7 +42,7 @@ def _highs(tr, row: int) -> tuple[np.ndarray, np.ndarray]:
     t = (tr.values[0, 0, keys] @ tr.out_proj[0, 0]).numpy()
     a_eq = np.vstack([t.T, np.ones((1, len(keys)))])
     b_eq = a_eq @ tr.attentions[0, 0, row, keys].numpy()
-    lo, hi = np.zeros(N), np.zeros(N)
+    lo, hi = np.zeros(tr.n_keys), np.zeros(tr.n_keys)
     for k, j in enumerate(keys.tolist()):
         c = np.zeros(len(keys))
         c[k] = 1.0
@@ -118,3 +118,26 @@ def test_row_ids_group_rows_as_torch_unique_does():
             ids[..., :, None] == ids[..., None, :], ref[..., :, None] == ref[..., None, :]
         )
         assert int(ids.max()) + 1 == int(ref.max()) + 1
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_nearly_fixed_key_is_solved_not_settled(causal):
+    """Key 3 of this row moves by 1.3e-5 over P although ‖(I − QQᵀ)e_3‖² < 1e-9, the
+    cut-off below which keys were once settled at a_j without an LP (certificates.
+    movable_keys); attention_intervals and interval_map (per-row bases, and the nested
+    rows of a causal head) now solve it, and agree with HiGHS."""
+    g = torch.Generator().manual_seed(158)  # test_certificates._problem(5, 2, 158, True)
+    v = torch.randn(5, 2, generator=g, dtype=torch.float64)
+    v[1] = v[0]
+    a = torch.softmax(torch.randn(5, generator=g, dtype=torch.float64) * 2, 0)
+    tr = synthetic_trace(n=5, d_v=2, d=2, heads=1, layers=1, causal=causal, dtype=torch.float64)
+    tr.values[0, 0] = v
+    tr.out_proj[0, 0] = torch.eye(2, dtype=torch.float64)
+    tr.attentions[0, 0, 4] = a  # the last row sees every key either way
+    lo, hi = _highs(tr, 4)
+    assert hi[3] - lo[3] > 1e-5
+    iv = attention_intervals(tr, 0, 0, 4)
+    whole = interval_map(tr, layers=[0], heads=[0])
+    for got_lo, got_hi in ((iv.lower, iv.upper), (whole.lower[0, 0, 4], whole.upper[0, 0, 4])):
+        np.testing.assert_allclose(got_lo.numpy(), lo, atol=1e-9)
+        np.testing.assert_allclose(got_hi.numpy(), hi, atol=1e-9)

@@ -15,9 +15,8 @@ A row qualifies when its Gram matrix G_i = A[:, S_i] A[:, S_i]ᵀ has λ_min ≥
 coordinates are then at most 1/√WELL_CONDITIONED = 1e3 times worse conditioned than in an
 orthonormal basis of its own. Adding keys only raises λ_min (G_{i+1} = G_i + Σ new columns'
 outer products), so the qualifying rows are the longest ones; the others (short prefixes,
-below rank m or nearly so) keep their own bases. Key k is movable in row i when
-1 − a_kᵀ G_i⁻¹ a_k > MOVABLE_TOL: that is ‖(row i's own orthonormal basis)[k]‖², the
-measure `certificates.movable_keys` takes, in other coordinates.
+below rank m or nearly so) keep their own bases. Every key of a shared row is movable
+(`certificates.movable_keys`: no computed test proves a key fixed; its LP does).
 """
 
 from __future__ import annotations
@@ -25,11 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.linalg
 import torch
 from torch import Tensor
 
-from identifiable.attention.certificates import MOVABLE_TOL
 from identifiable.attention.linalg import add_ones, column_basis
 
 WELL_CONDITIONED = 1e-6  # smallest λ_min(G_i) of a row solved in the shared coordinates
@@ -87,11 +84,7 @@ def nested_rows(vf: Tensor, mask: Tensor, ids: Tensor | None = None) -> NestedRo
             if np.linalg.eigvalsh(gram)[0] < WELL_CONDITIONED:
                 continue
             first = pos
-        chol = scipy.linalg.cholesky(gram, lower=True)
-        lev = (scipy.linalg.solve_triangular(chol, aq[:, keys], lower=True) ** 2).sum(0)
-        row = np.zeros(n, dtype=bool)
-        row[keys] = 1.0 - lev > MOVABLE_TOL
-        movable.append(row)
+        movable.append(keys.copy() if keys.sum() > m else np.zeros(n, dtype=bool))
     perm = order.numpy()
     return NestedRows(
         shared=perm[first:],
