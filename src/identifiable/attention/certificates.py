@@ -46,7 +46,8 @@ def movable_keys(basis: np.ndarray) -> np.ndarray:
     exactly: the residual ‖(I − QQᵀ)e_j‖² of a computed basis is accurate to ~1e-10 only
     (Cholesky QR is orthonormal to eps·κ²), and a key below the old cut-off of 1e-9 moved
     by 1.3e-5 (tests/attention/test_certificates.py, the example with seed 158). The LP of a
-    key that truly cannot move ends at once, its objective constant on P.
+    key that truly cannot move has an objective constant on P, so it should end at its
+    first vertex (reasoned; such keys were not met on the benchmark heads).
 
     Args: basis `[n, r']` orthonormal columns spanning col([T, 1]).
     """
