@@ -303,20 +303,26 @@ def test_optima_certified_on_refined_values_match_fresh_factorisations(monkeypat
 
 
 def test_budget_weights_rows_by_their_keys():
-    """The time-budget estimate prices each row at (k / k_max)² of the probe row (times
-    `_OWN_KEYS_FACTOR` for rows that do not share one key set): causal rows sum to about
-    n/3, rows without a null space (k ≤ d_v + 1) to 0, and rows that share one key set
-    (bidirectional, key order) at 1/2.8 of a probe each."""
+    """The time-budget estimate prices each row of k keys at k·(k − d_v − 1) of the probe
+    row's k_max·(k_max − d_v − 1) (times `_OWN_KEYS_FACTOR` for rows that do not share one
+    key set): rows without a null space (k ≤ d_v + 1) at 0, and rows that share one key
+    set (bidirectional, key order) at 1/2.8 of a probe each."""
     from identifiable.attention.mapwork import _OWN_KEYS_FACTOR, _row_weight
 
     n, d_v = 64, 7
     causal = np.tril(np.ones((n, n), dtype=bool))
-    expected = sum((k / n) ** 2 for k in range(d_v + 2, n + 1))
+    expected = sum(k * (k - d_v - 1) for k in range(d_v + 2, n + 1)) / (n * (n - d_v - 1))
     assert _row_weight(causal, d_v) == pytest.approx(_OWN_KEYS_FACTOR * expected)
     assert 0.5 <= _OWN_KEYS_FACTOR <= 2.0  # fitted: see `_row_weight`
     assert _row_weight(np.ones((n, n), dtype=bool), d_v) == pytest.approx(n / 2.8)
     assert _row_weight(causal[: d_v + 1], d_v) == 0.0
-    assert _row_weight(causal, d_v) < 0.9 * n / 2  # the old rule: half a probe per row
+    # k·(k − d_v − 1) weighs short rows less than (k / k_max)², the rule before it
+    assert _row_weight(causal, d_v) < _OWN_KEYS_FACTOR * sum(
+        (k / n) ** 2 for k in range(d_v + 2, n + 1)
+    )
+    window = np.triu(causal, -15)  # rows of at most 16 keys: the probe has 8 dimensions
+    assert _row_weight(window, d_v) == pytest.approx(_OWN_KEYS_FACTOR * (n - 15 + sum(
+        k * (k - 8) for k in range(9, 16)) / (16 * 8)))  # fmt: skip
 
 
 def _one_row(n: int, d_v: int, seed: int):

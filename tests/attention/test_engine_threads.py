@@ -183,3 +183,31 @@ def test_threads_are_capped_by_the_memory_of_their_copies(monkeypatch):
     calls = _spy_groups(monkeypatch)
     interval_simplex(aq, a, allowed, movable, chains_per_row=8, order="row", threads=4)
     assert len([c for c in calls if c[2] > 0]) == 2
+
+
+def _caches(root, sizes: dict) -> str:
+    """A fabricated sysfs cache folder: {"index0": "48K", ...}."""
+    for entry, size in sizes.items():
+        (root / entry).mkdir()
+        (root / entry / "size").write_text(size + "\n")
+    return str(root)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "llc", "batch"),
+    [
+        ({"index0": "48K", "index2": "1024K", "index3": "32768K"}, 32 << 20, 8 << 20),
+        ({"index0": "32K", "index2": "1024K", "index3": "8192K"}, 8 << 20, 2 << 20),
+        ({"index0": "32K", "index3": "1G"}, 1 << 30, 8 << 20),  # capped at 63 chains
+        ({"index0": "32K", "index2": "512K"}, 512 << 10, 2 << 20),  # no L3: at least 15
+        ({"index0": "32K", "index3": "lots"}, simplex._LLC_DEFAULT, 2 << 20),
+    ],
+)
+def test_the_batch_follows_the_last_level_cache(tmp_path, sizes, llc, batch):
+    assert simplex._llc_bytes(_caches(tmp_path, sizes)) == llc
+    assert simplex._batch_bytes(llc) == batch
+
+
+def test_an_unreadable_cache_gives_the_default_batch(tmp_path):
+    assert simplex._llc_bytes(str(tmp_path / "absent")) == simplex._LLC_DEFAULT
+    assert simplex._batch_bytes(simplex._LLC_DEFAULT) == 2 << 20  # as before caches were read

@@ -316,25 +316,32 @@ def _light(rs: RowSet) -> RowSet:
     return RowSet(rs.rows, rs.keys, rs.raw, empty, empty, rs.null_dim)
 
 
-_OWN_KEYS_FACTOR = 1.0  # rows that do not share one key set, in (k / k_max)² probes
+_OWN_KEYS_FACTOR = 0.9  # rows that do not share one key set, in k·(k − d_v − 1) probes
 
 
 def _row_weight(mask: np.ndarray, d_v: int) -> float:
     """The rows `mask` `[R, n]` (key sets) in units of the probe, the row with most keys.
 
-    A row of k keys costs ~(k / k_max)² of the probe (k LPs, each pivot prices k keys); rows
-    of ≤ d_v + 1 keys have no null space unless tokens repeat: 0. Rows that all see one key
-    set share A (key order), 2.8× cheaper per row (a MiniLM head at n = 121: probe 18 ms
-    and 23 ms, map 0.77 s and 0.71 s: 2.8× and 3.9×; bench_certify.py "probe_ratio");
-    other rows (causal, windowed) cost _OWN_KEYS_FACTOR×, fitted on a Llama-3-sized
-    causal head (m = 129), nested rows in row order: probes of 0.88 s and 1.0 s gave 87 s
-    and 100 s with 1.3×, for a map of 73.0 s (n = 256), so 1.0× says 0.92–1.05×. With key
-    order (1.3×: 1.07× at n = 256, 0.89–0.99× at n = 512) wider rows cost more than the
-    probe's; row order took 0.77× key order's time on the widest 32 rows at n = 512, which
-    1.0× follows (about 0.94× there, not measured on a whole head).
+    A row of k keys costs ~k·(k − d_v − 1) / (k_max·(k_max − d_v − 1)) of the probe: k LPs,
+    whose pivots grow with the null space (k − d_v − 1 dimensions; 0 for rows of ≤ d_v + 1
+    keys, which have none unless tokens repeat), at a nearly constant cost a pivot (the
+    nested rows of a Llama-3-sized causal head at n = 512 in blocks of 64 rows, 2 threads:
+    10.5–12.6 µs a pivot and thread, while the pivots per block grew 17× from the first
+    block with a null space to the last). Rows that all see one key set share A (key
+    order), 2.8× cheaper per row (a MiniLM head at n = 121: probe 18 ms and 23 ms, map
+    0.77 s and 0.71 s: 2.8× and 3.9×; bench_certify.py "probe_ratio"); other rows (causal,
+    windowed) cost _OWN_KEYS_FACTOR×, fitted on that causal head (m = 129, nested rows in
+    row order, 2 threads): map / probe measured 32, 91 and 128 at n = 256, 384 and 512,
+    against 53.5, 99.8 and 144.2 from k·(k − d_v − 1), so 0.9× says 1.5×, 0.98× and
+    1.01× of the map. The (k / k_max)² rule used before said 2.4×, 1.4× and 1.3×, since
+    each nested row prices and multiplies only its own keys (its span).
     """
     keys = mask.sum(1).astype(float)
-    share = float(((keys / keys.max()) ** 2 * (keys > d_v + 1)).sum())
+    null = np.maximum(keys - (d_v + 1), 0.0)
+    probe = float(keys.max() * null.max())
+    if probe == 0.0:  # no row has a null space (unless tokens repeat): nothing to price
+        return 0.0
+    share = float((keys * null).sum()) / probe
     return share / 2.8 if bool((mask == mask[:1]).all()) else _OWN_KEYS_FACTOR * share
 
 

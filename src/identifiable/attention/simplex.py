@@ -7,6 +7,7 @@ chains and runs them in the compiled lock step (`lockstep.run_chains`, pivots in
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -52,13 +53,44 @@ _PIVOTS_PER_LP = 400
 _PIVOTS_PER_M = 8
 _MIN_BLOCK = 16  # "key" order, phase 2 (minima): rows per chain
 # B⁻¹ of the chains in one lock step: _CHAIN_BYTES, split between the threads' lock steps
-# down to _GROUP_BYTES each (2 MB: 15 chains at m = 129; 1 MB: 7). Each pivot reads its
-# chain's B⁻¹ twice and writes it once, so the batch should stay in a core's cache (here
-# 1 MB of L2 per core, 8 MB of L3 shared). Same run, Llama-3-sized head, 8 MB against
-# 2 MB: n = 256 on 2 threads 37.5 -> 28.7 s; the 4 widest rows at n = 512 on 1 thread
-# 26.8 -> 21.5 s (benchmarks/bench_causal_certify.py; 1 MB on 1 thread, 0.5 MB on 2: slower).
-_CHAIN_BYTES = 2**21
-_GROUP_BYTES = 2**20
+# down to _GROUP_BYTES each. Each pivot reads its chain's B⁻¹ twice and writes it once, so
+# the batch should stay in cache; more chains a step make the products with A more
+# efficient. So the batch follows the last-level cache the cores share: a quarter of it,
+# between 2 and 8 MB (15 and 63 chains at m = 129), and half that a thread. Llama-3-sized
+# head (benchmarks/bench_causal_certify.py), 2 threads:
+# - 8 MB of L3: 2 MB against 8 MB, n = 256 37.5 -> 28.7 s; the 4 widest rows at n = 512 on
+#   1 thread 26.8 -> 21.5 s (1 MB on 1 thread, 0.5 MB on 2: slower);
+# - 32 MB of L3: 8 MB against 2 MB, the 32 widest rows at n = 512 24.4 -> 19.7 s (16 MB:
+#   19.4 s), the head at n = 512 119.6 -> 99.0 s (16 MB: 98.7 s).
+_LLC_PATH = "/sys/devices/system/cpu/cpu0/cache"
+_LLC_DEFAULT = 8 << 20  # where the cache cannot be read: the 2 MB measured on 8 MB
+
+
+def _llc_bytes(path: str = _LLC_PATH) -> int:
+    """The size of cpu0's last-level cache (sysfs `indexN/size`, e.g. "32768K"), or
+    `_LLC_DEFAULT` where it cannot be read. (glibc's sysconf can report the whole
+    package's L3 on a virtual machine, 384 MB here against 32 MB shared by its cores.)"""
+    best = 0
+    try:
+        for entry in os.listdir(path):
+            if not entry.startswith("index"):
+                continue
+            with open(os.path.join(path, entry, "size")) as fh:
+                text = fh.read().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            best = max(best, int(text.rstrip("KMG")) * scale)
+    except (OSError, ValueError):
+        return _LLC_DEFAULT
+    return best or _LLC_DEFAULT
+
+
+def _batch_bytes(llc: int) -> int:
+    """B⁻¹ bytes of one lock step for a last-level cache of `llc` bytes (see above)."""
+    return min(8 << 20, max(2 << 20, llc // 4))
+
+
+_CHAIN_BYTES = _batch_bytes(_llc_bytes())
+_GROUP_BYTES = _CHAIN_BYTES // 2
 # The shared second product of a lock step (ρ and Aᵀv: they steer the pivots, and bound
 # nothing) runs in single precision from this many keys on. Same run, 2 MB batches: the 4
 # widest rows at n = 512 0.70-0.85x on 2 threads and 0.80x on 1; a head at n = 256 on 2
