@@ -58,10 +58,10 @@ _MIN_BLOCK = 16  # "key" order, phase 2 (minima): rows per chain
 # efficient. So the batch follows the last-level cache the cores share: a quarter of it,
 # between 2 and 8 MB (15 and 63 chains at m = 129), and half that a thread. Llama-3-sized
 # head (benchmarks/bench_causal_certify.py), 2 threads:
-# - 8 MB of L3: 2 MB against 8 MB, n = 256 37.5 -> 28.7 s; the 4 widest rows at n = 512 on
-#   1 thread 26.8 -> 21.5 s (1 MB on 1 thread, 0.5 MB on 2: slower);
-# - 32 MB of L3: 8 MB against 2 MB, the 32 widest rows at n = 512 24.4 -> 19.7 s (16 MB:
-#   19.4 s), the head at n = 512 119.6 -> 99.0 s (16 MB: 98.7 s).
+# - 8 MB of L3, batches of 8 MB -> 2 MB: n = 256 37.5 -> 28.7 s; the 4 widest rows at
+#   n = 512 on 1 thread 26.8 -> 21.5 s (1 MB on 1 thread, 0.5 MB on 2: slower);
+# - 32 MB of L3, batches of 2 MB -> 8 MB: the 32 widest rows at n = 512 24.4 -> 19.7 s
+#   (16 MB: 19.4 s), the head at n = 512 119.6 -> 99.0 s (16 MB: 98.7 s).
 _LLC_PATH = "/sys/devices/system/cpu/cpu0/cache"
 _LLC_DEFAULT = 8 << 20  # where the cache cannot be read: the 2 MB measured on 8 MB
 
