@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from helpers.traces import exact_rank, synthetic_trace
 from identifiable.attention import effective_attention, null_space
 from identifiable.attention.keysets import keyset_groups, keyset_ranks, project_rows_keysets
-from identifiable.attention.linalg import column_basis, project_rows
+from identifiable.attention.linalg import column_basis, project_rows, row_ids
 
 SETTINGS = settings(max_examples=30, deadline=None)
 
@@ -81,7 +81,7 @@ def test_keysets_match_per_row_svd(n, m, repeats, kind, w, stochastic, seed):
         mask = _window(n, w, causal=kind == "causal-window")
     x = _rows(g, 2, n, m, repeats)
     a = _masked_softmax(g, 2, mask)
-    groups = keyset_groups(x, mask)
+    groups = keyset_groups(x, mask, row_ids(x))  # x plays V here
     eff = project_rows_keysets(a, groups, stochastic=stochastic)
     ref, ref_rank = _brute_force(a, x, mask, stochastic)
     torch.testing.assert_close(eff, ref, atol=1e-9, rtol=0)
@@ -104,7 +104,7 @@ def test_projection_is_not_the_identity_on_small_windows():
     mask = _window(n, w, causal=True)
     x = _rows(g, 1, n, m, 0)
     a = _masked_softmax(g, 1, mask)
-    groups = keyset_groups(x, mask)
+    groups = keyset_groups(x, mask, row_ids(x))  # x plays V here
     eff = project_rows_keysets(a, groups, stochastic=False)
     _, dim, _ = keyset_ranks(groups, 1, n)
     assert dim[0].tolist() == [0, 0] + [k - 2 for k in range(3, w + 1)] + [w - 2] * (n - w)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from identifiable.attention.linalg import _column_basis, add_ones, project_rows, row_ids
+from identifiable.attention.linalg import _column_basis, add_ones, project_rows
 from identifiable.errors import IdentifiableError
 from identifiable.models.trace import Trace
 
@@ -50,18 +50,18 @@ class KeySetGroup:
     rank_stochastic: Tensor
 
 
-def keyset_groups(x: Tensor, mask: Tensor, ids: Tensor | None = None) -> list[KeySetGroup]:
+def keyset_groups(x: Tensor, mask: Tensor, ids: Tensor) -> list[KeySetGroup]:
     """Bases of col(X[S]) and col([X[S], 1]) for every distinct key set of `mask`.
 
     Args:
         x: `[H, n, m]` float64 (V' = V F of each head).
         mask: `[n, n]` bool, mask[i, j]: row i sees key j.
-        ids: `[H, n]` `linalg.row_ids` of V (default: of x).
+        ids: `[H, n]` `linalg.row_ids` of V (not of x: a product need not round equal rows
+            equally).
     Returns: one `KeySetGroup` per distinct set size (sets of size 0 are skipped).
     """
     n_h, _, m = x.shape
     sets, inverse = torch.unique(mask, dim=0, return_inverse=True)  # [U, n], [n]
-    ids = row_ids(x) if ids is None else ids  # [H, n]
     sizes = sets.sum(-1)
     groups = []
     for size in sorted(set(sizes.tolist())):

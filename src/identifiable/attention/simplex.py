@@ -56,7 +56,8 @@ _MIN_BLOCK = 16  # "key" order, phase 2 (minima): rows per chain
 # down to _GROUP_BYTES each. Each pivot reads its chain's B⁻¹ twice and writes it once, so
 # the batch should stay in cache; more chains a step make the products with A more
 # efficient. So the batch follows the last-level cache the cores share: a quarter of it,
-# between 2 and 8 MB (15 and 63 chains at m = 129), and half that a thread. Llama-3-sized
+# between 2 and 8 MB (15 and 63 chains at m = 129); a thread's group gets the larger of
+# half that and that / threads. Llama-3-sized
 # head (benchmarks/bench_causal_certify.py), 2 threads:
 # - 8 MB of L3, batches of 8 MB -> 2 MB: n = 256 37.5 -> 28.7 s; the 4 widest rows at
 #   n = 512 on 1 thread 26.8 -> 21.5 s (1 MB on 1 thread, 0.5 MB on 2: slower);

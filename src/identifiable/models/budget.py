@@ -157,13 +157,14 @@ def check(need: TracePlan, budget: int | None, what: str) -> None:
 
 
 def check_device(
-    forward: int, room: int, what: str, device: str, *, eager: bool, batch: int
+    forward: int, room: int, what: str, device: str, *, suggest_sdpa: bool, batch: int
 ) -> None:
     """Refuse, in one line, a forward pass of `forward` bytes on a GPU with `room` bytes
     free. The maps, values and hidden states go to host memory as they are captured
     (models/capture.py), so only the forward part of the formula lives on the GPU: fewer
     heads or layers do not shrink it; a shorter input, a smaller batch or recomputed maps
-    (no eager scores of every head) do."""
+    (no eager scores of every head) do; `suggest_sdpa` says so to an eager model whose
+    maps could be recomputed."""
     if forward <= room:
         return
     head = (
@@ -171,7 +172,7 @@ def check_device(
         f"README 'Memory'), over the {_gb(room)} free there; shorten the input"
     )
     python = head + (", trace fewer sequences at once (batch_size=)" if batch > 1 else "")
-    if eager:
+    if suggest_sdpa:
         python += ', or recompute the maps from Q and K instead of eager (attention="sdpa")'
     raise IdentifiableError(python, cli=head + " or use a GPU with more free memory")
 
@@ -212,7 +213,7 @@ def check_trace(
     room = None if device is None else device_room(device)
     if room is not None:
         at = f"{what} ({size})"
-        check_device(need.forward, room, at, str(device), eager=suggest_sdpa, batch=batch)
+        check_device(need.forward, room, at, str(device), suggest_sdpa=suggest_sdpa, batch=batch)
         need = TracePlan(need.result, 0)
     if memory_budget is None:
         memory_budget = available_memory()

@@ -344,9 +344,9 @@ class Model:
         `batch` sequences padded to n tokens take `batch` times one's bytes (on a GPU: as
         for `trace`)."""
         one = self.memory_plan(n, n_layers, heads, streaming=streaming)
-        why_not = backends.why_not_recomputed(self.hf_model, self.stack)  # advise sdpa if None
-        eager = self.attention == "eager" and why_not is None
-        budget.check_trace(one, memory_budget, what, n, batch, self.device, eager)
+        eager = self.attention == "eager"  # advise sdpa only where maps can be recomputed
+        sdpa = eager and backends.why_not_recomputed(self.hf_model, self.stack) is None
+        budget.check_trace(one, memory_budget, what, n, batch, self.device, sdpa)
 
     def trace_many(
         self,
