@@ -86,9 +86,8 @@ def times_a(y, a, out, cols):
     m, i = a.shape[0], 0
     while i + 4 <= m:
         y0, y1, y2, y3 = y[i], y[i + 1], y[i + 2], y[i + 3]
-        a0, a1, a2, a3 = a[i], a[i + 1], a[i + 2], a[i + 3]
         for k in range(cols):
-            out[k] += y0 * a0[k] + y1 * a1[k] + y2 * a2[k] + y3 * a3[k]
+            out[k] += y0 * a[i, k] + y1 * a[i + 1, k] + y2 * a[i + 2, k] + y3 * a[i + 3, k]
         i += 4
     for r in range(i, m):
         yr = y[r]
@@ -102,14 +101,13 @@ def column(binv, a_t, q, col):
     aq = a_t[q]
     m, i = binv.shape[0], 0
     while i + 4 <= m:
-        b0, b1, b2, b3 = binv[i], binv[i + 1], binv[i + 2], binv[i + 3]
         s0 = s1 = s2 = s3 = 0.0
         for c in range(m):
             x = aq[c]
-            s0 += b0[c] * x
-            s1 += b1[c] * x
-            s2 += b2[c] * x
-            s3 += b3[c] * x
+            s0 += binv[i, c] * x
+            s1 += binv[i + 1, c] * x
+            s2 += binv[i + 2, c] * x
+            s3 += binv[i + 3, c] * x
         col[i], col[i + 1], col[i + 2], col[i + 3] = s0, s1, s2, s3
         i += 4
     for r in range(i, m):
@@ -179,18 +177,33 @@ def fresh_d(a, ch):
 @jit
 def price(ch, slow, steep):
     """Primal entering key: the largest d_k² / γ_k (steepest edge) or d_k (Dantzig) over
-    unblocked keys with d_k > OPT_TOL; the lowest such key when slow (Bland); −1: optimal."""
-    blocked, d, w = ch[2], ch[5], ch[6]
-    best, score = -1, 0.0
-    for k in range(ch[7][SPAN]):
-        dk = d[k]
-        if dk > OPT_TOL and not blocked[k]:
-            if slow:
+    unblocked keys with d_k > OPT_TOL; the lowest such key when slow (Bland); −1: optimal.
+    The scores go to vn[1] (free in phase 1 of a step) in one branch-free pass that
+    vectorises, and the first key with the best score is taken: the same key as a scan
+    that keeps the first strict maximum, at a sixth of its time (that scan, with a branch
+    and a division per key, was 18 % of a 512-key row's lock step)."""
+    blocked, d, w, sc, span = ch[2], ch[5], ch[6], ch[9][1], ch[7][SPAN]
+    if slow:
+        for k in range(span):
+            if d[k] > OPT_TOL and not blocked[k]:
                 return k
-            sc = dk * dk / w[k] if steep else dk
-            if sc > score:
-                best, score = k, sc
-    return best
+        return -1
+    for k in range(span):
+        dk = d[k]
+        s = dk * dk / w[k] if steep else dk  # γ_k ≥ 1: the division is always defined
+        sc[k] = s if (dk > OPT_TOL) & (not blocked[k]) else 0.0
+    # Scores are ≥ 0, and non-negative doubles order as their bits do as integers: an
+    # integer maximum vectorises, where a float one would need fastmath's "no NaNs".
+    bits = sc.view(np.int64)
+    best = 0
+    for k in range(span):
+        best = max(best, bits[k])
+    if best == 0:
+        return -1
+    for k in range(span):
+        if bits[k] == best:
+            return k
+    return -1
 
 
 @jit
@@ -198,10 +211,18 @@ def primal_ratio(ch, col, slow):
     """Leaving row of a primal pivot (ties to the largest pivot, the lowest basic key when
     slow), −1 if no row bounds the step; counts degenerate pivots."""
     basis, xb, st, ratios = ch[0], ch[4], ch[7], ch[8][3]
-    best = np.inf
-    for i in range(col.size):  # branch-free, so that it vectorises
-        ratios[i] = max(xb[i], 0.0) / col[i] if col[i] > PIVOT_TOL else np.inf
-        best = min(best, ratios[i])
+    for i in range(col.size):  # branch-free (the division unguarded), so that it vectorises
+        ok = col[i] > PIVOT_TOL
+        ratio = max(xb[i], 0.0) / (col[i] if ok else 1.0)
+        ratios[i] = ratio if ok else np.inf
+    bits = ratios.view(np.int64)  # ratios are ≥ 0 (or +inf): ordered as integers (`price`)
+    low = bits[0]
+    for i in range(col.size):
+        low = min(low, bits[i])
+    best = ratios[0]
+    for i in range(col.size):
+        if bits[i] == low:
+            best = ratios[i]
     if best == np.inf:
         return -1
     r = -1
@@ -288,21 +309,20 @@ def pivot_basis(ch, r, col, steep):
     i = 0
     while i + 4 <= m:
         c0, c1, c2, c3 = col[i], col[i + 1], col[i + 2], col[i + 3]
-        b0, b1, b2, b3 = binv[i], binv[i + 1], binv[i + 2], binv[i + 3]
         for c in range(m):
-            x0, x1, x2, x3, p = b0[c], b1[c], b2[c], b3[c], prow[c]
+            x0, x1, x2, x3, p = binv[i, c], binv[i + 1, c], binv[i + 2, c], binv[i + 3, c], prow[c]
             v[c] += c0 * x0 + c1 * x1 + c2 * x2 + c3 * x3
-            b0[c] = x0 - c0 * p
-            b1[c] = x1 - c1 * p
-            b2[c] = x2 - c2 * p
-            b3[c] = x3 - c3 * p
+            binv[i, c] = x0 - c0 * p
+            binv[i + 1, c] = x1 - c1 * p
+            binv[i + 2, c] = x2 - c2 * p
+            binv[i + 3, c] = x3 - c3 * p
         i += 4
     for k in range(i, m):
-        ck, bk = col[k], binv[k]
+        ck = col[k]
         for c in range(m):
-            x = bk[c]
+            x = binv[k, c]
             v[c] += ck * x
-            bk[c] = x - ck * prow[c]
+            binv[k, c] = x - ck * prow[c]
     binv[r] = prow
 
 
