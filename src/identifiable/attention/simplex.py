@@ -42,10 +42,14 @@ from identifiable.threads import one_blas_thread
 
 OPT_TOL = 1e-11  # = kernel.OPT_TOL (tested; kernel.py is imported only when the engine runs)
 # Pivots between refactorisations of B⁻¹: max(_REFACTOR_EVERY, _REFACTOR_PER_M · m); every
-# LP also ends on values recomputed at its basis (`kernel.refined`). 4m against 2m: a causal
-# head at n = 256 (m = 129) took 32.3–32.8 s against 34.6–35.3 s, alternating in one process.
+# LP also ends on values recomputed at its basis (`kernel.refined`), so the cadence only
+# bounds the drift that steers the pivots. 4m against 2m: a causal head at n = 256 (m = 129)
+# took 32.3–32.8 s against 34.6–35.3 s, alternating in one process; 16m against 4m, once
+# pricing had been made cheap (stop 43): the 32 widest rows at n = 512 on 2 threads 14.7 s
+# against 15.5 s (8m 15.2 s; 32m and 64m 14.5-14.8 s, a plateau), the pivots within 0.01 %
+# and the bounds within 2e-16.
 _REFACTOR_EVERY = 25
-_REFACTOR_PER_M = 4
+_REFACTOR_PER_M = 16
 # An LP still open after max(_PIVOTS_PER_LP, _PIVOTS_PER_M · m) pivots goes to HiGHS. Primal
 # Dantzig pivots grow with m: ~400 per LP at m = 129 (Llama-3 heads, 512 keys), where a
 # fixed cap of 400 sent 216 of 514 LPs of one row to HiGHS (32 s against 8.5 s).
