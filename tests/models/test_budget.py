@@ -4,8 +4,11 @@
 The measurement runs in a fresh process (a process that already freed memory reuses it
 without the resident size growing), on a random Llama-style model with real head width
 (128), 8 query and 2 key/value heads, d = 1024, d_ff = 2816, 2 layers, at n = 512: the
-peak resident memory above the loaded model, sampled every 2 ms, must be within 25 % of
-the formula, for a recomputed (sdpa) and an eager trace.
+peak of the bytes torch's allocator holds during the trace (every allocation and free,
+recorded by torch's profiler) must be within 25 % of the formula, and the peak resident
+memory above the loaded model, sampled every 2 ms, within 0.75-1.5 of it (it also counts
+freed heap that glibc keeps, which varies from process to process), for a recomputed
+(sdpa) and an eager trace.
 """
 
 from __future__ import annotations
@@ -56,7 +59,20 @@ t.start()
 tr = m.trace(ids)
 done.set()
 t.join()
-print(json.dumps({"measured": peak[0] - base, "formula": plan.total, "attention": m.attention}))
+del tr
+gc.collect()
+from torch.profiler import ProfilerActivity, profile  # every allocation and free, recorded
+
+with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    tr = m.trace(ids)
+held = allocated = 0
+for _, nbytes in sorted(
+    (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
+):
+    held += nbytes
+    allocated = max(allocated, held)
+print(json.dumps({"measured": peak[0] - base, "allocated": allocated, "formula": plan.total,
+                  "attention": m.attention}))
 """
 
 
@@ -71,8 +87,12 @@ def test_measured_peak_follows_the_formula(mode):
     )
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["attention"] == mode
-    ratio = got["measured"] / got["formula"]
-    assert 0.75 <= ratio <= 1.25, got
+    # The bytes torch's allocator holds are the same in every run: 0.81 (eager) and 0.79
+    # (sdpa) of the formula, which keeps a slack for the heap that RSS also counts.
+    assert 0.75 <= got["allocated"] / got["formula"] <= 1.25, got
+    # Resident memory also counts freed heap that glibc keeps (README 'Memory'): 0.95-1.26
+    # of the formula in seven fresh processes, so it gets a wider bound than the bytes held.
+    assert 0.75 <= got["measured"] / got["formula"] <= 1.5, got
 
 
 def test_a_trace_that_will_not_fit_is_refused_before_the_forward_pass(bert_tokenizer):
