@@ -13,8 +13,8 @@ pos[k] is k's row in the basis (−1: non-basic); blocked keys are basic or outs
 key set; d are the reduced costs of the current objective (0 at basic keys), γ the
 steepest-edge weights 1 + ‖B⁻¹A_k‖² of the basis; st holds the integers below; vm and vn
 are the chain's scratch vectors (vm[0:2] the new row of B⁻¹ and v, vm[2] the entering
-column, vm[3] the primal ratios; vn[0:2] ρ and Aᵀv, vn[1] also the dual ratios and the primal scores, vn[2] the
-dual pivot row; `refine` borrows vm and vn[2] between pivots). Each routine is written out as loops over contiguous rows, so that a
+column, vm[3] the primal ratios; vn[0:2] ρ and Aᵀv, vn[1] also the dual ratios and the
+primal scores, vn[2] the dual pivot row; `refine` borrows vm and vn[2] between pivots). Each routine is written out as loops over contiguous rows, so that a
 pivot reads B⁻¹ once for the entering column and once (with the write) for the rank-one
 update, and the element-wise work between the products stays in registers: the numpy
 engine this replaces spent more than half of each step in such passes.
@@ -219,10 +219,11 @@ def primal_ratio(ch, col, slow):
     low = bits[0]
     for i in range(col.size):
         low = min(low, bits[i])
-    best = ratios[0]
+    best = np.inf
     for i in range(col.size):
         if bits[i] == low:
             best = ratios[i]
+            break
     if best == np.inf:
         return -1
     r = -1

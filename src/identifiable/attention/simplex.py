@@ -60,9 +60,8 @@ _MIN_BLOCK = 16  # "key" order, phase 2 (minima): rows per chain
 # down to _GROUP_BYTES each. Each pivot reads its chain's B⁻¹ twice and writes it once, so
 # the batch should stay in cache; more chains a step make the products with A more
 # efficient. So the batch follows the last-level cache the cores share: a quarter of it,
-# between 2 and 8 MB (15 and 63 chains at m = 129); a thread's group gets the larger of
-# half that and that / threads. Llama-3-sized
-# head (benchmarks/bench_causal_certify.py), 2 threads:
+# between 2 and 8 MB (15 and 63 chains at m = 129); with 2 or more threads each thread's
+# group gets half of it. Llama-3-sized head (benchmarks/bench_causal_certify.py), 2 threads:
 # - 8 MB of L3, batches of 8 MB -> 2 MB: n = 256 37.5 -> 28.7 s; the 4 widest rows at
 #   n = 512 on 1 thread 26.8 -> 21.5 s (1 MB on 1 thread, 0.5 MB on 2: slower);
 # - 32 MB of L3, batches of 2 MB -> 8 MB: the 32 widest rows at n = 512 24.4 -> 19.7 s
@@ -324,7 +323,7 @@ def _run(prob, b: _Bounds, tasks: list, row_order: bool, what: str, deadline, th
         def one(g: int) -> None:
             try:
                 _run_group(prob, parts[g], tasks[g::groups], row_order, what, deadline,
-                           max(_GROUP_BYTES, _CHAIN_BYTES // groups), stop)  # fmt: skip
+                           _GROUP_BYTES, stop)  # fmt: skip
             except BaseException:
                 stop.set()
                 raise
