@@ -1,5 +1,5 @@
 """The compiled simplex engine's disk cache (`attention/lockstep.py`): compiled once, said so,
-loaded by later processes, and keyed by both of its source files."""
+loaded by later processes, and keyed by all three of its source files."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from identifiable.attention import kernel, lockstep
+from identifiable.attention import kernel, lockstep, panels
 
 _LOAD = (
     "import time\n"
@@ -39,12 +39,12 @@ def test_a_fresh_cache_compiles_once_says_so_and_later_processes_load_it(tmp_pat
     assert float(second.stdout) < 0.25 * float(first.stdout)
 
 
-def test_the_cache_key_covers_both_source_files():
+def test_the_cache_key_covers_every_source_file():
     """numba keys a cached function by its own bytecode and file only; `run_chains` closes
-    over the hash of lockstep.py and kernel.py, so that an edit to either compiles anew."""
-    digest = hashlib.sha256(
-        Path(lockstep.__file__).read_bytes() + Path(kernel.__file__).read_bytes()
-    ).hexdigest()
+    over the hash of lockstep.py, kernel.py and panels.py, so that an edit to any of them
+    compiles anew."""
+    files = (lockstep.__file__, kernel.__file__, panels.__file__)
+    digest = hashlib.sha256(b"".join(Path(f).read_bytes() for f in files)).hexdigest()
     assert lockstep._sources_hash() == digest
     closure = lockstep.run_chains.py_func.__closure__ or ()
     assert digest in [cell.cell_contents for cell in closure]

@@ -7,8 +7,9 @@ Aᵀv. Chain by chain these are matrix–vector products that read all of A (528
 m = 129, n = 512) for 66k multiply-adds each: bound by the cache, ~9 µs apiece on this
 machine. When the chains share A (the rows of a bidirectional head, nested causal rows,
 the chains of one row), a step stacks those vectors and makes them one matrix product,
-which reads A once for every chain. At n ≥ `simplex._SINGLE_MIN_KEYS` the second product
-(ρ and Aᵀv, which only steer the pivots) is single precision. Everything between the
+which reads A once for every chain. From a span of `simplex._SINGLE_MIN_KEYS` keys on, the
+second product (ρ and Aᵀv, which only steer the pivots) is single precision, from A packed
+once per problem (`panels.py`); the others go through OpenBLAS. Everything between the
 products runs per chain in compiled loops (`kernel.py`). A step has three phases:
 
 1. each chain settles what is settled (an optimum is certified, a minimum proved 0, the
@@ -30,8 +31,10 @@ from pathlib import Path
 
 import numba
 import numpy as np
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
-from identifiable.attention import kernel
+from identifiable.attention import crossover, kernel, panels
 from identifiable.attention.kernel import (
     BROW,
     CAP,
@@ -77,10 +80,38 @@ from identifiable.attention.kernel import (
     settle,
     times_a,
 )  # fmt: skip
+from identifiable.attention.panels import rows_padded, times_panels
 from identifiable.progress import status
 
 DONE, PAUSED, FALLBACK, SINGULAR = range(4)  # what `run_chains` returns
 _PRIMAL, _DUAL = 1, 2  # st[MODE]: this step's pivot
+
+
+@intrinsic
+def _borrowed(typingctx, arrays):
+    """The tuple of arrays `arrays`, each without its reference count (a null meminfo).
+
+    numba increfs and decrefs an array's meminfo, atomically, whenever a view is taken or an
+    array is passed on; the per-chain functions take tuples of ten views, so that was about
+    22 pairs of atomic operations a pivot (13 % of a causal head's time at m = 129). Views
+    of a borrowed array carry the null meminfo, for which NRT's incref is a null check. The
+    caller's arrays stay alive for the whole `run_chains` call, which is the only place
+    borrowed arrays exist, and none of them is returned or stored."""
+    if not isinstance(arrays, types.BaseTuple) or not all(
+        isinstance(t, types.Array) for t in arrays
+    ):
+        return None
+
+    def codegen(context, builder, sig, args):
+        out = []
+        for i, ty in enumerate(sig.args[0]):
+            ary = context.make_array(ty)(context, builder, value=builder.extract_value(args[0], i))
+            ary.meminfo = cgutils.get_null_value(ary.meminfo.type)
+            ary.parent = cgutils.get_null_value(ary.parent.type)
+            out.append(ary._getvalue())
+        return context.make_tuple(builder, sig.return_type, out)
+
+    return arrays(arrays), codegen
 
 
 @jit
@@ -233,6 +264,16 @@ def _products(prob, slots, c, y, n_y, steep):
 
 
 @jit
+def _product(y, a_t, buf, rows, cols):
+    """y[:rows] · Aᵀ[:cols]ᵀ (double precision, OpenBLAS) into buf, as a C-contiguous
+    `[rows, cols]` array: one buffer for the whole run instead of an array allocated at
+    every step (its effect alone was within this machine's drift: not claimed as a gain)."""
+    out = buf[: rows * cols].reshape((rows, cols))
+    np.dot(y[:rows], a_t[:cols].T, out)
+    return out
+
+
+@jit
 def _put(x, out):
     """out = x, a row of the shared product's left factor (in single or double precision)."""
     for c in range(x.size):
@@ -256,11 +297,11 @@ def _shared_pricing(allowed, ch, z2, steep, drift):
 
 
 @jit
-def _step(prob, bnd, slots, tasks, vert, nvert, cfg, work, y1, y2, y2s):
+def _step(prob, bnd, slots, tasks, vert, nvert, cfg, work, y1, y2, y2s, zbuf, zbuf32):
     """One lock step of every live slot (see the module docstring). The shared products
     take the first s columns of A, s the widest SPAN among the chains they serve (a C × F
     product through Aᵀ[:s], as fast as C × C at s = n)."""
-    at3, allowed, a32t = prob[1], prob[3], prob[4]
+    at3, allowed, a32p = prob[1], prob[3], prob[4]
     n_slots, shared, steep = slots[0].shape[0], prob[0].shape[0] == 1, cfg[STEEP] != 0
     n1 = s1 = s2 = 0
     for c in range(n_slots):
@@ -280,9 +321,9 @@ def _step(prob, bnd, slots, tasks, vert, nvert, cfg, work, y1, y2, y2s):
                 s1 = max(s1, st[SPAN])
             else:
                 times_a(ch[3][st[LEAVE]], _matrix(prob, st[ROW])[0], ch[9][2], st[SPAN])
-    z1 = np.dot(y1[:n1], at3[0][:s1].T) if shared and n1 > 0 else np.empty((0, 0))
+    z1 = _product(y1, at3[0], zbuf, n1, s1) if shared and n1 > 0 else zbuf[:0].reshape((0, 0))
     # the second product in single precision (see `kernel.DRIFT`) when its span is wide
-    single = shared and a32t.shape[0] == 1 and s2 >= cfg[SINGLE]
+    single = shared and a32p.shape[0] > 0 and s2 >= cfg[SINGLE]
     n2 = 0
     for c in range(n_slots):
         st = slots[7][c]
@@ -298,8 +339,10 @@ def _step(prob, bnd, slots, tasks, vert, nvert, cfg, work, y1, y2, y2s):
         else:
             n2 = _products(prob, slots, c, y2, n2, steep)
     go = shared and n2 > 0
-    z2 = np.dot(y2[:n2], at3[0][:s2].T) if go and not single else np.empty((0, 0))
-    z2s = np.dot(y2s[:n2], a32t[0][:s2].T) if go and single else np.empty((0, 0), np.float32)
+    # z1 is read in full before z2 is written, so both may use zbuf
+    z2 = _product(y2, at3[0], zbuf, n2, s2) if go and not single else zbuf[:0].reshape((0, 0))
+    if go and single:
+        times_panels(y2s, a32p, zbuf32, n2, s2)
     for c in range(n_slots):
         st = slots[7][c]
         if st[MODE] == 0:
@@ -308,7 +351,7 @@ def _step(prob, bnd, slots, tasks, vert, nvert, cfg, work, y1, y2, y2s):
         if not shared:
             pivot_pricing(allowed, ch, st[LEAVE], st[ENTER], ch[8][2], ch[9][0], ch[9][1], steep)
         elif single:
-            _shared_pricing(allowed, ch, z2s, steep, 1)
+            _shared_pricing(allowed, ch, zbuf32, steep, 1)
         else:
             _shared_pricing(allowed, ch, z2, steep, 0)
         bnd[7][st[ROW]] += 1
@@ -319,9 +362,10 @@ def _step(prob, bnd, slots, tasks, vert, nvert, cfg, work, y1, y2, y2s):
 
 
 def _sources_hash() -> str:
-    """sha256 of this file and `kernel.py`: the cache key of `run_chains` (see `_compile`)."""
+    """sha256 of this file, `kernel.py` and `panels.py`: the cache key of `run_chains` (see
+    `_compile`)."""
     digest = hashlib.sha256()
-    for path in (Path(__file__), Path(kernel.__file__)):
+    for path in (Path(__file__), Path(kernel.__file__), Path(panels.__file__)):
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
@@ -343,8 +387,9 @@ def _compile(stamp: str):
         st[RESTART] = 1 and st[WAIT] = 0, and calls again) or SINGULAR (a basis matrix was
         singular).
 
-        prob: (A `[1 or R, m, n]`, Aᵀ `[1 or R, n, m]`, b `[R, m]`, allowed `[R, n]`, Aᵀ in
-        single precision `[1 or 0, n, m]`: with one, the shared second product runs in
+        prob: (A `[1 or R, m, n]`, Aᵀ `[1 or R, n, m]`, b `[R, m]`, allowed `[R, n]`, A in
+        single precision packed in panels `[P or 0, m, 16]` (`panels.pack`): with them, the
+        shared second product runs in
         single precision from a span of cfg[SINGLE] keys on, see `kernel.DRIFT`); bnd:
         (lower, upper, zero_seen, seen_max `[R, n]`, total `[R]`, start `[R, m]`, solved,
         pivots `[R]`); slots: the chain states (see `kernel`), each `[C, …]`; tasks: (first
@@ -355,11 +400,17 @@ def _compile(stamp: str):
         """
         if len(stamp) == 0:  # never: keeps the sources' hash in the cache key (above)
             return SINGULAR
+        prob, bnd, slots = _borrowed(prob), _borrowed(bnd), _borrowed(slots)
+        tasks, vert = _borrowed(tasks), _borrowed(vert)
+        nvert, cfg, nxt = _borrowed((nvert, cfg, nxt))
         b, allowed = prob[2], prob[3]
         n_slots, m = slots[0].shape
         work = np.empty((m, m))
         y1, y2 = np.empty((n_slots, m)), np.empty((2 * n_slots, m))
-        y2s = np.empty((2 * n_slots, m), np.float32)
+        n = slots[5].shape[1]
+        y2s = np.zeros((rows_padded(2 * n_slots), m), np.float32)  # whole tiles: `panels`
+        zbuf = np.empty(2 * n_slots * n)
+        zbuf32 = np.empty((rows_padded(2 * n_slots), panels.WIDTH * prob[4].shape[0]), np.float32)
         for step in range(budget + 1):
             live = waiting = 0
             for c in range(n_slots):
@@ -384,7 +435,7 @@ def _compile(stamp: str):
                 return DONE
             if step == budget:
                 return PAUSED
-            _step(prob, bnd, slots, tasks, vert, nvert, cfg, work, y1, y2, y2s)
+            _step(prob, bnd, slots, tasks, vert, nvert, cfg, work, y1, y2, y2s, zbuf, zbuf32)
         return PAUSED
 
     return run_chains
@@ -395,8 +446,8 @@ _ready: list[bool] = []  # [True] once `run_chains` is compiled or loaded in thi
 
 
 def ensure_compiled() -> None:
-    """Compile (or load from the disk cache) `run_chains` now, with a status line on
-    stderr when it compiles: on a fresh install that is 25–40 s, once. Callers with a time
+    """Compile (or load from the disk cache) `run_chains` and the crossover's walk now, with
+    a status line on stderr when they compile: on a fresh install that is 25–40 s, once. Callers with a time
     budget call this first, so that the budget counts the work, not the compiler."""
     if _ready:
         return
@@ -406,7 +457,7 @@ def ensure_compiled() -> None:
         cold = False
     m, n = 1, 1
     prob = (np.zeros((1, m, n)), np.zeros((1, n, m)), np.zeros((1, m)), np.ones((1, n), bool),
-            np.zeros((1, n, m), np.float32))  # fmt: skip
+            np.zeros((2, m, panels.WIDTH), np.float32))  # fmt: skip
     ints = np.zeros(1, dtype=np.int64)
     bnd = (np.zeros((1, n)), np.zeros((1, n)), np.zeros((1, n), bool), np.zeros((1, n)),
            np.zeros(1), np.zeros((1, m), dtype=np.int64), ints.copy(), ints.copy())  # fmt: skip
@@ -416,6 +467,7 @@ def ensure_compiled() -> None:
     cfg = np.zeros(6, dtype=np.int64)
     with status("compiling the interval engine (once; cached on disk)", enabled=cold):
         run_chains(prob, bnd, slots, tasks, vert, ints.copy(), cfg, ints.copy(), 1)
+        crossover._walker()(prob[0], np.ones((1, n)), prob[3], ints.reshape(1, 1), ints[:0])
     _ready.append(True)
 
 

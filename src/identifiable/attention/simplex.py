@@ -96,11 +96,12 @@ def _batch_bytes(llc: int) -> int:
 _CHAIN_BYTES = _batch_bytes(_llc_bytes())
 _GROUP_BYTES = _CHAIN_BYTES // 2
 # The shared second product of a lock step (ρ and Aᵀv: they steer the pivots, and bound
-# nothing) runs in single precision from this many keys on. Same run, 2 MB batches: the 4
-# widest rows at n = 512 0.70-0.85x on 2 threads and 0.80x on 1; a head at n = 256 on 2
-# threads 1.05-1.08x (single-precision GEMMs of ≤ 14 × 129 by 129 × 256 are slower in
-# OpenBLAS). d is kept honest in double precision: see `kernel.DRIFT`.
-_SINGLE_MIN_KEYS = 384
+# nothing) runs in single precision from this many keys on, from A packed once
+# (`panels.py`). With OpenBLAS's sgemm the threshold was 384 (a head at n = 256 took
+# 1.05-1.08x with single precision); with the packed product, a causal head at n = 512 on 2
+# threads, alternating in one process: 128 keys 48.9-50.9 s, 256 keys 49.9-52.2 s, 384 keys
+# 58.4 s (medians), bounds within 2.4e-16. d is kept honest in double: `kernel.DRIFT`.
+_SINGLE_MIN_KEYS = 128
 _STEPS_PER_CALL = 16  # lock steps between checks of the deadline
 _THREAD_CHAINS = 8  # chains per thread at least (`_run`)
 _THREAD_COPY_BYTES = 2**28  # the threads' own copies of the shared state, in all (`_run`)
@@ -196,7 +197,7 @@ def interval_simplex(
         raise ValueError("key order needs rows that share A (aq of shape [1, m, n])")
     if order == "key" and (allowed[:-1] & ~allowed[1:]).any():  # see `kernel.advance`
         raise ValueError("key order needs key sets that grow (or stay) from row to row")
-    b = _start(aq, a, allowed, rows_live, keep_vertices)
+    b = _start(aq, a, allowed, rows_live, keep_vertices, threads)
     prob = _problem(aq, a, allowed)
     for sense in (1, -1):
         todo, size = movable, block or n_rows
@@ -215,7 +216,8 @@ def interval_simplex(
 
 
 def _problem(aq, a, allowed) -> tuple:
-    """(A, Aᵀ, b, allowed, Aᵀ in single precision) as the compiled engine takes them:
+    """(A, Aᵀ, b, allowed, A in single precision packed in panels, `panels.pack`) as the
+    compiled engine takes them:
     contiguous and writable (a read-only or strided array is another type to numba, which
     would compile again). The single-precision Aᵀ is for the products that rows sharing A
     make together (`lockstep`), in lock steps whose chains span _SINGLE_MIN_KEYS keys or
@@ -223,12 +225,14 @@ def _problem(aq, a, allowed) -> tuple:
     aq = np.require(aq, np.float64, ["C", "W"])
     b = a @ aq[0].T if aq.shape[0] == 1 else np.einsum("rmn,rn->rm", aq, a)
     at = np.ascontiguousarray(aq.transpose(0, 2, 1))
+    from identifiable.attention import panels
+
     single = aq.shape[0] == 1 and aq.shape[2] >= _SINGLE_MIN_KEYS
-    a32 = at.astype(np.float32) if single else np.zeros((0, *at.shape[1:]), np.float32)
+    a32 = panels.pack(at[0]) if single else np.zeros((0, aq.shape[1], panels.WIDTH), np.float32)
     return aq, at, np.ascontiguousarray(b), np.require(allowed, bool, ["C", "W"]), a32
 
 
-def _start(aq, a, allowed, rows_live, keep_vertices: bool) -> _Bounds:
+def _start(aq, a, allowed, rows_live, keep_vertices: bool, threads: int = 1) -> _Bounds:
     """The shared state before any LP: a, the crossover vertex of every live row (a
     feasible basis, the start of every chain) and the keys it proves at 0."""
     n_rows = a.shape[0]
@@ -238,8 +242,11 @@ def _start(aq, a, allowed, rows_live, keep_vertices: bool) -> _Bounds:
     b = _Bounds(a, a.copy(), a.copy(), ~allowed, a.copy(), a.sum(1), start,
                 {} if keep_vertices else None, zeros, zeros.copy(), zeros.copy())  # fmt: skip
     if rows_live.size:
+        from identifiable.attention import lockstep
+
+        lockstep.ensure_compiled()  # the crossover's walk is compiled with the engine
         sub = aq if aq.shape[0] == 1 else aq[rows_live]
-        start[rows_live] = crossover(sub, a[rows_live], allowed[rows_live])
+        start[rows_live] = crossover(sub, a[rows_live], allowed[rows_live], threads)
     for q in rows_live:
         b.zero_seen[q, np.setdiff1d(np.flatnonzero(allowed[q]), start[q])] = True
     return b
