@@ -41,8 +41,10 @@ def _host_vector() -> int:
 
 
 LANES = _host_vector()
-# Rows of y per tile: with 16 lanes, 8 rows × 2 panels = 16 accumulators (of 32 registers);
-# with 8 lanes, 3 rows × 2 panels × 2 vectors = 12 (of 16), plus A's four vectors.
+# Rows of y per tile: with 16 lanes, 8 rows × 2 panels = 16 accumulators, A's 2 vectors and
+# y's broadcast (of 32 registers); with 8 lanes, 3 rows × 2 panels × 2 vectors = 12
+# accumulators and A's 4 vectors (of 16, so y's broadcast may spill: only the AVX-512 tile
+# was timed, on this machine; the narrow one is tested for its values).
 ROWS = 8 if LANES == 16 else 3
 
 

@@ -219,7 +219,7 @@ def _problem(aq, a, allowed) -> tuple:
     """(A, Aᵀ, b, allowed, A in single precision packed in panels, `panels.pack`) as the
     compiled engine takes them:
     contiguous and writable (a read-only or strided array is another type to numba, which
-    would compile again). The single-precision Aᵀ is for the products that rows sharing A
+    would compile again). The packed single-precision A is for the products that rows sharing A
     make together (`lockstep`), in lock steps whose chains span _SINGLE_MIN_KEYS keys or
     more; when no row can, an empty one."""
     aq = np.require(aq, np.float64, ["C", "W"])
