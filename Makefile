@@ -20,7 +20,7 @@ test: setup
 # The low end of the transformers range in pyproject.toml (the newest 4.x) needs its own
 # environment (huggingface_hub < 1.0): the model-facing tests run there too. The
 # browser, docs, notebook and adversarial suites stay on .venv (transformers 5.x).
-TF4_TESTS = tests/models tests/attention tests/attribution tests/mixing tests/peers \
+TF4_TESTS = tests/models tests/attention tests/attribution tests/mixing tests/integrations \
 	tests/cli/test_attention.py tests/cli/test_attribution.py tests/cli/test_certify.py \
 	tests/cli/test_mixing.py tests/cli/test_trace_families.py
 

@@ -30,8 +30,8 @@ def long_text(tokenizer, n_tokens: int) -> str:
 
 
 def measure(model, text: str, label: str, save: str | None = None) -> None:
-    from identifiable.report.viewer_page import read_viewer_data
-    from identifiable.viewer_compute import viewer_html_for_trace
+    from identifiable.viewer.build import viewer_html_for_trace
+    from identifiable.viewer.page import read_viewer_data
 
     trace = model.trace(text)
     n, n_layers, n_heads = trace.n_tokens, trace.n_layers, trace.n_heads

@@ -33,7 +33,7 @@ def step_ratio(repeats: int) -> dict[str, float]:
     from identifiable.corpus import load_documents, make_pairs
     from identifiable.models import load_model
     from identifiable.training import null_attention_penalty
-    from identifiable.training.finetune import encode_batch, fidelity_loss
+    from identifiable.training.loop import encode_batch, fidelity_loss
 
     m = load_model("minilm")
     pairs = make_pairs(load_documents()[:10], m.tokenizer, max_tokens=72, min_tokens=40)[:8]

@@ -28,8 +28,8 @@ _EXPORTS: dict[str, str] = {
     "register_spec": "identifiable.models",
     "discover_spec": "identifiable.models",
     "supported_model_types": "identifiable.models",
-    "trace_from_lens": "identifiable.models",
-    "trace_from_nnsight": "identifiable.models",
+    "trace_from_lens": "identifiable.integrations.lens",
+    "trace_from_nnsight": "identifiable.integrations.nnsight",
     # attention (Sec. 3) and its certificates
     "null_space": "identifiable.attention",
     "effective_attention": "identifiable.attention",
@@ -58,20 +58,20 @@ _EXPORTS: dict[str, str] = {
     "Corpus": "identifiable.corpus",
     # training and comparison
     "null_attention_penalty": "identifiable.training",
-    "finetune": "identifiable.finetuning",
-    "FinetuneResult": "identifiable.finetuning",
-    "compare": "identifiable.comparison",
-    "Comparison": "identifiable.comparison",
+    "finetune": "identifiable.runs.finetune",
+    "FinetuneResult": "identifiable.runs.finetune",
+    "compare": "identifiable.runs.compare",
+    "Comparison": "identifiable.runs.compare",
     # report, viewer, result files, peers
-    "reproduce": "identifiable.reproduction",
-    "Reproduction": "identifiable.reproduction",
-    "build_viewer": "identifiable.viewer_compute",
-    "viewer_html": "identifiable.report.viewer_page",
-    "viewer_iframe": "identifiable.report.viewer_page",
-    "viewer_fragment": "identifiable.report.viewer_page",
-    "viewer_widget": "identifiable.widget",
+    "reproduce": "identifiable.runs.reproduce",
+    "Reproduction": "identifiable.runs.reproduce",
+    "build_viewer": "identifiable.viewer.build",
+    "viewer_html": "identifiable.viewer.page",
+    "viewer_iframe": "identifiable.viewer.page",
+    "viewer_fragment": "identifiable.viewer.page",
+    "viewer_widget": "identifiable.viewer.widget",
     "load_result": "identifiable.results",
-    "register_inseq": "identifiable.peers",
+    "register_inseq": "identifiable.integrations.inseq",
     # errors
     "IdentifiableError": "identifiable.errors",
 }
@@ -84,13 +84,17 @@ SUBPACKAGES = (
     "attribution",
     "corpus",
     "experiments",
+    "integrations",
     "mixing",
     "models",
     "report",
     "results",
+    "runs",
     "store",
     "tokens",
     "training",
+    "utils",
+    "viewer",
 )
 
 if TYPE_CHECKING:  # static types for the public API; runtime imports stay lazy
@@ -101,13 +105,17 @@ if TYPE_CHECKING:  # static types for the public API; runtime imports stay lazy
         attribution,
         corpus,
         experiments,
+        integrations,
         mixing,
         models,
         report,
         results,
+        runs,
         store,
         tokens,
         training,
+        utils,
+        viewer,
     )
     from identifiable.attention import (
         AttentionIntervals,
@@ -125,11 +133,12 @@ if TYPE_CHECKING:  # static types for the public API; runtime imports stay lazy
         witness,
     )
     from identifiable.attribution import HTAResult, hidden_token_attribution
-    from identifiable.comparison import Comparison, compare
     from identifiable.corpus import Corpus, load_corpus
     from identifiable.errors import IdentifiableError
     from identifiable.experiments.tokens import TokenIdentifiabilityResult, token_identifiability
-    from identifiable.finetuning import FinetuneResult, finetune
+    from identifiable.integrations.inseq import register_inseq
+    from identifiable.integrations.lens import trace_from_lens
+    from identifiable.integrations.nnsight import trace_from_nnsight
     from identifiable.mixing import MixingResult, context_mixing
     from identifiable.models import (
         ArchSpec,
@@ -143,18 +152,17 @@ if TYPE_CHECKING:  # static types for the public API; runtime imports stay lazy
         load_model,
         register_spec,
         supported_model_types,
-        trace_from_lens,
-        trace_from_nnsight,
     )
     from identifiable.models.loading import RemoteCodeNotRun
-    from identifiable.peers import register_inseq
-    from identifiable.report.viewer_page import viewer_fragment, viewer_html, viewer_iframe
-    from identifiable.reproduction import Reproduction, reproduce
     from identifiable.results import load as load_result
+    from identifiable.runs.compare import Comparison, compare
+    from identifiable.runs.finetune import FinetuneResult, finetune
+    from identifiable.runs.reproduce import Reproduction, reproduce
     from identifiable.tokens import ProbeConfig
     from identifiable.training import null_attention_penalty
-    from identifiable.viewer_compute import build_viewer
-    from identifiable.widget import viewer_widget
+    from identifiable.viewer.build import build_viewer
+    from identifiable.viewer.page import viewer_fragment, viewer_html, viewer_iframe
+    from identifiable.viewer.widget import viewer_widget
 
 del TYPE_CHECKING  # only public names are attributes
 
@@ -164,13 +172,17 @@ __all__ = [  # noqa: RUF022 - grouped as the table above; a test checks the two 
     "attribution",
     "corpus",
     "experiments",
+    "integrations",
     "mixing",
     "models",
     "report",
     "results",
+    "runs",
     "store",
     "tokens",
     "training",
+    "utils",
+    "viewer",
     "load_model",
     "Model",
     "Seq2SeqModel",

@@ -193,7 +193,7 @@ def test_version(ws) -> None:
 
 
 def test_ctrl_c_in_reproduce_says_rerun_with_resume(ws, monkeypatch, model_dir) -> None:
-    import identifiable.reproduction as reproduction
+    import identifiable.runs.reproduce as reproduction
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

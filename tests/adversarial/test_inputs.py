@@ -49,7 +49,7 @@ def test_a_surrogate_pair_written_as_escapes_is_real_text(tmp_path, tiny_model) 
 def test_reproduce_refuses_a_corpus_list_with_a_surrogate_before_writing(
     tiny_model, tmp_path
 ) -> None:
-    from identifiable.reproduction import reproduce
+    from identifiable.runs.reproduce import reproduce
 
     with pytest.raises(IdentifiableError, match="corpus item 2 holds a lone surrogate"):
         reproduce(tiny_model("bert"), ["a fine text", ("b", "c\ud800")], tmp_path / "r",

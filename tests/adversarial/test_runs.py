@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from identifiable.seeds import SEED_MAX, layer_seed
 from identifiable.store.files import is_temporary
+from identifiable.utils.seeds import SEED_MAX, layer_seed
 
 CORPUS = "\n".join(
     f"Sentence number {i} tells of a {w} that crossed the old river at dawn."

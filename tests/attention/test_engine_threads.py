@@ -17,7 +17,7 @@ from helpers.traces import assert_certified, shared_rows, synthetic_trace
 from identifiable.attention import attention_intervals, interval_map
 from identifiable.attention.certificates import OutOfTime, interval_simplex
 from identifiable.errors import IdentifiableError
-from identifiable.threads import engine_threads
+from identifiable.utils.threads import engine_threads
 
 
 def _problem(n: int, d_v: int, rows: int, seed: int):

@@ -1,5 +1,5 @@
 """One head's interval map over several processes (`attention/mapwork.py`), and the thread
-counts the engine runs under (`identifiable/threads.py`)."""
+counts the engine runs under (`identifiable/utils/threads.py`)."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def test_worker_processes_start_with_one_thread_per_pool():
     code = (
         "from threadpoolctl import threadpool_info\n"
         "import torch\n"
-        "from identifiable.threads import one_thread_per_process\n"
+        "from identifiable.utils.threads import one_thread_per_process\n"
         "one_thread_per_process()\n"
         "pools = threadpool_info()\n"
         "assert pools and all(p['num_threads'] == 1 for p in pools), pools\n"

@@ -10,8 +10,8 @@ import torch
 from helpers.cli import run_main
 from helpers.corpora import save_tiny_model, word_paragraphs
 from identifiable.errors import IdentifiableError
-from identifiable.finetuning import finetune
-from identifiable.training.finetune import TrainSettings
+from identifiable.runs.finetune import finetune
+from identifiable.training.loop import TrainSettings
 
 SETTINGS = TrainSettings(
     steps=4, batch_size=2, max_tokens=40, min_tokens=18, save_every=2, warmup=1, lr=1e-3

@@ -1,4 +1,4 @@
-"""Progress everywhere: every helper of identifiable.progress writes plain lines where nobody
+"""Progress everywhere: every helper of identifiable.utils.progress writes plain lines where nobody
 watches (stderr is not a terminal: a log), and rich bars where a person does; long CLI
 commands show it through the real entry point (pytest's captured stderr is a log)."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from helpers.cli import run_main
 from helpers.families import build_tiny_hf_model
-from identifiable import progress
+from identifiable.utils import progress
 
 TEXT = "the cat sat on the mat while the dog slept"
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from identifiable.reproduction import reproduce
+from identifiable.runs.reproduce import reproduce
 
 pytestmark = pytest.mark.integration
 

@@ -37,7 +37,7 @@ def tiny(bert_tokenizer):
 
 def test_reproduce_reads_a_dataset_as_its_texts(tmp_path, tiny) -> None:
     from identifiable import reproduce
-    from identifiable.reproduction import given_corpus
+    from identifiable.runs.reproduce import given_corpus
 
     pairs = _pairs()
     ds = datasets.Dataset.from_dict(

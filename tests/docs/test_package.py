@@ -47,7 +47,7 @@ def test_identifiable_error_is_a_value_error() -> None:
     assert issubclass(IdentifiableError, ValueError)
     assert identifiable.IdentifiableError is IdentifiableError
     # A bad argument from the library is caught by the conventional `except ValueError`.
-    from identifiable.viewer_compute import viewer_html_for_trace
+    from identifiable.viewer.build import viewer_html_for_trace
 
     with pytest.raises(ValueError, match="at least 1 MB") as info:
         viewer_html_for_trace(object(), max_bytes=10)  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""The screenshots in docs/img/ (taken by tests/report/test_viewer_reading.py in Chromium):
+"""The screenshots in docs/img/ (taken by tests/viewer/test_viewer_reading.py in Chromium):
 small, real PNGs, each shown by README or the docs."""
 
 from __future__ import annotations

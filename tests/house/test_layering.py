@@ -15,50 +15,55 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "identifiable"
 
-# floor of each top-level package or module; a module may import its own floor or below
+# floor of each folder (or module) of the package; a module may import its own floor or below.
+# A dotted key is a module with a floor of its own inside a folder (the longest key wins).
 FLOORS = {
-    "errors": 0,
-    "store": 0,
-    "results": 0,  # the Result mixin every result dataclass shares
-    "result_plots": 0,  # the figures of Result.plot
-    "result_files": 0,  # its file format: an explicit table of result classes, checked reads
-    "precision": 0,  # the float32 matmul precision torch is set to, read without raising
-    "seeds": 0,  # the seed range and seeds derived for a layer
-    "unicode": 0,  # text a tokenizer can take (no lone surrogates)
-    "progress": 0,  # the one progress helper (rich bars on stderr, lines in a log)
-    "stage_tables": 0,  # the stage → report contract: the tables each stage hands over
-    "result_html": 0,  # Result._repr_html_: headline, inline SVG picture, table
-    "threads": 0,  # one intra-op torch thread around kernels that alternate with numpy
-    "colormap": 0,  # the one diverging colormap and the panel-scale rule (plots and viewer)
+    "errors": 0,  # the one exception type
+    "utils": 0,  # progress, threads, precision, seeds, unicode
+    "store": 0,  # folders, caches and atomic files
+    "results": 0,  # the Result base, its file format, html, plots and the colormap
+    "report.tables": 0,  # the stage → report contract: the tables each stage hands over
     "corpus": 1,
     "models": 2,
     "attention": 3,
     "tokens": 3,
     "attribution": 3,
     "mixing": 3,
-    "training": 3,  # the null-attention penalty and label-free fine-tuning
+    "training": 3,  # the null-attention penalty and label-free fine-tuning steps
     "experiments": 4,
-    "viewer": 5,  # former path of viewer_compute (re-exports only)
-    "viewer_compute": 5,  # the viewer's compute side: trace, analyses, then report.viewer_page
-    "reproduction": 5,
-    "finetuning": 5,  # `identifiable finetune`: train, evaluate, render
-    "comparison": 5,  # `identifiable compare`: reproductions side by side
+    "report": 5,  # renders: imports only REPORT_MAY_IMPORT; floors above experiments call it
+    "viewer": 5,  # the viewer: compute, encode, render, widget
+    "runs": 5,  # reproduce, compare, finetune: the runs behind the CLI's long commands
+    "integrations": 6,  # TransformerLens, nnsight and inseq bridges
     "cli": 6,
-    "peers": 6,  # adapters to bertviz and inseq
-    "widget": 6,  # the viewer as a notebook widget (anywidget)
     "__init__": 7,
     "__main__": 7,
     "__version__": 0,  # `from identifiable import __version__` is a constant
 }
 # report renders: it may import only these, whatever their floor
-REPORT_MAY_IMPORT = {"report", "store", "errors", "stage_tables", "colormap"}
+REPORT_MAY_IMPORT = {"report", "report.tables", "store", "errors", "results.colormap"}
+
+
+def _floor_key(dotted: str) -> str:
+    """The FLOORS key that holds `dotted` ("report.tables", "attention.effective"): the
+    longest dotted prefix that is a key, else its first part."""
+    parts = dotted.split(".")
+    for k in range(len(parts), 0, -1):
+        if ".".join(parts[:k]) in FLOORS:
+            return ".".join(parts[:k])
+    return parts[0]
+
+
+def _report_may_import(module: str) -> bool:
+    dotted = module.removeprefix("identifiable.")
+    return any(dotted == ok or dotted.startswith(ok + ".") for ok in REPORT_MAY_IMPORT)
 
 
 def _part(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] != "identifiable":
         return None
-    return parts[1] if len(parts) > 1 else "__init__"
+    return _floor_key(".".join(parts[1:])) if len(parts) > 1 else "__init__"
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -93,14 +98,14 @@ def _modules() -> list[Path]:
 
 def upward_imports(path: Path, rel: Path) -> list[str]:
     """The imports of the file at `path`, placed at `rel` inside the package, that go up."""
-    own = rel.parts[0].removesuffix(".py")
+    own = _floor_key(".".join(rel.with_suffix("").parts))
     bad = []
     for line, module in _imports(path):
         target = _part(module)
         if target is None or target == own:
             continue
-        if own == "report":
-            if target not in REPORT_MAY_IMPORT:
+        if own.split(".")[0] == "report":
+            if not _report_may_import(module):
                 bad.append(f"{rel}:{line} imports {module}")
             continue
         if target == "report":
@@ -122,8 +127,8 @@ def test_only_top_floors_render() -> None:
     """Analyses and experiments never import report/ (they return tables; report renders)."""
     bad = []
     for path in _modules():
-        own = path.relative_to(SRC).parts[0].removesuffix(".py")
-        if FLOORS.get(own, 99) > 4 or own == "report":
+        own = _floor_key(".".join(path.relative_to(SRC).with_suffix("").parts))
+        if FLOORS.get(own, 99) > 4 or own.split(".")[0] == "report":
             continue
         bad += [
             f"{path.relative_to(SRC)}:{line} imports {m}"
@@ -215,3 +220,14 @@ def test_the_cycle_check_can_fail() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert import_cycles(graph) == [["a", "b", "c"]]
     assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_every_folder_has_a_floor() -> None:
+    """The floors are the folders: each folder of the package has its FLOORS entry, and at
+    most 5 modules sit loose at the top beside `__init__` and `__main__`."""
+    folders = {p.name for p in SRC.iterdir() if (p / "__init__.py").is_file()}
+    assert not folders - set(FLOORS), f"folders without a floor: {sorted(folders - set(FLOORS))}"
+    loose = sorted(p.stem for p in SRC.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(loose) <= 5, f"loose top-level modules: {loose}"
+    stale = {k.split(".")[0] for k in FLOORS} - folders - {p.stem for p in SRC.glob("*.py")}
+    assert stale <= {"__version__"}, f"FLOORS names what is not there: {sorted(stale)}"

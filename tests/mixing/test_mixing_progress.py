@@ -33,7 +33,7 @@ def test_status_follows_the_argument_and_the_watcher(
 def test_a_slow_computation_writes_one_line_in_a_log(tiny_model, monkeypatch, capsys):
     import time
 
-    from identifiable import progress
+    from identifiable.utils import progress
 
     monkeypatch.setattr(progress, "watching", lambda: False)
     slow = api.METHODS["rollout"]

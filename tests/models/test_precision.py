@@ -67,7 +67,7 @@ def test_matmul_precision_is_read_whichever_api_set_it():
     """`precision.float32_matmul_precision` follows the legacy setter and torch's
     per-backend settings (the most specific one set wins), and does not raise where
     torch's own legacy getter does, after both APIs were used."""
-    from identifiable.precision import float32_matmul_precision, float32_matmuls_exact
+    from identifiable.utils.precision import float32_matmul_precision, float32_matmuls_exact
 
     try:
         seen = {}

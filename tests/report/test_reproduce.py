@@ -13,7 +13,7 @@ import pytest
 
 from identifiable.errors import IdentifiableError
 from identifiable.experiments import stages
-from identifiable.reproduction import reproduce
+from identifiable.runs.reproduce import reproduce
 from identifiable.store import files
 
 FIGURES = [

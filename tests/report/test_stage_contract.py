@@ -1,4 +1,4 @@
-"""The stage → report contract (`identifiable.stage_tables`): the report reads each stage's
+"""The stage → report contract (`identifiable.report.tables`): the report reads each stage's
 tables through a dataclass, so a renamed or missing table is one error naming the stage and
 the table, never a silently empty figure.
 
@@ -17,7 +17,7 @@ import pytest
 from helpers.corpora import small_corpus
 from identifiable.errors import IdentifiableError
 from identifiable.report.document import write_report
-from identifiable.stage_tables import (
+from identifiable.report.tables import (
     CONTRACTS,
     AttentionStageTables,
     CertifyStageTables,
@@ -30,7 +30,7 @@ EVERY_TABLE = [(c, name) for c in CONTRACTS for name in c.names()]
 @pytest.fixture(scope="module")
 def run(tiny_model: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """model, results and settings of one smoke run, as reproduce passes them."""
-    import identifiable.reproduction as reproduction
+    import identifiable.runs.reproduce as reproduction
 
     seen: dict[str, Any] = {}
     real = reproduction.write_report

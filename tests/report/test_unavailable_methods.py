@@ -38,7 +38,7 @@ def test_unavailable_names_the_norm_based_methods_with_the_reason(residual_after
 def test_the_run_finishes_and_the_mixing_section_says_what_was_left_out(
     residual_after_norm, corpus, tmp_path
 ):
-    from identifiable.reproduction import reproduce
+    from identifiable.runs.reproduce import reproduce
 
     run = reproduce(residual_after_norm, corpus, tmp_path / "run", budget="smoke", progress=False)
     left = pd.read_csv(run.out_dir / "tables" / "mixing_unavailable.csv")

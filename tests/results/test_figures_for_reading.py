@@ -1,4 +1,4 @@
-"""The shared colormap and panel-scale rule (`identifiable.colormap`), the plots that use it,
+"""The shared colormap and panel-scale rule (`identifiable.results.colormap`), the plots that use it,
 and `_repr_html_`'s headline and picture, checked against values computed here."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 
 from identifiable.attention.effective import EffectiveAttention, NullSpace
 from identifiable.attribution.api import HTAResult
-from identifiable.colormap import NEUTRAL, STOPS, colour, matplotlib_cmap, panel_scale
 from identifiable.mixing.result import MixingResult
+from identifiable.results.colormap import NEUTRAL, STOPS, colour, matplotlib_cmap, panel_scale
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 TOKENS = ["[CLS]", "the", "<script>x</script>", "sat", "on", "a", "mat", "[SEP]"]

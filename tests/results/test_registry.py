@@ -8,8 +8,8 @@ import importlib
 import pkgutil
 
 import identifiable
-from identifiable.result_files import RESULT_CLASSES, class_name, resolve_class
 from identifiable.results import Result
+from identifiable.results.files import RESULT_CLASSES, class_name, resolve_class
 
 
 def _all_subclasses(cls: type) -> set[type]:
@@ -40,7 +40,7 @@ def test_files_naming_a_moved_class_still_load_it() -> None:
     """attention/certify.py became attention/intervals.py: files written before name the
     old module, and still resolve to the class, which is the only one of that name."""
     from identifiable.attention.intervals import IntervalMap, Witness
-    from identifiable.result_files import FORMER_NAMES
+    from identifiable.results.files import FORMER_NAMES
 
     assert resolve_class("identifiable.attention.certify:Witness", "old.safetensors") is Witness
     assert resolve_class("identifiable.attention.certify:IntervalMap", "f") is IntervalMap

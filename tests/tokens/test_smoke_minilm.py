@@ -10,7 +10,7 @@ import pytest
 
 from identifiable.experiments import stages
 from identifiable.experiments.tokens import smoke_safe_tokens
-from identifiable.reproduction import reproduce
+from identifiable.runs.reproduce import reproduce
 from identifiable.tokens.split import min_tokens_for
 
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from identifiable.threads import one_blas_thread
+from identifiable.utils.threads import one_blas_thread
 
 PIVOT_TOL = 1e-9  # smallest pivot element accepted in a ratio test (here and in kernel.py)
 

@@ -48,8 +48,8 @@ from identifiable.attention.outproj import (  # noqa: F401  (re-exported: tests,
 from identifiable.attention.windows import WindowSolve, causal_band
 from identifiable.errors import IdentifiableError
 from identifiable.models.trace import Trace
-from identifiable.precision import float32_matmul_precision, float32_matmuls_exact
 from identifiable.results import Result
+from identifiable.utils.precision import float32_matmul_precision, float32_matmuls_exact
 
 _OutProj = OutProj  # the name the benchmarks use
 _check_trace_shapes = check_trace_shapes
@@ -256,7 +256,7 @@ def effective_attention(
     holds it to 1e-9. float32 needs full-precision float32 matmuls: asked for
     explicitly it raises under any reduced setting
     (`torch.set_float32_matmul_precision("high" | "medium")` or torch's per-backend
-    settings, see `identifiable.precision`), since "medium" multiplies in bfloat16 on
+    settings, see `identifiable.utils.precision`), since "medium" multiplies in bfloat16 on
     CPUs that support it (~3e-3 relative); the default then takes float64.
 
     `out`: a contiguous CPU tensor `[L, H, n, n_k]` of `dtype` to write A_eff into

@@ -22,9 +22,9 @@ from identifiable.attention.linalg import add_ones, column_basis, head_factors, 
 from identifiable.attention.mapwork import check_budget, pool_plan, solve_jobs
 from identifiable.errors import IdentifiableError
 from identifiable.models.trace import Trace
-from identifiable.progress import task_bar, watching
 from identifiable.results import Result
-from identifiable.threads import engine_threads
+from identifiable.utils.progress import task_bar, watching
+from identifiable.utils.threads import engine_threads
 
 
 @dataclass(frozen=True)

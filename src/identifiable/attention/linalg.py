@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from identifiable.precision import float32_matmuls_exact
+from identifiable.utils.precision import float32_matmuls_exact
 
 _EPS64 = torch.finfo(torch.float64).eps
 

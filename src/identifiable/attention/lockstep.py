@@ -81,7 +81,7 @@ from identifiable.attention.kernel import (
     times_a,
 )  # fmt: skip
 from identifiable.attention.panels import rows_padded, times_panels
-from identifiable.progress import status
+from identifiable.utils.progress import status
 
 DONE, PAUSED, FALLBACK, SINGULAR = range(4)  # what `run_chains` returns
 _PRIMAL, _DUAL = 1, 2  # st[MODE]: this step's pivot

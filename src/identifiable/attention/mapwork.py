@@ -26,7 +26,7 @@ from identifiable.attention.linalg import add_ones, column_basis, head_factors, 
 from identifiable.attention.nested import nested_rows
 from identifiable.errors import IdentifiableError, seconds
 from identifiable.models.trace import Trace
-from identifiable.threads import one_thread_per_process
+from identifiable.utils.threads import one_thread_per_process
 
 
 @dataclass(frozen=True)

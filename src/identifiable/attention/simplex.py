@@ -18,7 +18,7 @@ import numpy as np
 from identifiable.attention.crossover import crossover
 from identifiable.attention.lp import solve_lp
 from identifiable.errors import IdentifiableError
-from identifiable.threads import one_blas_thread
+from identifiable.utils.threads import one_blas_thread
 
 # P = {x ≥ 0 : A x = b} with A = Qᵀ (m × n, m = rank([T, 1]) ≤ d_v + 1, usually m ≪ n) and
 # b = A a. A vertex of P is a basis: m keys whose columns of A are independent, all other

@@ -18,8 +18,8 @@ from identifiable.attribution.contributions import contribution_stderr, contribu
 from identifiable.attribution.jacobian import ProgressFn, jacobian_sq_norms
 from identifiable.attribution.memory import DEFAULT_MEMORY_BUDGET, ModelDims, plan_chunk_size
 from identifiable.models.protocol import TracedModel
-from identifiable.progress import task_bar, watching
 from identifiable.results import Result
+from identifiable.utils.progress import task_bar, watching
 
 TextOrPair = str | tuple[str, str]
 

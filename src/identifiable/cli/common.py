@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from identifiable.errors import IdentifiableError
-from identifiable.seeds import SEED_MAX
+from identifiable.utils.seeds import SEED_MAX
 
 console = Console()
 err_console = Console(stderr=True)

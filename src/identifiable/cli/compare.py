@@ -28,8 +28,8 @@ def compare(
     no_progress: NoProgressOption = False,
 ) -> None:
     """Run the reproduction for each model on the same texts; write OUT/index.html side by side."""
-    from identifiable.comparison import compare as run
     from identifiable.errors import IdentifiableError
+    from identifiable.runs.compare import compare as run
 
     if len(models) < 2:
         raise IdentifiableError("compare takes two or more models, e.g. compare minilm ./finetuned")

@@ -13,7 +13,7 @@ from identifiable.errors import IdentifiableError
 
 
 def _weights(value: str) -> list[float]:
-    from identifiable.training.finetune import check_weight
+    from identifiable.training.loop import check_weight
 
     parts = [p.strip() for p in value.split(",")]
     if not value.strip() or any(not p for p in parts):
@@ -61,8 +61,8 @@ def finetune(
 ) -> None:
     """Fine-tune with the null-attention penalty (self-distillation, no labels); write a
     Hugging Face checkpoint and a held-out report (OUT/index.html)."""
-    from identifiable.finetuning import finetune as run
-    from identifiable.training.finetune import TrainSettings
+    from identifiable.runs.finetune import finetune as run
+    from identifiable.training.loop import TrainSettings
 
     check_model_name(model)
     check_seed(seed)

@@ -97,7 +97,7 @@ def mixing(
         )
     check_writable(json_out, force=force)
     m = load(model)
-    from identifiable.progress import status
+    from identifiable.utils.progress import status
 
     with status(f"context mixing ({method})"):
         result = context_mixing(

@@ -59,7 +59,7 @@ def reproduce(
 ) -> None:
     """Run the paper's four experiment families; write OUT/index.html, figures, tables, summary.json."""
     from identifiable.corpus import read_limits
-    from identifiable.reproduction import reproduce as run
+    from identifiable.runs.reproduce import reproduce as run
 
     check_model_name(model)
     check_seed(seed)  # numpy's generators and torch's take 0 .. 2**63-1

@@ -190,7 +190,7 @@ def _model_parts(
         )
     if memory_budget is not None and memory_budget < 1:
         raise IdentifiableError(f"--memory-budget must be at least 1 MiB, got {memory_budget}")
-    from identifiable.progress import status, watching
+    from identifiable.utils.progress import status, watching
 
     # a spinner while a person watches (a long context takes seconds); a log keeps only the
     # command's own output, whose stderr must stay empty on success

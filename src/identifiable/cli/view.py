@@ -20,7 +20,7 @@ from identifiable.cli.options import ForceOption, ModelOption, PairOption
 from identifiable.errors import IdentifiableError
 
 if TYPE_CHECKING:
-    from identifiable.report.viewer_page import ViewerOptions
+    from identifiable.viewer.page import ViewerOptions
 
 # Finite bounds, so that what is computed from them (bytes, deadlines) stays finite:
 # 1e308 passed the isfinite checks and overflowed in int(max_mb * 1e6).
@@ -211,7 +211,7 @@ def view(
     chosen head, interval bands of every row, identifiable weights and constrained attention.
     For an image model (--image), a patch grid over the image in place of the tokens."""
     from identifiable.store.files import atomic_write_text
-    from identifiable.viewer_compute import mixing_maps, viewer_html_for_trace
+    from identifiable.viewer.build import mixing_maps, viewer_html_for_trace
 
     _check_inputs(text, image, pair, out, force)
     options = _options(
@@ -236,7 +236,7 @@ def view(
         raise IdentifiableError(
             f"--layer {layer} is out of range: valid layers are 0..{trace.n_layers - 1}"
         )
-    from identifiable.progress import status
+    from identifiable.utils.progress import status
 
     with status("computing effective attention" + (" and interval bands" if certify else "")):
         maps = mixing_maps(m, source, options.mixing)
@@ -281,7 +281,7 @@ def _options(
     """The page's `ViewerOptions` from the flags, each checked with the flag's name before
     the model loads (an unknown --mixing method too)."""
     from identifiable.mixing import get_method
-    from identifiable.report.viewer_page import ViewerOptions
+    from identifiable.viewer.page import ViewerOptions
 
     if given["max_rows"] < 1:
         raise IdentifiableError(f"--max-rows must be at least 1, got {given['max_rows']}")
@@ -314,7 +314,7 @@ def _options(
 def _trace(m: Any, model: str, source: Any, picture: Any) -> tuple[Any, Any]:
     """The trace of `source`, and the picture as the model saw it (image models), after
     checking that the input suits the model."""
-    from identifiable.viewer_compute import check_grid, image_rgb
+    from identifiable.viewer.build import check_grid, image_rgb
 
     modality = getattr(m, "modality", "text")
     if picture is not None and modality != "image":

@@ -30,7 +30,7 @@ from identifiable.corpus.sources import (
     read_source,
 )
 from identifiable.errors import IdentifiableError
-from identifiable.progress import status, watching
+from identifiable.utils.progress import status, watching
 
 __all__ = ["CORPUS_VERSION", "UNITS", "Corpus", "load_corpus", "load_documents", "resolve_corpus"]
 

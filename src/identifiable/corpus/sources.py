@@ -23,7 +23,7 @@ from identifiable.corpus.fileio import ReadLimits, current_limits, file_digest, 
 from identifiable.corpus.sentences import split_sentences
 from identifiable.corpus.wikidump import parse_wiki_dump
 from identifiable.errors import IdentifiableError
-from identifiable.unicode import check_unicode
+from identifiable.utils.unicode import check_unicode
 
 __all__ = [
     "FORMATS",

@@ -51,7 +51,7 @@ from identifiable.experiments.attribution_summaries import (
 )
 from identifiable.experiments.pipeline import Advance, Item
 from identifiable.models.protocol import TracedModel
-from identifiable.progress import track
+from identifiable.utils.progress import track
 
 DISTANCE_NORMALISATION = (
     "per token: summed contribution of the group's positions / number of those positions; "

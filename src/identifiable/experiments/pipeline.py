@@ -26,9 +26,9 @@ import pandas as pd
 
 from identifiable.errors import IdentifiableError
 from identifiable.experiments.distributed import SINGLE, World, barrier, claims, work_order
-from identifiable.progress import progress_bars  # noqa: F401  (the run's bars; imported from here)
 from identifiable.store.cache import RunCache
-from identifiable.unicode import check_unicode
+from identifiable.utils.progress import progress_bars  # noqa: F401  (the run's bars; imported from here)
+from identifiable.utils.unicode import check_unicode
 
 Item = str | tuple[str, str]
 Advance = Callable[[int], None]

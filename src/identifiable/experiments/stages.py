@@ -1,7 +1,7 @@
 """The reproduction's experiment plan: budgets and the stages, in paper order.
 
 Each stage is cached per shard (see `identifiable.store.cache`) and run by the
-machinery in `experiments.pipeline`; `identifiable.reproduction.reproduce` runs them and
+machinery in `experiments.pipeline`; `identifiable.runs.reproduce.reproduce` runs them and
 renders the report.
   attention    Fig. 1: Pearson r(raw, effective) by length; attention to [CLS]/[SEP]/punctuation
   tokens       Fig. 2: token identifiability per layer and across layers (one shard: probes are

@@ -89,7 +89,7 @@ def sentence_embeddings(
     model: TracedModel, sentences: Sequence[str], batch_size: int = 32
 ) -> torch.Tensor:
     """`[S, d]` float64 unit mean-pooled last hidden states."""
-    from identifiable.training.finetune import encode_batch, mean_pool
+    from identifiable.training.loop import encode_batch, mean_pool
 
     out = []
     with torch.no_grad(), inference(model.hf_model):

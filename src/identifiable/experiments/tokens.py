@@ -22,12 +22,12 @@ import torch
 from identifiable.corpus import resolve_corpus
 from identifiable.errors import IdentifiableError
 from identifiable.experiments.pipeline import Advance, Item
-from identifiable.progress import task_bar
 from identifiable.results import Result
 from identifiable.tokens.cache import cache_paths, corpus_fingerprint, load_pairs, save_pairs
 from identifiable.tokens.evaluate import Candidates, Kind, evaluate_pairs
 from identifiable.tokens.extract import STORAGE_DTYPES, TokenPairs, collect_token_pairs
 from identifiable.tokens.probes import OBJECTIVES, PROBE_KINDS, ProbeConfig
+from identifiable.utils.progress import task_bar
 
 DEFAULT_MAX_TOKENS = 8192
 QUICK_MAX_TOKENS = 2048

@@ -30,7 +30,7 @@ from identifiable.mixing.rollout import (
     with_residual,
 )
 from identifiable.models.protocol import TracedModel
-from identifiable.progress import status, watching
+from identifiable.utils.progress import status, watching
 
 TextOrPair = str | tuple[str, str]
 Computed = tuple[Tensor, Tensor | None, dict[str, Any]]

@@ -2,10 +2,8 @@
 
 from identifiable.models.devices import resolve_device
 from identifiable.models.discover import Discovery, discover_spec
-from identifiable.models.lens import trace_from_lens
 from identifiable.models.loading import DEFAULT_MODEL, embedded_model_path, load_model
 from identifiable.models.model import Encoding, Model, ModelInfo, Seq2SeqModel, TruncationWarning
-from identifiable.models.nnsight_bridge import trace_from_nnsight
 from identifiable.models.protocol import TracedModel
 from identifiable.models.specs import (
     SEQ2SEQ_SPECS,
@@ -48,6 +46,4 @@ __all__ = [
     "resolve_device",
     "spec_for",
     "supported_model_types",
-    "trace_from_lens",
-    "trace_from_nnsight",
 ]

@@ -20,8 +20,8 @@ import torch
 from identifiable.errors import IdentifiableError
 from identifiable.models.compat import dtype_of
 from identifiable.models.specs import ArchSpec
-from identifiable.progress import track, watching
-from identifiable.unicode import check_unicode
+from identifiable.utils.progress import track, watching
+from identifiable.utils.unicode import check_unicode
 
 TextOrPair = str | tuple[str, str]
 ModelInput = Any

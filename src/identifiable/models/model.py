@@ -99,7 +99,7 @@ class Model:
         if type(hf_model).__name__ in ("TransformerBridge", "HookedTransformer"):
             raise IdentifiableError(
                 "a TransformerLens model is not a Hugging Face model: trace it with "
-                "identifiable.models.lens.trace_from_lens(bridge, tokens)"
+                "identifiable.integrations.lens.trace_from_lens(bridge, tokens)"
             )
         config: Any = hf_model.config
         name = name or str(getattr(config, "_name_or_path", "") or type(hf_model).__name__)

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from identifiable.errors import IdentifiableError
-from identifiable.precision import float32_matmul_precision, float32_matmuls_exact
 from identifiable.results import Result
+from identifiable.utils.precision import float32_matmul_precision, float32_matmuls_exact
 
 
 @dataclass

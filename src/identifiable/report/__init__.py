@@ -1,11 +1,7 @@
-"""Rendering: the reproduction report and the offline attention viewer as self-contained HTML.
+"""Rendering: the reproduction report, the comparison and sweep pages, as self-contained HTML.
 
-This floor only renders tables and tensors it is given; it imports nothing above it.
-`identifiable.viewer_compute.build_viewer` runs a model and renders a viewer page;
-`identifiable.reproduction.reproduce` runs the whole paper into one folder.
+This floor only renders tables it is given; it imports nothing above it. `report.tables` is
+the stage → report contract: the tables each stage hands over, which the stages below
+import. The viewer's pages live in `identifiable.viewer`; `identifiable.runs.reproduce`
+runs the whole paper into one folder.
 """
-
-from identifiable.report.viewer_options import ViewerOptions, ViewerPage
-from identifiable.report.viewer_page import viewer_html
-
-__all__ = ["ViewerOptions", "ViewerPage", "viewer_html"]

@@ -1,6 +1,6 @@
 """Assemble the reproduction folder: tables, figures, summary.json and index.html.
 
-Called with the stage tables, read through their contract (`identifiable.stage_tables`).
+Called with the stage tables, read through their contract (`identifiable.report.tables`).
 Writes every table as CSV and Parquet, every figure as PNG and SVG, then summary.json,
 and index.html last, each atomically, so a folder with an index.html is always a
 finished report.
@@ -24,7 +24,7 @@ from identifiable.report.html import Markup, h, page, png_img, table_html
 from identifiable.report.methods import first_value, methods_section
 from identifiable.report.paper import PAPER_LABEL
 from identifiable.report.prose import EFFECTIVE_NOTE, PROSE
-from identifiable.stage_tables import (
+from identifiable.report.tables import (
     AttentionStageTables,
     AttributionStageTables,
     CertifyStageTables,
@@ -81,7 +81,7 @@ def package_versions() -> dict[str, str]:
 
 def _tables(results: Results) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
     """Final tables (name → DataFrame) and the verdicts that go with them. Each stage's
-    tables are read through its contract (`identifiable.stage_tables`): a missing stage
+    tables are read through its contract (`identifiable.report.tables`): a missing stage
     or table raises, naming both."""
     att = AttentionStageTables.of(results)
     tok = TokenStageTables.of(results)

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import torch
 
-from identifiable.threads import single_threaded
 from identifiable.tokens.lbfgs import improved
 from identifiable.tokens.probes import (
     FitInfo,
@@ -31,6 +30,7 @@ from identifiable.tokens.probes import (
     ProbeConfig,
     objective_loss,
 )
+from identifiable.utils.threads import single_threaded
 
 
 @dataclass(frozen=True)

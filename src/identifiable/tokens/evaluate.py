@@ -24,7 +24,6 @@ import pandas as pd
 import torch
 
 from identifiable.errors import IdentifiableError
-from identifiable.seeds import layer_seed as derived_layer_seed
 from identifiable.tokens.extract import TokenPairs
 from identifiable.tokens.fitting import RidgeSolver, fit_probes, select_adam
 from identifiable.tokens.lookup import (
@@ -47,6 +46,7 @@ from identifiable.tokens.probes import (
     ProbeKind,
 )
 from identifiable.tokens.split import SequenceSplit, min_tokens_for, split_by_sequence
+from identifiable.utils.seeds import layer_seed as derived_layer_seed
 
 Candidates = Literal["sequence", "corpus", "vocabulary"]
 Regime = Literal["converged", "closed form"]

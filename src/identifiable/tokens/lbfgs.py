@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from identifiable.threads import single_threaded
 from identifiable.tokens.probes import FitInfo, Objective, Probe, ProbeConfig, objective_loss
+from identifiable.utils.threads import single_threaded
 
 RELATIVE_IMPROVEMENT = 1e-4  # a real improvement of the validation loss, not rounding
 STALL = 1e-7  # relative change of the training loss below which the optimiser has stopped
@@ -55,7 +55,7 @@ def refine_linear(
     score: Score | None = None,
 ) -> FitInfo:
     """Refine the linear probe `start` on the exact objective by full-batch L-BFGS, on one
-    intra-op thread (`identifiable.threads.one_thread`).
+    intra-op thread (`identifiable.utils.threads.one_thread`).
 
     Args:
         x: `[N, d]` training inputs; y: `[N, d_out]` targets (raw: cosine ignores norms).

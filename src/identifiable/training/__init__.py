@@ -5,9 +5,9 @@
   gradients from the model's own forward pass.
 - `NullAttentionTrainer`, `NullFractionCallback` (identifiable.training.hf): the same
   inside `transformers.Trainer`.
-- `training.finetune` holds the steps of label-free self-distillation with the penalty;
+- `training.loop` holds the steps of label-free self-distillation with the penalty;
   the resumable run that writes a Hugging Face checkpoint is `identifiable.finetune`
-  (identifiable/finetuning.py, a level above this package).
+  (identifiable/runs/finetune.py, a level above this package).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import torch
 from transformers import Trainer, TrainerCallback
 
 from identifiable.training.capture import as_model, capture
-from identifiable.training.finetune import check_weight
+from identifiable.training.loop import check_weight
 from identifiable.training.penalty import (
     VARIANTS,
     Heads,

@@ -16,7 +16,7 @@ and `Result` turns those declarations into
   maps, interval or bar charts for one row, lines per layer for per-layer tables),
 * `save(path)` and `Class.load(path)`: one safetensors file whose header carries the
   non-array fields as JSON. Nothing is ever pickled and no module a file names is
-  imported, so loading a file runs no code (`identifiable.result_files`).
+  imported, so loading a file runs no code (`identifiable.results.files`).
 
 Dimension names (the vocabulary every result shares):
     layer, head: model coordinates (0-based unless a class says otherwise);
@@ -28,7 +28,7 @@ Dimensions named query, token and row are labelled with `tokens`, key with `key_
 (cross-attention) or `tokens`.
 
 This module sits on the lowest floor: it imports only `identifiable.errors`,
-`identifiable.store` and `identifiable.result_files`, and numpy, pandas, matplotlib, safetensors, torch and xarray
+`identifiable.store` and `identifiable.results.files`, and numpy, pandas, matplotlib, safetensors, torch and xarray
 lazily, so that `import identifiable.results` stays cheap.
 """
 
@@ -230,10 +230,10 @@ class Result:
 
     def _repr_html_(self) -> str:
         """A headline, a small inline SVG picture and the arrays' table, for Jupyter (every
-        piece of text escaped; no tensors, no script): `identifiable.result_html`."""
+        piece of text escaped; no tensors, no script): `identifiable.results.html`."""
         from markupsafe import Markup, escape
 
-        from identifiable import result_html
+        from identifiable.results import html as result_html
 
         head = [Markup("<b>{}</b>").format(type(self).__name__)]
         if self._model:
@@ -432,7 +432,7 @@ class Result:
             dimensions not drawn (`layer=2, head=5`; defaults are the class's), `axes`: the
             two dimensions drawn. Token tick labels where they fit (every k-th otherwise).
         """
-        from identifiable import result_plots as plots
+        from identifiable.results import plots
 
         spec = dict(self._plot)
         kind = sel.pop("kind", spec.pop("kind", None))
@@ -482,7 +482,7 @@ class Result:
     def save(self, path: str | Path) -> Path:
         """Write this result to one `.safetensors` file (arrays as tensors, everything else
         as JSON in the file's header), atomically. Read it back with `Class.load(path)`."""
-        from identifiable.result_files import file_bytes
+        from identifiable.results.files import file_bytes
 
         return atomic_write_bytes(path, file_bytes(self), hint="choose another path")
 
@@ -490,9 +490,9 @@ class Result:
     def load(cls, path: str | Path) -> Any:
         """Read a file written by `save`. Refuses, in one line naming the file, a file that
         is not ours, holds another result class, or is damaged or edited (see
-        `identifiable.result_files`); never unpickles anything or imports a module the
+        `identifiable.results.files`); never unpickles anything or imports a module the
         file names."""
-        from identifiable import result_files as rf
+        from identifiable.results import files as rf
 
         header, tensors = rf.read(path)
         stored = rf.current_name(header["class"])
@@ -538,7 +538,7 @@ def _shape_text(value: Any, dims: Sequence[str]) -> str:
 def _min_max(name: str, value: Any) -> tuple[str, str]:
     """min and max as text; "—" where they mean nothing (token ids, masks) or cost a pass
     over a very large array."""
-    from identifiable.result_html import stats
+    from identifiable.results.html import stats
 
     if getattr(value, "numel", lambda: getattr(value, "size", 0))() > HTML_STATS_LIMIT:
         return "—", "—"

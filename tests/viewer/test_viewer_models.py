@@ -11,9 +11,9 @@ from playwright.sync_api import expect
 
 from identifiable.attention import effective_attention
 from identifiable.errors import IdentifiableError
-from identifiable.report.viewer_encoding import decode_head
-from identifiable.report.viewer_page import read_viewer_data
-from identifiable.viewer_compute import viewer_html_for_trace
+from identifiable.viewer.build import viewer_html_for_trace
+from identifiable.viewer.encoding import decode_head
+from identifiable.viewer.page import read_viewer_data
 
 TEXT = (
     "The river rose after the storm, and the old bridge closed.",

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from identifiable.report import viewer_encoding as vd
+from identifiable.viewer import encoding as vd
 
 
 @given(arrays(np.float64, st.integers(1, 40), elements=st.floats(-3, 3)))

@@ -12,14 +12,17 @@ import numpy as np
 import pytest
 import torch
 from playwright.sync_api import expect
+from report.test_viewer_browser import HOSTILE, P, assert_clean, synthetic_args
 
 import identifiable.attention as attention
-import identifiable.viewer_compute as viewer_mod
+import identifiable.viewer.build as viewer_mod
 from identifiable.attention import constrained_attention, interval_map
 from identifiable.cli import main
-from identifiable.colormap import STOPS, panel_scale
-from identifiable.colormap import colour as shared_colour
-from identifiable.report.viewer_encoding import (
+from identifiable.results.colormap import STOPS, panel_scale
+from identifiable.results.colormap import colour as shared_colour
+from identifiable.store.files import atomic_write_text
+from identifiable.viewer.build import certify_head, viewer_html_for_trace
+from identifiable.viewer.encoding import (
     IDENTIFIABLE_BELOW,
     CertifiedHead,
     decode_certified,
@@ -27,10 +30,7 @@ from identifiable.report.viewer_encoding import (
     encode_certified,
     spread_order,
 )
-from identifiable.report.viewer_page import read_viewer_data, viewer_fragment, viewer_html
-from identifiable.store.files import atomic_write_text
-from identifiable.viewer_compute import certify_head, viewer_html_for_trace
-from report.test_viewer_browser import HOSTILE, P, assert_clean, synthetic_args
+from identifiable.viewer.page import read_viewer_data, viewer_fragment, viewer_html
 
 TEXT = ("The river rose after the storm, and the old bridge closed.", "Trains stopped.")
 

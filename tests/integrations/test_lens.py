@@ -12,8 +12,8 @@ import torch
 from helpers.families import build_tiny_hf_model
 from identifiable.attention import effective_attention
 from identifiable.errors import IdentifiableError
+from identifiable.integrations.lens import trace_from_lens
 from identifiable.models import Model
-from identifiable.models.lens import trace_from_lens
 
 pytest.importorskip(
     "transformer_lens",

@@ -1,5 +1,5 @@
 """Figures for reading, in headless Chromium: the viewer draws the colours Python computes
-(`identifiable.colormap`) on per-panel scales that a [CLS] column cannot wash out, its head
+(`identifiable.results.colormap`) on per-panel scales that a [CLS] column cannot wash out, its head
 grid shows each head's null fraction, and the row table shows effective attention and
 intervals on an axis wide enough to read a 0.05-wide interval. Screenshots go to
 artifacts/ (docs/img/ holds copies)."""
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from identifiable.colormap import NEUTRAL, STOPS, colour, panel_scale
-from identifiable.report.viewer_encoding import IntervalRow, decode_head
-from identifiable.report.viewer_page import read_viewer_data, viewer_html
+from identifiable.results.colormap import NEUTRAL, STOPS, colour, panel_scale
 from identifiable.store.files import atomic_write_text
+from identifiable.viewer.encoding import IntervalRow, decode_head
+from identifiable.viewer.page import read_viewer_data, viewer_html
 
 pytestmark = pytest.mark.browser
 
@@ -186,8 +186,8 @@ def shoot(page: Any, first: str, last: str, path: Path) -> None:
 def test_minilm_viewer_for_the_docs(minilm: Any, tmp_path: Path, open_page: Any) -> None:
     """The embedded MiniLM on a 50-token text (n > d_v = 32): the head grid's fractions
     differ per head, and the screenshots docs/img/ copies are taken here."""
-    from identifiable.report.viewer_encoding import null_fraction
-    from identifiable.viewer_compute import build_viewer
+    from identifiable.viewer.build import build_viewer
+    from identifiable.viewer.encoding import null_fraction
 
     html = build_viewer(minilm, TEXT, layer=2, head=3, rows=[9], certify=True, interval_seconds=8)
     loaded = open_page(atomic_write_text(tmp_path / "minilm.html", html))
@@ -205,7 +205,7 @@ def test_minilm_viewer_for_the_docs(minilm: Any, tmp_path: Path, open_page: Any)
     assert f"n − d_v = {n - 32}" in page.inner_text(P("null-dims-note"))
     assert page.locator(P("interval-panel") + " table tr[data-key]").count() == n
     assert loaded.console_errors == [] and loaded.requests == []
-    from report.conftest import ARTIFACTS
+    from helpers.browser import ARTIFACTS
 
     ARTIFACTS.mkdir(exist_ok=True)
     # the head grid and the first row of maps; the row table's first 16 keys

@@ -23,19 +23,19 @@ from playwright.sync_api import expect
 
 from helpers.cli import run_main as run
 from helpers.families import VISION_FAMILIES, build_tiny_hf_model
-from identifiable.colormap import colour
 from identifiable.errors import IdentifiableError
 from identifiable.models import Model
-from identifiable.report.viewer_encoding import (
+from identifiable.results.colormap import colour
+from identifiable.store.files import atomic_write_text
+from identifiable.viewer.build import build_viewer, check_grid, image_rgb, patch_grid
+from identifiable.viewer.encoding import (
     PatchGrid,
     decode_certified,
     decode_head,
     decode_map,
     png_bytes,
 )
-from identifiable.report.viewer_page import read_viewer_data, viewer_html
-from identifiable.store.files import atomic_write_text
-from identifiable.viewer_compute import build_viewer, check_grid, image_rgb, patch_grid
+from identifiable.viewer.page import read_viewer_data, viewer_html
 
 GRID = 4  # 32 / 8 patches a side
 
@@ -287,7 +287,7 @@ def test_a_grid_that_does_not_cover_the_tokens_is_refused() -> None:
 
 
 def test_an_image_with_a_text_trace_is_refused(tiny_model: Any) -> None:
-    from identifiable.viewer_compute import viewer_html_for_trace
+    from identifiable.viewer.build import viewer_html_for_trace
 
     tr = tiny_model("bert").trace("the cat sat")
     rgb = np.zeros((4, 4, 3), np.uint8)

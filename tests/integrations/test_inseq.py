@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from identifiable.errors import IdentifiableError
-from identifiable.peers import INSEQ_METHODS, register_inseq
+from identifiable.integrations.inseq import INSEQ_METHODS, register_inseq
 
 CONFLICT = (
     "inseq 0.7.1 is not installable here: it pins typeguard<=2.13.3, and the pinned "

@@ -2,7 +2,7 @@
 image model, one image: a patch grid replaces the token strip, see `PatchGrid`).
 
 `viewer_html` turns plain tensors into the page (testable without a model);
-`identifiable.viewer_compute.build_viewer` runs a model and the attention analysis and calls it
+`identifiable.viewer.build.build_viewer` runs a model and the attention analysis and calls it
 (report/ renders only, so it imports nothing above it).
 What is stored and why the page stays small is explained in `viewer_encoding`.
 
@@ -27,7 +27,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from identifiable.colormap import SCALE_RULE, page_colormap
 from identifiable.report.html import (
     Markup,
     h,
@@ -38,7 +37,8 @@ from identifiable.report.html import (
 )
 from identifiable.report.html import page as html_page
 from identifiable.report.html import raw as raw_markup
-from identifiable.report.viewer_encoding import (
+from identifiable.results.colormap import SCALE_RULE, page_colormap
+from identifiable.viewer.encoding import (
     IDENTIFIABLE_BELOW,
     CertifiedHead,
     PatchGrid,
@@ -48,7 +48,7 @@ from identifiable.report.viewer_encoding import (
     interval_json,
     null_fraction,
 )
-from identifiable.report.viewer_options import (
+from identifiable.viewer.options import (
     DEFAULT_INTERVAL_SECONDS,
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_ROWS,

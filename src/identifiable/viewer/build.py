@@ -1,5 +1,5 @@
 """The attention viewer for one text or image: runs the model and the attention analysis,
-then renders the page with `identifiable.report.viewer_page.viewer_html`.
+then renders the page with `identifiable.viewer.page.viewer_html`.
 
 For an image model (ViT, DeiT, CLIP's vision tower) the tokens are [CLS] (DeiT: then [DIST])
 and the patches row by row, named "patch(r,c)"; `patch_grid` lays them out on the grid and
@@ -23,7 +23,7 @@ import torch
 
 from identifiable.errors import IdentifiableError
 from identifiable.models.protocol import TracedModel
-from identifiable.report.viewer_encoding import (
+from identifiable.viewer.encoding import (
     IDENTIFIABLE_BELOW,
     CertifiedHead,
     IntervalRow,
@@ -33,7 +33,7 @@ from identifiable.report.viewer_encoding import (
     png_bytes,
     spread_order,
 )
-from identifiable.report.viewer_page import (
+from identifiable.viewer.page import (
     DEFAULT_INTERVAL_SECONDS,
     ViewerOptions,
     ViewerPage,
@@ -463,7 +463,7 @@ def _certify_note(
 
 def head_distance(raw: torch.Tensor, effective: torch.Tensor) -> torch.Tensor:
     """`[L, H]` float64 ‖A − A_eff‖_F / ‖A‖_F per head (the null fraction), from raw and
-    effective `[L, H, n, n]`: `identifiable.report.viewer_encoding.null_fraction`."""
+    effective `[L, H, n, n]`: `identifiable.viewer.encoding.null_fraction`."""
     return null_fraction(raw, effective)
 
 

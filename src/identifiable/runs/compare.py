@@ -1,6 +1,6 @@
 """`compare`: the reproduction of two or more models, side by side on the same texts.
 
-Each model runs the whole reproduction (`identifiable.reproduction.reproduce`) on the
+Each model runs the whole reproduction (`identifiable.runs.reproduce.reproduce`) on the
 same aligned texts (`experiments.compare.align_texts`) into OUT/models/LABEL/ (its full
 report), then `experiments.compare` lines their tables up by relative depth and
 `report.compare_section` renders OUT/index.html. The folder follows `reproduce --out`'s
@@ -22,8 +22,8 @@ from identifiable.errors import IdentifiableError
 from identifiable.experiments import compare as cmp
 from identifiable.experiments.pipeline import corpus_items
 from identifiable.experiments.stages import resolve_budget
-from identifiable.finetuning import load_attention_model
 from identifiable.report.compare_section import write_compare_report
+from identifiable.runs.finetune import load_attention_model
 from identifiable.store.cache import CACHE_DIR, RunCache
 from identifiable.store.files import atomic_write_text
 from identifiable.store.outdir import OutputFolder, nested_runs
@@ -63,7 +63,7 @@ def compare(
     corpus: a corpus name or path, a list of texts or (text, text) pairs, or a
     `datasets.Dataset` (its `column`, or `pair_fields=(a, b)`), as for `reproduce`.
     """
-    from identifiable.reproduction import given_corpus, reproduce
+    from identifiable.runs.reproduce import given_corpus, reproduce
 
     t0 = time.perf_counter()
     corpus = given_corpus(corpus, column, pair_fields)

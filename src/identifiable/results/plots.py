@@ -49,8 +49,8 @@ def _figure(**kwargs: Any) -> Figure:
 
 def heatmaps(res: Any, panels: list, title: str) -> Figure:
     """Panels side by side, each on the shared diverging colormap with its own scale ±s
-    (`identifiable.colormap.panel_scale`: the rule is in each colour bar's label)."""
-    from identifiable.colormap import matplotlib_cmap, panel_scale
+    (`identifiable.results.colormap.panel_scale`: the rule is in each colour bar's label)."""
+    from identifiable.results.colormap import matplotlib_cmap, panel_scale
 
     cmap = matplotlib_cmap()
     fig = _figure(figsize=(4.6 * len(panels) + 0.6, 4.8), layout="constrained")

@@ -26,7 +26,7 @@ import re
 from typing import Any
 
 from identifiable.errors import IdentifiableError
-from identifiable.report.viewer_page import read_viewer_data
+from identifiable.viewer.page import read_viewer_data
 
 __all__ = ["BRIDGE", "ESM", "bridged_page", "viewer_widget"]  # and ViewerWidget, built on use
 
@@ -205,7 +205,7 @@ def viewer_widget(
     if page_html is None:
         if text is None:
             raise IdentifiableError("viewer_widget(model, text) needs the text to show")
-        from identifiable.viewer_compute import build_viewer
+        from identifiable.viewer.build import build_viewer
 
         page_html = build_viewer(model, text, **options)
     return _widget_class()(page_html, height=height)

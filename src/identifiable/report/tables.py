@@ -56,7 +56,7 @@ class StageTables:
             given = ", ".join(sorted(tables)) or "none"
             raise IdentifiableError(
                 f"stage '{cls.STAGE}' gave no table '{missing[0]}' (it gave: {given}); the "
-                "report needs every table in identifiable.stage_tables."
+                "report needs every table in identifiable.report.tables."
                 f"{cls.__name__}. A shard cache written by another version lacks it: run "
                 "again without --resume"
             )

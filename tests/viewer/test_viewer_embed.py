@@ -16,16 +16,16 @@ from typing import Any
 
 import pytest
 import torch
+from report.test_viewer_browser import CANVAS_STATS, HOSTILE, P, synthetic_args
 
 from identifiable.report.html import asset
-from identifiable.report.viewer_page import (
+from identifiable.store.files import atomic_write_text
+from identifiable.viewer.page import (
     read_viewer_data,
     viewer_fragment,
     viewer_html,
     viewer_iframe,
 )
-from identifiable.store.files import atomic_write_text
-from report.test_viewer_browser import CANVAS_STATS, HOSTILE, P, synthetic_args
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 

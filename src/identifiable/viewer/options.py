@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from identifiable.report.viewer_encoding import (
+from identifiable.viewer.encoding import (
     IDENTIFIABLE_BELOW,
     CertifiedHead,
     IntervalRow,

@@ -4,7 +4,7 @@ The headline says what the result means (`HEADLINES`, by class name: effective a
 mean null fraction and n against rank(T), HTA's own-token share at the last layer, a
 mixing method's locality, intervals' identifiable share). The picture is an inline SVG
 (no script, no network) of one map: the class's default `plot` panel, or for effective
-attention the per-head null fractions, drawn with `identifiable.colormap` (signed maps:
+attention the per-head null fractions, drawn with `identifiable.results.colormap` (signed maps:
 its diverging colours and per-panel scale; a null-fraction grid: white to teal).
 Every piece of text is escaped (markupsafe). Imported by `Result._repr_html_` only.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from markupsafe import Markup
 
-from identifiable.colormap import colour, panel_scale
+from identifiable.results.colormap import colour, panel_scale
 
 PICTURE_CELLS = 24  # a map is drawn as at most 24 × 24 blocks (block means)
 PICTURE_PX = 120

@@ -14,7 +14,7 @@ import identifiable as idf
 from helpers.families import tiny_config
 from identifiable.attention import effective_attention
 from identifiable.errors import IdentifiableError
-from identifiable.models.nnsight_bridge import model_from_nnsight, trace_from_nnsight
+from identifiable.integrations.nnsight import model_from_nnsight, trace_from_nnsight
 
 nnsight = pytest.importorskip(
     "nnsight", reason="nnsight is the optional extra `nnsight` (pip install identifiable[nnsight])"

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 from playwright.sync_api import expect
+from report.test_viewer_browser import CANVAS_STATS, HOSTILE, P, assert_clean, synthetic_args
 
 from identifiable.cli import main
-from identifiable.report.viewer_encoding import MixingMaps, decode_map
-from identifiable.report.viewer_page import read_viewer_data, viewer_fragment, viewer_html
 from identifiable.store.files import atomic_write_text
-from report.test_viewer_browser import CANVAS_STATS, HOSTILE, P, assert_clean, synthetic_args
+from identifiable.viewer.encoding import MixingMaps, decode_map
+from identifiable.viewer.page import read_viewer_data, viewer_fragment, viewer_html
 
 PIXELS = """(sel) => {
   const c = document.querySelector(sel);
@@ -149,7 +149,7 @@ def test_two_viewers_switch_their_methods_independently(tmp_path: Path, open_pag
 
 def test_build_viewer_embeds_the_methods_maps(tiny_model: Any) -> None:
     from identifiable.mixing import context_mixing
-    from identifiable.viewer_compute import build_viewer
+    from identifiable.viewer.build import build_viewer
 
     model = tiny_model("bert")
     text = "the cat sat on the mat"

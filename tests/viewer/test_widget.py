@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from identifiable.errors import IdentifiableError
-from identifiable.report.viewer_page import viewer_html
 from identifiable.store.files import atomic_write_text
+from identifiable.viewer.page import viewer_html
 
 anywidget = pytest.importorskip(
     "anywidget",
     reason="anywidget is the optional extra `widget` (pip install identifiable[widget])",
 )
-from identifiable import widget as idw  # noqa: E402
+from identifiable.viewer import widget as idw  # noqa: E402
 
 URL = re.compile(r"https?:|//[a-z0-9.-]+\.[a-z]{2,}/", re.I)
 

@@ -1,6 +1,6 @@
 """`finetune`: fine-tune a model with the null-attention penalty, evaluate it, write the folder.
 
-The top floor for `identifiable finetune`: `identifiable.training.finetune` trains,
+The top floor for `identifiable finetune`: `identifiable.training.loop` trains,
 `identifiable.experiments.sweep` evaluates on held-out texts, `identifiable.report`
 renders. One penalty weight writes a Hugging Face checkpoint into OUT itself; several
 (a sweep) write OUT/penalty-W/ each, and OUT/index.html compares them with the original.
@@ -28,7 +28,7 @@ from identifiable.report.sweep_section import write_sweep_report
 from identifiable.store.cache import CACHE_DIR, RunCache
 from identifiable.store.files import atomic_write_text, write_table
 from identifiable.store.outdir import OutputFolder
-from identifiable.training import finetune as ft
+from identifiable.training import loop as ft
 from identifiable.training.capture import check_supported
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from playwright.sync_api import expect
 
-from identifiable.colormap import STOPS
-from identifiable.report.viewer_encoding import IntervalRow
-from identifiable.report.viewer_page import viewer_html
+from identifiable.results.colormap import STOPS
 from identifiable.store.files import atomic_write_text
+from identifiable.viewer.encoding import IntervalRow
+from identifiable.viewer.page import viewer_html
 
 pytestmark = pytest.mark.browser
 
