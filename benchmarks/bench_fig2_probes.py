@@ -58,7 +58,7 @@ def main() -> None:
         for name in names:
             t0 = time.process_time()
             ev = evaluate_pairs(
-                pairs, probes=("mlp",), layers=[layer], cross_layer=(), controls=(),
+                pairs, probe_kinds=("mlp",), layers=[layer], cross_layer=(), controls=(),
                 probe_config=protocols[name],
             )  # fmt: skip
             totals[name] += time.process_time() - t0

@@ -28,7 +28,7 @@ def fast_probes(monkeypatch):
     real = experiment.evaluate_pairs
 
     def fast(pairs, **kwargs):
-        kwargs.update(probes=("linear",), objectives=("cos",), cross_layer=(), controls=())
+        kwargs.update(probe_kinds=("linear",), objectives=("cos",), cross_layer=(), controls=())
         return real(pairs, **kwargs)
 
     monkeypatch.setattr(experiment, "evaluate_pairs", fast)

@@ -122,14 +122,14 @@ def test_run_on_tiny_model(tiny_model):
 
 def _stage_tables(lengths: list[int], seed: int = 0) -> dict[str, pd.DataFrame]:
     """The attribution stage's per-sequence tables for random contributions of given lengths."""
-    from identifiable.experiments.attribution import ATTRIBUTION_COLUMNS, reduce_attribution
+    from identifiable.experiments.attribution import ATTRIBUTION_COLUMNS, attribution_rows
 
     rows: dict[str, list] = {name: [] for name in ATTRIBUTION_COLUMNS}
     for seq, n in enumerate(lengths):
         c = random_result(n, seed + seq).contributions
         special = torch.zeros(n, dtype=torch.bool)
         special[[0, n - 1]] = True
-        for name, new in reduce_attribution(seq, c, special, 0.01 * c).items():
+        for name, new in attribution_rows(seq, c, special, 0.01 * c).items():
             rows[name] += new
     return {name: pd.DataFrame(r, columns=ATTRIBUTION_COLUMNS[name]) for name, r in rows.items()}
 

@@ -94,3 +94,16 @@ def test_every_name_the_docs_use_exists() -> None:
         f"print(json.dumps({{'missing': [n for n in {names!r} if not hasattr(idf, n)]}}))"
     )
     assert found["missing"] == []
+
+
+def test_the_static_stub_is_generated_from_the_table() -> None:
+    """__init__.pyi (what type checkers and IDEs read) is written from the same table as
+    `__all__` and the lazy lookup: it fails while the two disagree, and a name added to the
+    table without rerunning the generator is caught."""
+    script = ROOT / "scripts" / "public_names.py"
+    out = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    stub = (ROOT / "src" / "identifiable" / "__init__.pyi").read_text("utf-8")
+    found = _fresh("import json, identifiable as idf\nprint(json.dumps({'all': idf.__all__}))")
+    for name in found["all"]:
+        assert f'"{name}",' in stub, name

@@ -231,3 +231,11 @@ def test_every_folder_has_a_floor() -> None:
     assert len(loose) <= 5, f"loose top-level modules: {loose}"
     stale = {k.split(".")[0] for k in FLOORS} - folders - {p.stem for p in SRC.glob("*.py")}
     assert stale <= {"__version__"}, f"FLOORS names what is not there: {sorted(stale)}"
+
+
+def test_architecture_md_names_every_folder() -> None:
+    """ARCHITECTURE.md's folder table and floor drawing name every folder of the package."""
+    text = (SRC.parents[1] / "ARCHITECTURE.md").read_text("utf-8")
+    folders = sorted(p.name for p in SRC.iterdir() if (p / "__init__.py").is_file())
+    missing = [f for f in folders if f"| `{f}/` |" not in text or f"{f}/" not in text]
+    assert not missing, f"ARCHITECTURE.md does not describe: {missing}"

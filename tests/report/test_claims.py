@@ -424,7 +424,7 @@ def test_attribution_aggregates_match_the_attribution_experiment() -> None:
         results.append(
             HTAResult(c, None, c, None, ["t"] * n, torch.arange(n), special, None, 0, 0, 0, 0.0)
         )
-        for name, new in stages.reduce_attribution(seq, c, special).items():
+        for name, new in stages.attribution_rows(seq, c, special).items():
             rows[name] += new
     tables = {
         name: pd.DataFrame(r, columns=stages.ATTRIBUTION_COLUMNS[name]) for name, r in rows.items()

@@ -65,7 +65,7 @@ def test_the_tutorial_runs_and_shows_the_effect(executed) -> None:
     assert "moved " in text  # the witness exists
     plain = [o.data.get("text/plain", "") for o in outs if "data" in o]
     assert any(p.startswith("Model('minilm', family='bert', layers=6, heads=12") for p in plain)
-    assert any(p.startswith("EffectiveAttention(model='minilm', n=") for p in plain)
+    assert any(p.startswith("EffectiveAttention(model='minilm', n_tokens=") for p in plain)
     assert sum("image/png" in o.get("data", {}) for o in outs) >= 2  # two figures drawn
     tables = [o.data["text/html"] for o in outs if "data" in o and "text/html" in o.data]
     assert any("query_token" in t and "key_token" in t for t in tables)  # to_pandas

@@ -93,7 +93,8 @@ def _maps(n: int = 6) -> Maps:
 def test_repr_is_short_and_names_the_shapes() -> None:
     m = _maps()
     text = repr(m)
-    assert text.startswith("Maps(model='tiny<model>', n=6, variant='paper'")
+    assert text.startswith("Maps(model='tiny<model>', n_tokens=6, variant='paper'")
+    assert m.n_tokens == 6  # the name repr prints is an attribute
     assert "raw: float32[layer=2, head=3, query=6, key=6]" in text
     assert "effective: float64[layer=2, head=3, query=6, key=6]" in text
     assert "inner=Inner(…)" in text

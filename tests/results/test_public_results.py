@@ -66,7 +66,7 @@ def results(tiny_model) -> dict[str, tuple[Result, str, tuple[str, ...]]]:
                 model,
                 TEXTS,
                 max_tokens=400,
-                probes=("linear",),
+                probe_kinds=("linear",),
                 objectives=("cos",),
                 progress=False,
             ),
@@ -108,7 +108,8 @@ def test_repr_is_short_and_names_shapes(results, name) -> None:
     assert f"{primary}: " in text
     assert "[" + ", ".join(f"{d}={s}" for d, s in zip(dims, shape, strict=True)) + "]" in text
     if getattr(result, "tokens", None) is not None:
-        assert f"n={len(result.tokens)}" in text
+        assert f"n_tokens={len(result.tokens)}" in text
+        assert result.n_tokens == len(result.tokens)
     if getattr(result, "model_name", ""):
         assert "model='tiny-bert'" in text
 

@@ -41,7 +41,7 @@ def test_linear_probe_undoes_what_the_naive_probe_cannot():
 
 def test_shuffled_target_control_lands_near_chance():
     pairs = synthetic_pairs(n_seq=120, d=16, n_layers=2, seq_len=(10, 16))
-    ev = evaluate_pairs(pairs, probes=["linear"], layers=[1, 2], cross_layer=())
+    ev = evaluate_pairs(pairs, probe_kinds=["linear"], layers=[1, 2], cross_layer=())
     ctrl = ev.control
     assert set(zip(ctrl["probe"], ctrl["objective"], strict=True)) == {
         ("linear", "l2"),
@@ -59,7 +59,7 @@ def test_shuffled_target_control_lands_near_chance():
 def test_ties_are_counted_when_repeated_tokens_share_e0():
     # No positions and a tiny vocabulary: repeated ids in a sequence have identical e^0.
     pairs = synthetic_pairs(n_seq=60, d=16, n_layers=1, positions=False, vocab=20)
-    ev = evaluate_pairs(pairs, probes=["naive"], objectives=["l2"], layers=[0], **FAST)
+    ev = evaluate_pairs(pairs, probe_kinds=["naive"], objectives=["l2"], layers=[0], **FAST)
     row = ev.per_layer.iloc[0]
     test = ev.split.test
     ids, seq = pairs.input_ids[test], pairs.seq_ids[test]
@@ -74,14 +74,14 @@ def test_ties_are_counted_when_repeated_tokens_share_e0():
 
 def test_positions_make_every_e0_unique_so_no_ties():
     pairs = synthetic_pairs(n_seq=40, d=16, n_layers=1, positions=True, vocab=20)
-    ev = evaluate_pairs(pairs, probes=["naive"], objectives=["l2"], layers=[0], **FAST)
+    ev = evaluate_pairs(pairs, probe_kinds=["naive"], objectives=["l2"], layers=[0], **FAST)
     assert ev.per_layer["n_tied"].iloc[0] == 0
     assert ev.per_layer["rate_strict"].iloc[0] == 1.0
 
 
 def test_cross_layer_diagonal_equals_the_per_layer_rate():
     pairs = synthetic_pairs(n_seq=50, d=16, n_layers=3, noise=0.4)
-    ev = evaluate_pairs(pairs, probes=["linear"], objectives=["cos"], controls=())
+    ev = evaluate_pairs(pairs, probe_kinds=["linear"], objectives=["cos"], controls=())
     cross = ev.cross_layer
     assert len(cross) == 2 * 9 and set(cross["regime"]) == {"converged", "closed form"}
     assert set(cross["train_layer"]) == {1, 2, 3}
@@ -90,7 +90,7 @@ def test_cross_layer_diagonal_equals_the_per_layer_rate():
         diag = converged[(converged["train_layer"] == layer) & (converged["test_layer"] == layer)]
         assert float(diag["rate"].iloc[0]) == _rate(ev.per_layer, layer, "linear", "cos")
     with pytest.raises(IdentifiableError, match="unknown cross-layer regime"):
-        evaluate_pairs(pairs, probes=["linear"], cross_layer_regimes=["best"], controls=())
+        evaluate_pairs(pairs, probe_kinds=["linear"], cross_layer_regimes=["best"], controls=())
 
 
 @pytest.mark.parametrize("candidates", ["corpus", "vocabulary"])
@@ -137,7 +137,7 @@ def test_too_few_tokens_states_the_minimum():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"probes": ["svm"]}, "unknown probe 'svm'"),
+        ({"probe_kinds": ["svm"]}, "unknown probe 'svm'"),
         ({"objectives": ["l1"]}, "unknown objective 'l1'"),
         ({"candidates": "everything"}, "unknown candidates 'everything'"),
         ({"candidates": "vocabulary"}, "needs the vocabulary embedding matrix"),
@@ -151,8 +151,8 @@ def test_bad_options_are_clear_errors(kwargs, message):
 def test_float16_storage_gives_the_same_rates_at_this_precision():
     pairs = synthetic_pairs(n_seq=40, d=16, n_layers=2)
     half = TokenPairs(pairs.states.half(), pairs.seq_ids, pairs.input_ids, pairs.positions)
-    a = evaluate_pairs(pairs, probes=["linear"], objectives=["l2"], **FAST).per_layer
-    b = evaluate_pairs(half, probes=["linear"], objectives=["l2"], **FAST).per_layer
+    a = evaluate_pairs(pairs, probe_kinds=["linear"], objectives=["l2"], **FAST).per_layer
+    b = evaluate_pairs(half, probe_kinds=["linear"], objectives=["l2"], **FAST).per_layer
     assert (a["rate"] - b["rate"]).abs().max() < 0.02
 
 

@@ -96,7 +96,7 @@ def test_evaluation_records_the_validation_rate_of_linear_cos():
 
     pairs = synthetic_pairs(n_seq=40, d=8, n_layers=2)
     ev = evaluate_pairs(
-        pairs, probes=("linear",), layers=[2], cross_layer=(), controls=(),
+        pairs, probe_kinds=("linear",), layers=[2], cross_layer=(), controls=(),
         probe_config=ProbeConfig(cos_steps=50),
     )  # fmt: skip
     rows = ev.per_layer.set_index("objective")

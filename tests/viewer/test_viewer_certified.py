@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from playwright.sync_api import expect
-from report.test_viewer_browser import HOSTILE, P, assert_clean, synthetic_args
+from viewer.test_viewer_browser import HOSTILE, P, assert_clean, synthetic_args
 
 import identifiable.attention as attention
 import identifiable.viewer.build as viewer_mod

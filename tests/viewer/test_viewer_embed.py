@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from report.test_viewer_browser import CANVAS_STATS, HOSTILE, P, synthetic_args
+from viewer.test_viewer_browser import CANVAS_STATS, HOSTILE, P, synthetic_args
 
 from identifiable.report.html import asset
 from identifiable.store.files import atomic_write_text

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from playwright.sync_api import expect
-from report.test_viewer_browser import CANVAS_STATS, HOSTILE, P, assert_clean, synthetic_args
+from viewer.test_viewer_browser import CANVAS_STATS, HOSTILE, P, assert_clean, synthetic_args
 
 from identifiable.cli import main
 from identifiable.store.files import atomic_write_text

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from report.test_viewer_browser import synthetic_args
+from viewer.test_viewer_browser import synthetic_args
 
 from identifiable.viewer.options import ViewerOptions, ViewerPage
 from identifiable.viewer.page import read_viewer_data, viewer_html

@@ -303,7 +303,7 @@ ATTRIBUTION_COLUMNS = {
 }
 
 
-def reduce_attribution(
+def attribution_rows(
     seq: int, c: torch.Tensor, special: torch.Tensor, stderr: torch.Tensor | None = None
 ) -> dict[str, list[tuple]]:
     """Rows of the attribution tables for one sequence, with `identifiable.attribution.stats`.
@@ -364,11 +364,11 @@ def attribution_shard_tables(
     advance: Advance,
 ) -> dict[str, pd.DataFrame]:
     """Hidden Token Attribution of each sequence (probe seed `seed + s` for sequence s),
-    reduced by `reduce_attribution`."""
+    reduced by `attribution_rows`."""
     rows: dict[str, list[tuple]] = {name: [] for name in ATTRIBUTION_COLUMNS}
     for k, item in enumerate(shard):
         res = hidden_token_attribution(model, item, probes, seed=seed + first + k, progress=False)
-        rows_k = reduce_attribution(first + k, res.contributions, res.special, res.stderr)
+        rows_k = attribution_rows(first + k, res.contributions, res.special, res.stderr)
         for name, new in rows_k.items():
             rows[name] += new
         advance(1)

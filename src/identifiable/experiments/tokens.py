@@ -244,7 +244,7 @@ def token_identifiability(
     corpus: Any = DEFAULT_CORPUS,
     *,
     max_tokens: int = DEFAULT_MAX_TOKENS,
-    probes: Sequence[str] = PROBE_KINDS,
+    probe_kinds: Sequence[str] = PROBE_KINDS,
     objectives: Sequence[str] = OBJECTIVES,
     candidates: Candidates = "sequence",
     layers: Sequence[int] | None = None,
@@ -265,7 +265,7 @@ def token_identifiability(
         corpus: an iterable of texts or (text, text) pairs, or a corpus name for
             `identifiable.corpus.load_corpus`.
         max_tokens: token cap (whole sequences); `QUICK_MAX_TOKENS` for a fast run.
-        probes: probe kinds; every kind × objective is fitted at every layer.
+        probe_kinds: probe kinds; every kind × objective is fitted at every layer.
         objectives: probe objectives ("l2", "cos").
         candidates: "sequence" (default), "corpus" or "vocabulary" (see `identifiable.tokens.evaluate`).
         layers: the layers to probe, numbered from 0 (layer l reads e^{l+1}, the output of
@@ -288,8 +288,9 @@ def token_identifiability(
     pairs, source = extract(model, texts, max_tokens=max_tokens, progress=progress, **stored)
     t1 = time.perf_counter()
     vocab = vocabulary_matrix(model) if candidates == "vocabulary" else None
-    plan: dict[str, Any] = {"probes": probes, "objectives": objectives, "candidates": candidates}
-    plan |= {"cross_layer": cross_layer, "controls": controls, "probe_config": probe_config}
+    plan: dict[str, Any] = {"probe_kinds": probe_kinds, "objectives": objectives}
+    plan |= {"candidates": candidates, "cross_layer": cross_layer, "controls": controls}
+    plan |= {"probe_config": probe_config}
     ev = _evaluate_with_progress(
         pairs, progress, layers=hidden_indices(layers, pairs.n_layers), seed=seed,
         test_fraction=test_fraction, vocab_embeddings=vocab, **plan,

@@ -117,6 +117,12 @@ class Result:
         fallback = settings.get("model", "") if isinstance(settings, Mapping) else ""
         return str(getattr(self, "model_name", "") or fallback or "")
 
+    @property
+    def n_tokens(self) -> int | None:
+        """The number of query tokens (the `n` of the shapes), or None for a result without
+        tokens or a query axis; `repr` prints it under this name."""
+        return self._n()
+
     def _n(self) -> int | None:
         tokens = self._tokens
         if tokens is not None:
@@ -213,7 +219,7 @@ class Result:
             parts.append(f"model={self._model!r}")
         n = self._n()
         if n is not None:
-            parts.append(f"n={n}")
+            parts.append(f"n_tokens={n}")
         for attr in self._summary:
             parts.append(f"{attr}={getattr(self, attr, None)!r}")
         for name in self._present():

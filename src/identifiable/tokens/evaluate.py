@@ -128,14 +128,14 @@ def check_layers(layers: Sequence[int] | None, n_layers: int) -> list[int]:
     return sorted(set(out))
 
 
-def _kinds(probes: Sequence[str], objectives: Sequence[str]) -> list[Kind]:
-    for p in probes:
+def _kinds(probe_kinds: Sequence[str], objectives: Sequence[str]) -> list[Kind]:
+    for p in probe_kinds:
         if p not in PROBE_KINDS:
             raise IdentifiableError(f"unknown probe '{p}': choose from {', '.join(PROBE_KINDS)}")
     for o in objectives:
         if o not in OBJECTIVES:
             raise IdentifiableError(f"unknown objective '{o}': choose from {', '.join(OBJECTIVES)}")
-    return [(p, o) for p in probes for o in objectives]  # type: ignore[misc]
+    return [(p, o) for p in probe_kinds for o in objectives]  # type: ignore[misc]
 
 
 def _kinds_list(pairs: Sequence[Sequence[str]]) -> list[Kind]:
@@ -184,7 +184,7 @@ class EvaluationPlan:
 def plan_evaluation(
     pairs: TokenPairs,
     *,
-    probes: Sequence[str] = PROBE_KINDS,
+    probe_kinds: Sequence[str] = PROBE_KINDS,
     objectives: Sequence[str] = OBJECTIVES,
     candidates: Candidates = "sequence",
     layers: Sequence[int] | None = None,
@@ -212,7 +212,7 @@ def plan_evaluation(
         raise IdentifiableError(
             f"unknown cross-layer regime '{bad_regimes[0]}': choose from {', '.join(REGIMES)}"
         )
-    kinds = _kinds(probes, objectives)
+    kinds = _kinds(probe_kinds, objectives)
     if (
         vocab_embeddings is not None
         and candidates == "vocabulary"
@@ -461,7 +461,7 @@ def evaluate_pairs(
         pairs: extracted hidden states (`[N, L+1, d]`).
         on_layer: called after each layer (progress).
         options: the keyword arguments of `plan_evaluation`:
-            probes, objectives: the probe kinds and objectives; every combination is fitted.
+            probe_kinds, objectives: the probe kinds and objectives; every combination is fitted.
             candidates: "sequence", "corpus" or "vocabulary" (needs `vocab_embeddings`
             `[V, d']`). layers: hidden-state indices to probe (0..L, 0 = e^0); default 1..L.
             cross_layer: (kind, objective) pairs whose probe of layer l is also tested on
