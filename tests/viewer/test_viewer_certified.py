@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 from playwright.sync_api import expect
-from viewer.test_viewer_browser import HOSTILE, P, assert_clean, synthetic_args
 
 import identifiable.attention as attention
 import identifiable.viewer.build as viewer_mod
@@ -31,6 +30,7 @@ from identifiable.viewer.encoding import (
     spread_order,
 )
 from identifiable.viewer.page import read_viewer_data, viewer_fragment, viewer_html
+from viewer.test_viewer_browser import HOSTILE, P, assert_clean, synthetic_args
 
 TEXT = ("The river rose after the storm, and the old bridge closed.", "Trains stopped.")
 

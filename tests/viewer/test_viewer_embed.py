@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import torch
-from viewer.test_viewer_browser import CANVAS_STATS, HOSTILE, P, synthetic_args
 
 from identifiable.report.html import asset
 from identifiable.store.files import atomic_write_text
@@ -26,6 +25,7 @@ from identifiable.viewer.page import (
     viewer_html,
     viewer_iframe,
 )
+from viewer.test_viewer_browser import CANVAS_STATS, HOSTILE, P, synthetic_args
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 

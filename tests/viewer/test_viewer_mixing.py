@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 from playwright.sync_api import expect
-from viewer.test_viewer_browser import CANVAS_STATS, HOSTILE, P, assert_clean, synthetic_args
 
 from identifiable.cli import main
 from identifiable.store.files import atomic_write_text
 from identifiable.viewer.encoding import MixingMaps, decode_map
 from identifiable.viewer.page import read_viewer_data, viewer_fragment, viewer_html
+from viewer.test_viewer_browser import CANVAS_STATS, HOSTILE, P, assert_clean, synthetic_args
 
 PIXELS = """(sel) => {
   const c = document.querySelector(sel);

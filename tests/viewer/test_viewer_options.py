@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from viewer.test_viewer_browser import synthetic_args
 
 from identifiable.viewer.options import ViewerOptions, ViewerPage
 from identifiable.viewer.page import read_viewer_data, viewer_html
+from viewer.test_viewer_browser import synthetic_args
 
 
 def _data_fields() -> dict:
