@@ -11,8 +11,9 @@ import torch
 
 from helpers.cli import run_main
 from helpers.gguf_files import write_tiny_gguf
+from identifiable.attention import sink_mass
 from identifiable.errors import IdentifiableError
-from identifiable.models import load_model
+from identifiable.models import Trace, load_model
 from identifiable.models.dequantize import MANIFEST, dequantized
 from identifiable.models.fingerprint import model_fingerprint
 from identifiable.models.gguf import read_header
@@ -66,10 +67,13 @@ def test_a_file_a_folder_and_gguf_file_give_transformers_weights(tiny: Path, cac
     assert float(tr.verify().max()) < tr.tolerance
 
 
-def test_the_weights_are_recorded_as_dequantized(tiny: Path, cache: Path) -> None:
+def test_the_weights_are_recorded_as_dequantized(tiny: Path, cache: Path, tmp_path) -> None:
     m = load_model(tiny)
     assert m.info.dequantized_from == "GGUF Q4_1"
-    assert m.trace(TEXT).dequantized_from == "GGUF Q4_1"
+    tr = m.trace(TEXT)
+    assert tr.dequantized_from == "GGUF Q4_1"
+    assert Trace.load(tr.save(tmp_path / "trace.idf")).dequantized_from == "GGUF Q4_1"
+    assert sink_mass(tr).dequantized_from == "GGUF Q4_1"
     record = m.hf_model.config.dequantized_from
     assert record["file"] == tiny.name and record["tensor_types"] == {"F32": 5, "Q4_1": 15}
     before = model_fingerprint(m.hf_model)

@@ -172,11 +172,11 @@ class _Cursor:
         inner, count = self.take("IQ")
         if inner in _SCALARS:
             self.skip(count * struct.calcsize(_SCALARS[inner]), what)
-        elif inner == _STRING:
+        elif inner in (_STRING, _ARRAY):  # strings, or arrays of arrays: walked one by one
             if count > (self.size - self.pos) // 8:
-                raise damaged(self.path, f"{what} claims {count} strings, more than the file holds")
+                raise damaged(self.path, f"{what} claims {count} values, more than the file holds")
             for _ in range(count):
-                self.skip(self.take("Q")[0], what)
+                self.value(inner, False, what)
         else:
             raise damaged(self.path, f"{what} is an array of the unknown type {inner}")
         return count
