@@ -1,9 +1,9 @@
 """GGUF loading and the sink table, on the embedded decoder SmolLM2-135M-Instruct (Q4_1).
 
-    .venv/bin/python benchmarks/bench_gguf.py [--repeats 2] [--threads 2] [--json FILE]
+    .venv/bin/python benchmarks/bench_gguf.py [--repeats 2] [--threads 2 1] [--json FILE]
 
-Each case runs in a fresh process with `--threads` torch/OpenMP threads, interleaved with
-the others so that the machine's load hits all of them alike:
+Each case runs in a fresh process with each of `--threads` torch/OpenMP thread counts,
+interleaved with the others so that the machine's load hits all of them alike:
 
 - first load: `load_model("smollm2")` with an empty cache (dequantize and write the cache);
 - second load: the same call with the cache built (hash checks, then a safetensors load);
@@ -80,34 +80,33 @@ def _child(case: str, threads: int, cache: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, nargs="+", default=[2])
     parser.add_argument("--json", type=Path, default=None, help="write the record here")
     args = parser.parse_args()
-    runs: dict[str, list[dict]] = {"first": [], "second": [], "transformers": [], "sink": []}
+    cases = ("first", "second", "transformers", "sink")
+    runs: dict[str, list[dict]] = {f"{c}/{t}": [] for t in args.threads for c in cases}
     with tempfile.TemporaryDirectory(prefix="bench-gguf-") as tmp:
         for r in range(args.repeats):
-            fresh = Path(tmp) / f"cache-{r}"  # empty: the first load builds it
-            runs["first"].append(_child("first", args.threads, fresh))
-            runs["second"].append(_child("second", args.threads, fresh))
-            runs["transformers"].append(_child("transformers", args.threads, fresh))
-            runs["sink"].append(_child("sink", args.threads, fresh))
+            for t in args.threads:
+                fresh = Path(tmp) / f"cache-{r}-{t}"  # empty: the first load builds it
+                for case in cases:
+                    runs[f"{case}/{t}"].append(_child(case, t, fresh))
     load = os.getloadavg()[0]
-    print(f"{args.repeats} repeats, {args.threads} threads, load average {load:.1f} at the end")
+    print(f"{args.repeats} repeats, threads {args.threads}, load average {load:.1f} at the end")
     summary = {}
-    for case, rows in runs.items():
+    for name, rows in runs.items():
         med = statistics.median(x["load_s"] for x in rows)
-        summary[case] = {"load_s": [round(x["load_s"], 2) for x in rows], "median_s": med}
+        summary[name] = {"load_s": [round(x["load_s"], 2) for x in rows], "median_s": med}
         print(
-            f"{case:14} load {med:6.2f} s (runs {summary[case]['load_s']}), imports "
+            f"{name:16} load {med:6.2f} s (runs {summary[name]['load_s']}), imports "
             f"{statistics.median(x['import_s'] for x in rows):.1f} s"
         )
-    ratio = summary["transformers"]["median_s"] / summary["first"]["median_s"]
-    print(f"first load vs transformers' own GGUF path: {ratio:.2f}x faster")
-    sink = runs["sink"][-1]
-    print(
-        f"n = 512 trace {sink['trace_s']:.2f} s, sink_mass {sink['sink_s']:.2f} s; "
-        f"first token {sink['first_token']!r}"
-    )
+    for t in args.threads:
+        ratio = summary[f"transformers/{t}"]["median_s"] / summary[f"first/{t}"]["median_s"]
+        print(f"{t} threads: transformers' own GGUF path / our first load = {ratio:.2f}")
+        sink = runs[f"sink/{t}"][-1]
+        print(f"  n = 512 trace {sink['trace_s']:.2f} s, sink_mass {sink['sink_s']:.2f} s")
+    print(f"first token {sink['first_token']!r}")
     print(f"{'layer':>5} {'raw':>7} {'effective':>9} {'null':>7} {'raw max':>7}")
     for row in sink["table"]:
         print(

@@ -16,6 +16,7 @@ import torch
 from helpers.cli import Outcome, assert_refused, run_main, snapshot
 from helpers.gguf_files import write_tiny_gguf
 from identifiable.errors import IdentifiableError
+from identifiable.experiments.sinks import corpus_prefix
 from identifiable.models import dequantize, load_model
 from identifiable.models.dequantize import MANIFEST, WEIGHTS, dequantized
 from identifiable.store.cache import CacheCorruptWarning
@@ -147,3 +148,27 @@ def test_the_decoder_extra_missing(monkeypatch, capsys) -> None:
     monkeypatch.setitem(sys.modules, "gguf", None)  # the gguf package missing
     with pytest.raises(IdentifiableError, match=r"needs the gguf package: run `pip install"):
         dequantize.require_gguf()
+
+
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        (["--sink", "--layer", "1", "--head", "0"], "leave out --layer, --head and --row"),
+        (["--sink", "--pair", "b"], "--pair needs a TEXT"),
+        (["the cat", "--sink", "--tokens", "64"], "--tokens applies without TEXT"),
+        (["--sink", "--tokens", "1"], "--tokens must be at least 2, got 1"),
+        ([], "give the TEXT to analyse"),
+    ],
+)
+def test_sink_options(good, tmp_path, cache, capsys, args, expect) -> None:
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(good)
+    rc, out, err = run_main(["attention", *args, "--model", str(path)], capsys)
+    assert_refused(Outcome(rc, out, err), expect)
+
+
+def test_more_tokens_than_the_context(good, tmp_path, cache) -> None:
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(good)
+    with pytest.raises(IdentifiableError, match=r"at least 2 and 256 \(the model's context\)"):
+        corpus_prefix(load_model(path), 1000)

@@ -115,6 +115,10 @@ def _sink(
         raise IdentifiableError("--sink prints every layer: leave out --layer, --head and --row")
     if text is None and pair is not None:
         raise IdentifiableError("--pair needs a TEXT (without TEXT, --sink reads the corpus)")
+    if text is not None and n != 512:
+        raise IdentifiableError("--tokens applies without TEXT (the Wikipedia sample's length)")
+    if n < 2:
+        raise IdentifiableError(f"--tokens must be at least 2, got {n}")
     check_writable(json_out, force=force)
     m = load(model)
     source = (text, pair) if pair is not None else text

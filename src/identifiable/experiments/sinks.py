@@ -23,9 +23,10 @@ def corpus_prefix(model: Any, n_tokens: int, corpus: Any = "wikipedia-sample") -
 
     limit = int(getattr(model.info, "max_positions", 0) or 0)
     if n_tokens < 2 or (limit and n_tokens > limit):
+        top = f" and {limit} (the model's context)" if limit else ""
         raise IdentifiableError(
-            f"the sink table needs 2 to {limit or 'the model`s'} tokens (the model's context), "
-            f"got {n_tokens}"
+            f"the number of tokens must be at least 2{top}, got {n_tokens}",
+            cli=f"--tokens must be at least 2{top}, got {n_tokens}",
         )
     text = ""
     for paragraph in load_corpus(corpus, unit="paragraph"):

@@ -77,16 +77,19 @@ def dequantized(
     a file whose metadata lacks what its tokenizer needs (`name`: the model's name).
     """
     require_gguf()
+    try:
+        key = file_digest(path).hex()
+    except OSError as err:
+        raise IdentifiableError(f"cannot read '{path}': {err.strerror or err}") from None
+    entry = user_cache_root() / "gguf" / f"{path.stem[:80]}-{key[:16]}"
+    manifest = _checked(entry, key)
+    if manifest is not None:  # built from these very bytes, which were checked then
+        return Dequantized(entry, manifest["quantization"], manifest["tokenizer_problem"], False)
     header = read_header(path)
     check_dequantizable(header)
     missing = tokenizer_missing(header)
     if tokenizer_needed and missing:
         raise tokenizer_error(name or str(path), f"the file has no {missing}")
-    key = file_digest(path).hex()
-    entry = user_cache_root() / "gguf" / f"{path.stem[:80]}-{key[:16]}"
-    manifest = _checked(entry, key)
-    if manifest is not None:
-        return Dequantized(entry, manifest["quantization"], manifest["tokenizer_problem"], False)
     parts = _read(header, progress)
     root = user_cache_dir("gguf")
     _remove_stale(root)
