@@ -67,4 +67,4 @@ def test_selections_and_the_result(tmp_path) -> None:
     path = full.save(tmp_path / "sinks.idf")
     back = load_result(path)
     assert isinstance(back, SinkMass) and torch.equal(back.effective, full.effective)
-    assert "SinkMass" in repr(full) and full.first_token == "t0"
+    assert "SinkMass" in repr(full) and full.first_token == "t0" and full.n_tokens == 12

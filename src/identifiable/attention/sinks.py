@@ -32,7 +32,7 @@ class SinkMass(
     Result,
     dims={"raw": ("layer", "head"), "effective": ("layer", "head"), "rows": ("layer",)},
     plot={"fields": ("raw", "effective"), "axes": ("layer", "head")},
-    summary=("variant", "n_tokens"),
+    summary=("variant",),
 ):
     """Attention on the first token per layer and head, raw and effective.
 
@@ -41,18 +41,19 @@ class SinkMass(
         effective: `[L, H]` float64, the same mean of A_eff[l, h, i, 0] (not a probability:
             it can be negative).
         variant: the effective attention's variant ("paper" or "row-stochastic").
-        n_tokens: the sequence's length; rows: how many query rows each mean covers
-            (`[L]` int64: those that see the first token).
-        first_token: the first token's string; model_name, dequantized_from: the trace's.
+        rows: how many query rows each mean covers (`[L]` int64: those that see the first
+            token).
+        first_token: the first key's token; tokens (the rows' tokens, so `n_tokens` is the
+            sequence's length), model_name, dequantized_from: the trace's.
         layers, heads: the model's indices of the L and H axes (None: all of them).
     """
 
     raw: Tensor
     effective: Tensor
     variant: str
-    n_tokens: int
     rows: Tensor
     first_token: str = ""
+    tokens: list[str] | None = None
     model_name: str = ""
     dequantized_from: str = ""
     layers: tuple[int, ...] | None = None
@@ -111,7 +112,7 @@ def sink_mass(
         raw=torch.stack(raw),
         effective=torch.stack(eff),
         variant=variant,
-        n_tokens=trace.n_tokens,
+        tokens=list(trace.tokens),
         rows=torch.tensor(rows, dtype=torch.int64),
         first_token=(trace.key_tokens or trace.tokens)[0] if trace.n_keys else "",
         model_name=trace.model_name,
