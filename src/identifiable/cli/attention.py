@@ -24,7 +24,10 @@ NOT_A_DISTRIBUTION = (
 
 
 def attention(
-    text: Annotated[str, typer.Argument(help="The text to analyse.")],
+    text: Annotated[
+        str | None,
+        typer.Argument(help="The text to analyse (optional with --sink: the corpus sample)."),
+    ] = None,
     pair: PairOption = None,
     model: ModelOption = "minilm",
     layer: Annotated[
@@ -41,16 +44,37 @@ def attention(
             "--variant", help="'paper' (project off LN(T)) or 'row-stochastic' (off LN([T,1]))."
         ),
     ] = "paper",
+    sink: Annotated[
+        bool,
+        typer.Option(
+            "--sink",
+            help="The attention on the first token per layer, raw vs effective; without TEXT "
+            "on the first --tokens tokens of the packaged Wikipedia sample.",
+        ),
+    ] = False,
+    tokens: Annotated[
+        int,
+        typer.Option("--tokens", help="With --sink and no TEXT: tokens of the Wikipedia sample."),
+    ] = 512,
     no_truncate: NoTruncateOption = False,
     json_out: JsonOption = None,
     force: ForceOption = False,
 ) -> None:
     """Null-space dimensions and raw vs effective attention per layer; with --layer, --head and
-    --row, each key's raw and effective weight, its interval and a witness."""
+    --row, each key's raw and effective weight, its interval and a witness; with --sink, the
+    attention on the first token per layer (e.g. --model smollm2 --sink)."""
     from identifiable.attention import VARIANTS
 
     if variant not in VARIANTS:
         raise IdentifiableError(f"unknown --variant {variant!r}: use one of {', '.join(VARIANTS)}")
+    if sink:
+        _sink(text, pair, model, variant, tokens, (layer, head, row), no_truncate, json_out, force)
+        return
+    if text is None:
+        raise IdentifiableError(
+            "give the TEXT to analyse (or --sink without TEXT: the first tokens of the packaged "
+            "Wikipedia sample)"
+        )
     if (layer is None) != (head is None):
         raise IdentifiableError("give --layer and --head together (or neither)")
     if row is not None and head is None:
@@ -59,11 +83,89 @@ def attention(
     m = load(model)
     tr = m.trace((text, pair) if pair is not None else text, truncate=not no_truncate)
     check_ranges(tr, layer, head, row)
-    payload = _overview(m.info.name, tr, variant)
+    payload = _overview(_shown(m.info), tr, variant)
     if layer is not None and head is not None:
         payload["head"] = _head_view(tr, layer, head, row, variant)
     if json_out is not None:
         write_json(json_out, payload, force=force)
+
+
+def _shown(info: Any) -> str:
+    """The model's name, and where its weights were dequantized from (a GGUF file)."""
+    quantized = getattr(info, "dequantized_from", "")
+    return f"{info.name} (weights dequantized from {quantized})" if quantized else info.name
+
+
+def _sink(
+    text: str | None,
+    pair: str | None,
+    model: str,
+    variant: str,
+    n: int,
+    picks: tuple[int | None, ...],
+    no_truncate: bool,
+    json_out: Any,
+    force: bool,
+) -> None:
+    """`--sink`: the table of `SinkMass.per_layer`, on TEXT or the Wikipedia sample."""
+    from identifiable.attention import sink_mass
+    from identifiable.experiments.sinks import corpus_prefix
+
+    if any(p is not None for p in picks):
+        raise IdentifiableError("--sink prints every layer: leave out --layer, --head and --row")
+    if text is None and pair is not None:
+        raise IdentifiableError("--pair needs a TEXT (without TEXT, --sink reads the corpus)")
+    if text is not None and n != 512:
+        raise IdentifiableError("--tokens applies without TEXT (the Wikipedia sample's length)")
+    if n < 2:
+        raise IdentifiableError(f"--tokens must be at least 2, got {n}")
+    check_writable(json_out, force=force)
+    m = load(model)
+    source = (text, pair) if pair is not None else text
+    where = f"{n} tokens of the Wikipedia sample" if text is None else "the text"
+    tr = m.trace(corpus_prefix(m, n) if source is None else source, truncate=not no_truncate)
+    sm = sink_mass(tr, variant)  # type: ignore[arg-type]
+    table = Table(
+        title=f"{_shown(m.info)}: attention on the first token {tr.tokens[0]!r}, {where} "
+        f"(n = {tr.n_tokens}), mean over {tr.n_heads} heads, variant {variant}"
+    )
+    for col in ("layer", "raw", "effective", "null (raw − effective)", "raw, largest head"):
+        table.add_column(col, justify="right")
+    df = sm.per_layer()
+    for r in df.itertuples():
+        table.add_row(
+            str(r.layer),
+            f"{r.raw:.4f}",
+            f"{r.effective:+.4f}",
+            f"{r.null:+.4f}",
+            f"{r.raw_max:.4f}",
+        )
+    console.print(table)
+    console.print(f"note: {NOT_A_DISTRIBUTION}; null: the first token's mass that changes nothing")
+    if json_out is not None:
+        layers = [
+            {
+                **{k: (int(v) if k == "layer" else float(v)) for k, v in row.items()},
+                "heads_raw": sm.raw[i].tolist(),
+                "heads_effective": sm.effective[i].tolist(),
+            }
+            for i, row in enumerate(df.to_dict("records"))
+        ]
+        write_json(
+            json_out,
+            {
+                "model": m.info.name,
+                "dequantized_from": m.info.dequantized_from,
+                "tokens": tr.tokens,
+                "n_tokens": tr.n_tokens,
+                "source": where,
+                "variant": variant,
+                "first_token": tr.tokens[0],
+                "layers": layers,
+                "note": NOT_A_DISTRIBUTION,
+            },
+            force=force,
+        )
 
 
 def _overview(name: str, tr: Any, variant: str) -> dict:

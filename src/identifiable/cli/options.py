@@ -11,7 +11,10 @@ import typer
 ModelOption = Annotated[
     str,
     typer.Option(
-        "--model", "-m", help="'minilm' (embedded default), a local model directory or a hub id."
+        "--model",
+        "-m",
+        help="'minilm' (embedded default), 'smollm2' (embedded decoder, needs the decoder "
+        "extra), a local model directory, a .gguf file (or a folder holding one) or a hub id.",
     ),
 ]
 PairOption = Annotated[

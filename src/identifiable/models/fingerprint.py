@@ -68,11 +68,11 @@ def model_fingerprint(module: nn.Module) -> str:
     if on_meta:
         for path in _checkpoint_files(module):
             h.update(path.name.encode())
-            h.update(_file_digest(path))
+            h.update(file_digest(path))
     return h.hexdigest()[:16]
 
 
-def _file_digest(path: Path) -> bytes:
+def file_digest(path: Path) -> bytes:
     import xxhash
 
     h = xxhash.xxh3_128()

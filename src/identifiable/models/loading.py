@@ -13,6 +13,7 @@ from torch import nn
 from identifiable.errors import IdentifiableError
 from identifiable.models.backends import AttentionChoice, EagerFallback, check_choice
 from identifiable.models.budget import available_memory
+from identifiable.models.gguf import tokenizer_error
 from identifiable.models.model import Model, Seq2SeqModel
 from identifiable.models.recompute import supported
 
@@ -48,12 +49,13 @@ def load_model(
     trust_remote_code: bool = False,
     device_map: str | dict[str, Any] | None = None,
     attention: AttentionChoice = "auto",
+    gguf_file: str | None = None,
 ) -> Model | Seq2SeqModel:
     """Load a model for tracing (an encoder–decoder model gives a `Seq2SeqModel`).
 
     Args:
-        name_or_path: "minilm" (the embedded all-MiniLM-L6-v2), a local model
-            directory, a Hugging Face hub id (needs the network or the local cache), or
+        name_or_path: "minilm" (the embedded all-MiniLM-L6-v2), "smollm2" (docs/decoders.md),
+            a model directory or .gguf file, a hub id (needs the network or its cache), or
             a model you already hold (any `transformers` model, task heads included):
             it is wrapped as `Model.from_hf` does, where and in the dtype it is, and
             keeps its attention implementation; or an nnsight wrapper of one
@@ -78,9 +80,10 @@ def load_model(
             from the captured query and key and proved equal to eager's on a probe
             (models/backends.py); other families run eager. "sdpa": the same, with a
             warning where it falls back to eager. "eager": always eager attention.
+        gguf_file: which GGUF file of the folder `name_or_path` to load (docs/decoders.md).
 
-    Safetensors weights only. Encoder–decoder models trace eager. A fine-tuned checkpoint of a task-head
-    model (`*ForSequenceClassification`, `*ForMaskedLM`, …) loads its base model.
+    Safetensors or GGUF weights. Encoder–decoder models trace eager. A fine-tuned checkpoint
+    of a task-head model (`*ForSequenceClassification`, `*ForMaskedLM`, …) loads its base model.
     Its task head's weights are left out without transformers' load report; weights the
     base model lacks in the checkpoint are named in one `UserWarning`.
     """
@@ -97,7 +100,7 @@ def load_model(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    source, local = _source(name_or_path)
+    source, local = _gguf(name_or_path, gguf_file, tokenizer) or _source(name_or_path)
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": True}
     config = _load_config(name_or_path, source, local, kwargs)
     _check_remote_code(config, name_or_path, trust_remote_code)
@@ -117,6 +120,21 @@ def load_model(
     if tokenizer is None:
         _without_tokenizer(model, name_or_path, refuse=given_tokenizer is None)
     return model
+
+
+def _gguf(name: str, gguf_file: str | None, tokenizer: Any) -> tuple[str, bool] | None:
+    """(the cache entry's folder, True) for the GGUF file `name` names (models/gguf.py), or
+    None; one line where its tokenizer is needed (`tokenizer` None) and cannot be rebuilt."""
+    from identifiable.models.dequantize import dequantized
+    from identifiable.models.gguf import gguf_source
+
+    path = gguf_source(name, gguf_file)
+    if path is None:
+        return None
+    entry = dequantized(path, tokenizer_needed=tokenizer is None, name=name)
+    if entry.tokenizer_problem and tokenizer is None:
+        raise tokenizer_error(name, entry.tokenizer_problem)
+    return str(entry.folder), True
 
 
 def _without_tokenizer(model: Model | Seq2SeqModel, name: str, refuse: bool) -> None:
@@ -279,7 +297,8 @@ def _source(name_or_path: str) -> tuple[str, bool]:
     source = str(expanded) if local else name_or_path
     if local and Path(source).is_file():
         raise IdentifiableError(
-            f"'{source}' is a file; pass the model directory that holds config.json"
+            f"'{source}' is a file; pass the model directory that holds config.json, or a "
+            ".gguf file"
         )
     return source, local
 

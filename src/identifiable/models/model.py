@@ -237,7 +237,8 @@ class Model:
     @property
     def meta(self) -> TraceMeta:
         """What each trace of this model says about it."""
-        return TraceMeta(self.info.name, self.spec.name, dict(self.special_tokens))
+        i = self.info
+        return TraceMeta(i.name, self.spec.name, dict(self.special_tokens), i.dequantized_from)
 
     def __repr__(self) -> str:
         info = self.info
@@ -535,9 +536,8 @@ class Seq2SeqModel:
     ) -> None:
         config: Any = hf_model.config
         spec = spec or seq2seq_spec(str(config.model_type))
-        self.task_model = (
-            hf_model  # keeps its implementation and mode: each pass is eager, then back
-        )
+        # keeps its implementation and mode: each pass is eager, then back
+        self.task_model = hf_model
         base = base_model_of(hf_model)
         self.hf_model, self.spec = base, spec
         self.tokenizer = resolve_tokenizer(hf_model, tokenizer)

@@ -36,6 +36,8 @@ class ModelInfo:
     max_positions: int
     is_causal: bool
     intermediate_size: int = 0  # MLP width, for memory estimates
+    # "GGUF Q4_1" where the weights were dequantized from a quantized file, else ""
+    dequantized_from: str = ""
 
     @classmethod
     def of_stack(
@@ -56,7 +58,17 @@ class ModelInfo:
             max_positions=max_positions,
             is_causal=spec.causal,
             intermediate_size=int(getattr(config, spec.mlp_width, None) or 4 * stack.hidden_size),
+            dequantized_from=dequantized_label(config),
         )
+
+
+def dequantized_label(config: Any) -> str:
+    """ "GGUF Q4_1" for a config written by models/dequantize.py (its `dequantized_from`),
+    else ""."""
+    record = getattr(config, "dequantized_from", None)
+    if not isinstance(record, dict):
+        return ""
+    return f"{record.get('format', '?')} {record.get('quantization', '?')}"
 
 
 @runtime_checkable

@@ -63,6 +63,8 @@ class Trace(
             {"cls": "[CLS]", "sep": "[SEP]"} or {"bos": "<|endoftext|>"}.
         model_name: where the model came from (hub id, path or "minilm").
         architecture: the spec name used to trace it (e.g. "bert", "gpt2", "llama").
+        dequantized_from: "GGUF Q4_1" where the model's weights were dequantized from a
+            quantized file (`ModelInfo.dequantized_from`), else "".
         truncated: number of tokens dropped because the text was too long.
         key_mask: `[L, n, n]` bool, the keys each query row of each layer may
             attend to, derived from the spec and the config (all keys, keys ≤ i,
@@ -106,6 +108,7 @@ class Trace(
     key_input_ids: torch.Tensor | None = None
     layers: list[int] | None = None
     heads: list[int] | None = None
+    dequantized_from: str = ""
 
     @classmethod
     def from_tensors(

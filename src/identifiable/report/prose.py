@@ -8,7 +8,7 @@ below it, so it lives in one place, apart from the code that lays the page out.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class Prose(NamedTuple):
@@ -80,3 +80,9 @@ PROSE: dict[str, Prose] = {
     ),
 }
 """Section key → its prose, in report order."""
+
+
+def dequantized(info: Any) -> str:
+    """ ", weights dequantized from GGUF Q4_1" for a model loaded from a GGUF file, else ""."""
+    q = getattr(info, "dequantized_from", "")
+    return f", weights dequantized from {q}" if q else ""

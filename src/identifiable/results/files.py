@@ -49,6 +49,7 @@ RESULT_CLASSES: tuple[str, ...] = (
     "identifiable.attention.intervals:AttentionIntervals",
     "identifiable.attention.intervals:IntervalMap",
     "identifiable.attention.constrained:ConstrainedAttention",
+    "identifiable.attention.sinks:SinkMass",
     "identifiable.attribution.api:HTAResult",
     "identifiable.experiments.tokens:TokenIdentifiabilityResult",
     "identifiable.mixing.result:MixingResult",
