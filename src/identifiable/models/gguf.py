@@ -285,9 +285,8 @@ def check_dequantizable(header: GgufHeader) -> None:
     """Refuse in one line a tensor type the gguf package cannot dequantize (what transformers
     calls for each tensor), naming it and the tensors of that type."""
     import numpy as np
-    from gguf.quants import dequantize
-
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
 
     for name, count in header.tensor_types.items():
         qtype = GGMLQuantizationType[name]
