@@ -114,7 +114,8 @@ def test_embedded_model_quick_budget(minilm, tmp_path):
         assert (rates[f"{probe}_cos"] >= rates[f"{probe}_l2"] - 0.01).all()
     cross = result.cross_layer
     assert len(cross) == 2 * 36  # two fitting regimes
-    cross = cross[cross["regime"] == "converged"]
+    lin = df[(df["probe"] == "linear") & (df["objective"] == "cos")].set_index("layer")["start"]
+    cross = cross[cross["regime"] == cross["train_layer"].map(lin) + " start"]
     diag = cross[cross["train_layer"] == cross["test_layer"]].set_index("train_layer")["rate"]
     assert (diag == rates["linear_cos"]).all()
     ctrl = result.control

@@ -7,7 +7,13 @@ from typing import Annotated
 
 import typer
 
-from identifiable.cli.common import check_model_name, check_seed, console, resumable
+from identifiable.cli.common import (
+    check_model_name,
+    check_seed,
+    console,
+    err_console,
+    resumable,
+)
 from identifiable.cli.options import (
     MaxCorpusOption,
     MaxLineOption,
@@ -75,6 +81,7 @@ def reproduce(
             seed=seed,
             device=device,
             progress=not no_progress,
+            announce=err_console.print,
         )
     from identifiable.experiments.distributed import is_main_process
 

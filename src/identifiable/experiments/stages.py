@@ -36,8 +36,9 @@ from identifiable.experiments.pipeline import (
     concat_reduce,
     shard_items,
 )
-from identifiable.experiments.tokens import token_tables
+from identifiable.experiments.tokens import SharedPairs, probe_device, token_tables
 from identifiable.mixing import unavailable
+from identifiable.tokens.evaluate import fit_workers
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,7 @@ def stages(model: Any, items: list[Item], budget: Any, seed: int, cache_dir: Pat
     # a method that cannot run on this family is left out and named in its section
     skipped = unavailable(model, DEFAULT_METHODS)
     methods = tuple(m for m in DEFAULT_METHODS if m not in skipped)
+    pairs = SharedPairs(model, items, budget, cache_dir / "token-pairs")
     return [
         Stage(
             "attention",
@@ -218,11 +220,13 @@ def stages(model: Any, items: list[Item], budget: Any, seed: int, cache_dir: Pat
             [list(items) for _ in range(n_layers)],
             [1] * n_layers,
             lambda shard, i, adv: token_tables(
-                model, shard, budget, seed, cache_dir / "token-pairs", adv, layer=i + 1
+                model, shard, budget, seed, pairs.cache_dir, adv, layer=i + 1, pairs=pairs
             ),
             # probe fitting is the costliest work: a distributed run starts it first so the
             # other ranks' shorter shards fill the gaps at the end
             cost=[1e9] * n_layers,
+            # each layer's fits run on one thread: one layer per thread keeps every core busy
+            workers=fit_workers(None, probe_device(model), n_layers),
         ),
         Stage(
             "attribution",
