@@ -20,6 +20,8 @@ absolute times are inflated, and CPU seconds count a spinning OpenMP thread too.
     python benchmarks/bench_base_reproduction.py [--before 7fd0293] [--threads 2]
         [--models minilm,bert-base] [--parts reproduce,tokens] [--sides before,after]
         [--model-dir DIR] [--json out.json] [--merge earlier.json]
+        [--parts fig2 --layers N --pairs-cache DIR]  (the Fig. 2 stage alone)
+        [--parts none --merge a.json b.json]  (print the tables of earlier runs)
 
 `--merge` adds the runs of an earlier `--json` (e.g. the before side, run first) to the
 table, for a machine where one invocation cannot run both sides in the time at hand.
@@ -253,6 +255,17 @@ def print_tables(runs: list[dict]) -> None:
             print(
                 f"| {model} | {layer} | {probe} | {obj} | {rate[0]} | {rate[1]} | {' / '.join(n)} |"
             )
+    print("\n## the Fig. 2 stage alone (--parts fig2): wall s / CPU s (CPU use, mean load)\n")
+    print("| model | before | after | after CPU use |")
+    print("|---|---|---|---|")
+    for model in models:
+        cells, use = [], "–"
+        for side in ("before", "after"):
+            r = by.get(("fig2", model, side))
+            cells.append(f"{r['wall_s']:.0f} / {r['cpu_s']:.0f} ({r['load']:.1f})" if r else "–")
+            if r and side == "after":
+                use = f"{100 * r['cpu_s'] / r['wall_s']:.0f} %"
+        print(f"| {model} | {cells[0]} | {cells[1]} | {use} |")
     print("\n## tokens --quick: wall s / CPU s (mean load)\n")
     print("| model | before | after | after's printed estimate |")
     print("|---|---|---|---|")
@@ -288,12 +301,14 @@ def main() -> None:
         runs += json.loads(path.read_text())["runs"]
     with tempfile.TemporaryDirectory(prefix="bench-base-") as name:
         tmp = Path(name)
-        base = build_base(args.model_dir or tmp / "bert-base-random")
+        wanted = args.parts.split(",") != [] and "bert-base" in args.models.split(",")
+        base = build_base(args.model_dir or tmp / "bert-base-random") if wanted else tmp
         models = {"minilm": "minilm", "bert-base": str(base)}
         args.pairs_cache = dict.fromkeys(models.values(), args.pairs_cache)
         sides = args.sides.split(",")
+        parts = [p for p in args.parts.split(",") if p in ("reproduce", "tokens", "fig2")]
         for k, label in enumerate(args.models.split(",")):
-            for part in args.parts.split(","):
+            for part in parts:
                 for side in sides if k % 2 == 0 else sides[::-1]:
                     src = source_of(side, args.before, tmp)
                     r = measure(part, side, models[label], src, args, tmp)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -140,6 +141,8 @@ def test_cli_writes_tables_and_prints_the_per_layer_table(tmp_path):
     r = _cli("--max-tokens", "900", "--layers", "0,5", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert "linear cos" in r.stdout and "shuffled-target control" in r.stdout
+    # the estimate comes first, before any work (issues 50 and 55)
+    assert re.search(r"tokens on minilm, 900 tokens: about \d+ (s|min) on \d+ threads?", r.stderr)
     for stem in ("per_layer", "cross_layer", "control"):
         assert (tmp_path / f"tokens_{stem}.csv").exists()
         assert (tmp_path / f"tokens_{stem}.parquet").exists()

@@ -54,7 +54,9 @@ class Budget:
     probe_max_steps: cap on the Adam steps and L-BFGS iterations of each Fig. 2 probe (None =
     the tokens package defaults, which early stopping normally ends first; smoke caps them).
     probe_mlp_width, probe_lr_grid: the MLP's hidden width and the Adam learning rates tried
-    (None = the package defaults, "auto" = max(512, d) and (3e-3, 1e-2)). bootstrap_resamples: resamples of
+    (None = the package defaults, "auto" = max(512, d) and (3e-3, 1e-2)). probe_select_steps,
+    probe_patience, probe_lr_decays: the MLPs' Adam schedule (steps per learning rate tried,
+    checks without improvement before a decay, decays before the stop; None = the defaults). bootstrap_resamples: resamples of
     the 95 % intervals over sequences of Figs. 3-4.
     mixing_*: sequences (of at most mixing_max_tokens tokens) for "which account of mixing
     tracks the gradients?", and HTA's random probes there (None = exact).
@@ -76,6 +78,9 @@ class Budget:
     probe_max_steps: int | None = None
     probe_mlp_width: int | None = None
     probe_lr_grid: tuple[float, ...] | None = None
+    probe_select_steps: int | None = None
+    probe_patience: int | None = None
+    probe_lr_decays: int | None = None
     attribution_min_tokens: int = 0
     bootstrap_resamples: int = BOOTSTRAP_RESAMPLES
     mixing_sequences: int = 2
@@ -98,6 +103,11 @@ BUDGETS: dict[str, Budget] = {
         # stopping), with a cap above what early stopping needed on MiniLM (≤ 1,175 steps): a
         # capped fit still improving by more than 1 % is marked and left out of the verdicts
         probe_max_steps=1500,
+        # a shorter Adam schedule from the linear start (50 steps per learning rate, 3 checks
+        # of patience, one decay): the MLP keeps the linear probe unless it validates better
+        probe_select_steps=50,
+        probe_patience=3,
+        probe_lr_decays=1,
         # paper-length pairs (100-128 tokens) cost ~n² each: four of them with two random
         # probes per token (stated error in the report) instead of eight ≤ 40-token ones
         attribution_sequences=4,

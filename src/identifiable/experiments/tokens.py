@@ -347,6 +347,15 @@ def probe_config_for(budget: Any) -> ProbeConfig:
         changes["mlp_width"] = budget.probe_mlp_width
     if getattr(budget, "probe_lr_grid", None):
         changes["lr_grid"] = tuple(budget.probe_lr_grid)
+    for field_name, key in (
+        ("probe_select_steps", "select_steps"),
+        ("probe_patience", "patience"),
+        ("probe_lr_decays", "lr_decays"),
+    ):
+        if getattr(budget, field_name, None) is not None:
+            changes[key] = getattr(budget, field_name)
+    if "select_steps" in changes and steps:
+        changes["select_steps"] = min(changes["select_steps"], steps)
     return ProbeConfig(**changes)
 
 
