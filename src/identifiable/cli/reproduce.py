@@ -40,7 +40,9 @@ def reproduce(
         typer.Option(
             "--budget",
             "-b",
-            help="quick (≤ 5 min on 2 CPU cores), paper (the paper's protocol: GPU or long run), smoke (seconds).",
+            help="quick (on 2 threads: the embedded model about 3 min, a BERT-base-sized encoder "
+            "about 11 min), paper (the paper's protocol: GPU or long run), smoke (a pipeline "
+            "check). Each run prints its own estimate first (docs/token_identifiability.md).",
         ),
     ] = "quick",
     resume: Annotated[

@@ -25,7 +25,8 @@ from identifiable.errors import IdentifiableError
 
 # CPU seconds per unit of work, measured (see the module docstring)
 TRACE_S_PER_GFLOP = 0.026  # a traced forward pass, captures and checks included
-PROBE_S_PER_GFLOP = 0.009  # probe fits: float32 products on one thread
+PROBE_S_PER_GFLOP = 0.016  # probe fits: float32 products and their bookkeeping, one thread
+HTA_PASS_SHARE = 0.05  # a batched forward-mode product per token, against a traced pass
 STAGE_FIXED_S = {"attention": 4.0, "tokens": 2.0, "attribution": 6.0, "mixing": 8.0}
 CERTIFY_S_PER_HEAD_ROW = 0.35  # one query row's interval map, per head and sequence
 REPORT_S = 12.0  # figures, tables and the page
@@ -33,8 +34,8 @@ LOAD_S = 10.0  # importing and loading the model and corpus
 # Fig. 2 probe work per layer, in passes over the training tokens (the embedded model's
 # quick-budget fits): L-BFGS loss-and-gradient evaluations of linear-cos over both starts,
 # and Adam minibatch steps of the two MLPs (each ~ a twentieth of a pass at 8,192 tokens)
-LBFGS_EVALUATIONS = 60
-ADAM_STEPS = 900
+LBFGS_EVALUATIONS = 120
+ADAM_STEPS = 1100
 TRAIN_SHARE = 0.72  # of the extracted tokens (test 20 %, validation 10 % of the rest)
 
 
@@ -59,12 +60,18 @@ class Sizes:
         return 2 * self.n_layers * (4 * d * d + 2 * d * self.ffn) / 1e9
 
 
-def probe_gflop_per_layer(sizes: Sizes, tokens: int, mlp_width: int, batch: int = 256) -> float:
+def probe_gflop_per_layer(
+    sizes: Sizes, tokens: int, mlp_width: int, cap: int | None = None, batch: int = 256
+) -> float:
     """GFLOP of one layer's Fig. 2 fits: L-BFGS on linear-cos (a product and its gradient,
-    4·N·d² per evaluation) and Adam on the two MLPs (5 products of B·d·h per step)."""
+    4·N·d² per evaluation) and Adam on the two MLPs (5 products of B·d·h per step), at most
+    what a step cap `cap` allows."""
     d, n = sizes.hidden, tokens * TRAIN_SHARE
-    lbfgs = LBFGS_EVALUATIONS * 4 * n * d * d
-    adam = ADAM_STEPS * 10 * batch * d * mlp_width
+    evaluations, steps = float(LBFGS_EVALUATIONS), float(ADAM_STEPS)
+    if cap:  # two starts of about 1.3 evaluations an iteration; two MLPs, two learning rates
+        evaluations, steps = min(evaluations, 2.6 * cap), min(steps, 6 * cap)
+    lbfgs = evaluations * 4 * n * d * d
+    adam = steps * 10 * batch * d * mlp_width
     closed = 4 * n * d * d + 10 * d**3  # Gram matrices, eigendecomposition, solves
     return (lbfgs + adam + closed) / 1e9
 
@@ -86,8 +93,8 @@ def stage_cpu_seconds(sizes: Sizes, budget: Any) -> dict[str, float]:
     return {
         "attention": STAGE_FIXED_S["attention"] + attention,
         "tokens": STAGE_FIXED_S["tokens"] + tokens,
-        "attribution": STAGE_FIXED_S["attribution"] + attribution * per_token,
-        "mixing": STAGE_FIXED_S["mixing"] + mixing * per_token,
+        "attribution": STAGE_FIXED_S["attribution"] + attribution * per_token * HTA_PASS_SHARE,
+        "mixing": STAGE_FIXED_S["mixing"] + mixing * per_token * HTA_PASS_SHARE,
         "certify": rows * sizes.n_layers * sizes.n_heads * CERTIFY_S_PER_HEAD_ROW,
     }
 
@@ -95,7 +102,8 @@ def stage_cpu_seconds(sizes: Sizes, budget: Any) -> dict[str, float]:
 def probe_seconds(sizes: Sizes, tokens: int, budget: Any = None) -> float:
     """CPU seconds of one layer's Fig. 2 probe fits on `tokens` extracted tokens."""
     width = getattr(budget, "probe_mlp_width", None) or max(512, 2 * sizes.hidden)
-    return probe_gflop_per_layer(sizes, tokens, int(width)) * PROBE_S_PER_GFLOP
+    cap = getattr(budget, "probe_max_steps", None)
+    return probe_gflop_per_layer(sizes, tokens, int(width), cap) * PROBE_S_PER_GFLOP
 
 
 @dataclass(frozen=True)

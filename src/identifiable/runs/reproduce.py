@@ -77,7 +77,8 @@ def reproduce(
             of up to `budget.max_tokens` tokens), a list of texts / pairs, or a
             `datasets.Dataset` (its `column`, or `pair_fields=(a, b)`: each row as given).
         out: the output folder; must be empty unless `resume` or `force`.
-        budget: "quick" (default, ≤ 5 min on 2 CPU cores), "paper" ("full"), "smoke" or a `Budget`.
+        budget: "quick" (default; on 2 threads about 3 min for the embedded model, 11 min for a
+            BERT-base-sized one, `experiments.cost`), "paper" ("full"), "smoke" or a `Budget`.
         resume: continue an interrupted run with the same arguments.
         force: replace a previous run of ours in `out` (only files its manifest lists, and
             only once the new run has finished; see `identifiable.store.outdir`).

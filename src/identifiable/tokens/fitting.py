@@ -249,12 +249,9 @@ def fit_probes(
             already factorised on `x` (shared across calls on one layer).
         val_score: validation score of predictions `[N_val, d_out]` under an objective's
             metric (higher is better, e.g. the identification rate) that chooses the linear
-            start, stops L-BFGS and decides whether an MLP beats its linear start; None: the
-            loss.
-        starts: a dict to fill with the linear cosine fit from each start (Fig. 2b's
-            regimes, `linear_fits(both=True)`); None: only the better start is refined.
-    Returns one `FitInfo` per requested pair, in the order of `kinds`. Tensors may live on
-    any device; the fits run where `x` is.
+            start, stops L-BFGS and decides whether an MLP beats its linear start (None: loss).
+        starts: filled with linear-cos's fit from each start (Fig. 2b, `linear_fits`).
+    Returns one `FitInfo` per requested pair, in the order of `kinds`, fitted where `x` is.
     """
     cfg = config or ProbeConfig()
     x, y, x_val, y_val = (t.float() for t in (x, y, x_val, y_val))
@@ -281,8 +278,9 @@ def fit_probes(
         if obj in linear:
             return linear[obj]
         if obj == "l2" and not cfg.linear_l2_closed_form:  # a check: L-BFGS from zero
-            d, d_out = x.shape[1], y.shape[1]
-            zero = Probe("linear", "l2", x.new_zeros(d, d_out), x.new_zeros(d_out))
+            zero = Probe(
+                "linear", "l2", x.new_zeros(x.shape[1], y.shape[1]), y.new_zeros(y.shape[1])
+            )
             linear[obj] = refine_linear(x, y, x_val_all, y_val_all, "l2", zero, cfg)
             return linear[obj]
         if solver is None:
@@ -298,11 +296,7 @@ def fit_probes(
     out: dict[tuple[ProbeKind, Objective], FitInfo] = {}
     for kind, obj in kinds:
         if kind == "naive":
-            same_space = x_val.shape[1] == y_val.shape[1]
-            with torch.no_grad():
-                v = float(objective_loss(x_val, y_val, obj)) if same_space else float("nan")
-                t = float(objective_loss(x, y, obj)) if same_space else float("nan")
-            out[(kind, obj)] = FitInfo(Probe("naive", obj), 0, v, v, {}, t, "no fit")
+            out[(kind, obj)] = _naive(x, y, x_val, y_val, obj)
         elif kind == "linear":
             out[(kind, obj)] = linear_fit(obj)
         elif kind == "mlp":
@@ -312,6 +306,16 @@ def fit_probes(
         else:
             raise ValueError(f"unknown probe kind {kind!r}")
     return out
+
+
+def _naive(
+    x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_val: torch.Tensor, obj: Objective
+) -> FitInfo:
+    same_space = x_val.shape[1] == y_val.shape[1]
+    with torch.no_grad():
+        v = float(objective_loss(x_val, y_val, obj)) if same_space else float("nan")
+        t = float(objective_loss(x, y, obj)) if same_space else float("nan")
+    return FitInfo(Probe("naive", obj), 0, v, v, {}, t, "no fit")
 
 
 def _scored(val_score: ValScore, objective: Objective, pred: torch.Tensor) -> float:
