@@ -189,7 +189,7 @@ def test_fig2b_threshold_is_the_papers_lowest_transfer_less_its_read_off() -> No
     below = claims.cross_layer(cross({"converged": 0.6, "closed form": 0.6}))
     assert below.status == claims.NOT_SUPPORTED and "65.5%" in below.sentence
     hinge = claims.cross_layer(cross({"converged": 0.2, "closed form": 0.7}))
-    assert hinge.status == claims.PARTLY and "hinges on the fitting regime" in hinge.sentence
+    assert hinge.status == claims.PARTLY and "hinges on where the fit starts" in hinge.sentence
     assert hinge.numbers["min_off_diagonal_converged"] == pytest.approx(0.2)
     single = cross({"converged": 0.9}).drop(columns="regime")  # tables without regimes
     assert claims.cross_layer(single).status == claims.SUPPORTED
@@ -203,6 +203,25 @@ def test_fig2b_leaves_out_probes_whose_fit_did_not_finish() -> None:
     assert claims.cross_layer(table, fits).status == claims.PARTLY
     unfinished = (fits["probe"] == "linear") & (fits["objective"] == "cos") & (fits["layer"] == 2)
     v = claims.cross_layer(table, fits.assign(converged=~unfinished))
+    assert v.status == claims.SUPPORTED and v.numbers["train_layers_left_out"] == [2]
+
+
+def test_fig2b_reports_both_starts_and_leaves_out_their_unfinished_fits() -> None:
+    """Issue 50: the regimes start from the ridge fit and from the identity; a start whose
+    fits all transfer passes, one whose worst cell is below 65.5 % fails, and a fit stopped
+    by its cap while still improving (`fit_converged` False) is left out, by start."""
+    table = cross({"ridge start": 0.4, "identity start": 0.7}).assign(fit_converged=True)
+    v = claims.cross_layer(table)
+    assert v.status == claims.PARTLY and "identity start: mean" in v.sentence
+    assert v.numbers["min_off_diagonal_ridge_start"] == pytest.approx(0.4)
+    assert v.numbers["min_off_diagonal_identity_start"] == pytest.approx(0.7)
+    both_fail = cross({"ridge start": 0.4, "identity start": 0.5}).assign(fit_converged=True)
+    assert claims.cross_layer(both_fail).status == claims.NOT_SUPPORTED
+    capped = table["regime"].eq("ridge start") & table["train_layer"].eq(2)
+    table.loc[table["regime"] == "ridge start", "rate"] = 0.9
+    table.loc[capped & (table["test_layer"] != 2), "rate"] = 0.1
+    assert claims.cross_layer(table).status == claims.PARTLY
+    v = claims.cross_layer(table.assign(fit_converged=~capped))
     assert v.status == claims.SUPPORTED and v.numbers["train_layers_left_out"] == [2]
 
 

@@ -88,14 +88,20 @@ def test_auto_ridge_picks_a_strong_ridge_when_data_are_few_and_noisy():
     x, xv = torch.randn(60, 40, generator=g), torch.randn(200, 40, generator=g)
     y = x @ w + torch.randn(60, 40, generator=g)
     yv = xv @ w + torch.randn(200, 40, generator=g)
-    auto = fit_probes(x, y, xv, yv, [("linear", "l2")], config=ProbeConfig(ridge="auto"))[
-        ("linear", "l2")
-    ]
-    tiny = fit_probes(x, y, xv, yv, [("linear", "l2")], config=ProbeConfig(ridge=1e-6))[
-        ("linear", "l2")
-    ]
+
+    def fit(**cfg):
+        return fit_probes(x, y, xv, yv, [("linear", "l2")], config=ProbeConfig(**cfg))[
+            ("linear", "l2")
+        ]
+
+    auto = fit(ridge="auto", identity_start=False)
+    tiny = fit(ridge=1e-6, identity_start=False)
     assert auto.extras["ridge"] > 1e-2 and tiny.extras["ridge"] == 1e-6
     assert auto.val_loss < 0.8 * tiny.val_loss
+    # x and y share a space: the identity is a start too, and beats the overfitted ridge fit
+    from_identity = fit(ridge=1e-6)
+    assert from_identity.extras["identity_start"] == 1.0 and from_identity.optimizer == "L-BFGS"
+    assert from_identity.val_loss < tiny.val_loss
 
 
 def test_iterative_fits_never_end_worse_on_validation_than_their_start():
@@ -216,22 +222,31 @@ def test_naive_probe_is_the_identity():
     assert torch.equal(Probe("naive", "l2")(x), x)
 
 
-def test_hand_written_adam_matches_torch_adam():
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("decay", [0.0, 0.1])
+def test_hand_written_adam_matches_torch_adam(fused, decay):
+    """Both update paths (torch's fused kernel, separate kernels) are torch's AdamW; biases
+    (decay=False) are not decayed."""
     from identifiable.tokens.adam import AdamW
 
     g = torch.Generator().manual_seed(0)
     target = torch.randn(5, 3, generator=g)
-    a = torch.randn(5, 3, generator=g)
-    b = a.clone()
-    ours, ref = AdamW([a], lr=0.01), torch.optim.Adam([b], lr=0.01)
+    a, bias_a = torch.randn(5, 3, generator=g), torch.randn(3, generator=g)
+    b, bias_b = a.clone(), bias_a.clone()
+    ours = AdamW([a, bias_a], lr=0.01, weight_decay=decay, decay=[True, False], fused=fused)
+    ref = torch.optim.AdamW(
+        [{"params": [b]}, {"params": [bias_b], "weight_decay": 0.0}], lr=0.01, weight_decay=decay
+    )
+    assert ours.fused == fused
     for _ in range(20):
-        for p, opt in ((a, ours), (b, ref)):
+        for p, bias, opt in ((a, bias_a, ours), (b, bias_b, ref)):
             p.requires_grad_(True)
-            ((p - target) ** 3).abs().sum().backward()
+            bias.requires_grad_(True)
+            ((p + bias - target) ** 3).abs().sum().backward()
             opt.step()
             if opt is ref:
                 ref.zero_grad()
-    assert torch.allclose(a, b, atol=1e-6)
+    assert torch.allclose(a, b, atol=1e-6) and torch.allclose(bias_a, bias_b, atol=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -53,6 +53,9 @@ class Stage:
     merges the partial tables of every shard (in shard order) into the final tables.
     `weights` (one per shard) drive the progress bar; `cost` (one per shard, default the
     weights) orders the shared work queue of a distributed run, most expensive first.
+    `workers`: shards of this stage computed at once, each in a thread of its own (the
+    probe fits of Fig. 2, which run on one intra-op thread each); every shard is cached as
+    soon as it is done, so an interrupted run loses none that finished.
     """
 
     name: str
@@ -62,6 +65,7 @@ class Stage:
     compute: Callable[[Sequence[Item], int, Advance], Tables]
     reduce: Callable[[Sequence[Tables]], Tables] = field(default=concat_reduce)
     cost: list[float] | None = None
+    workers: int = 1
 
     @property
     def costs(self) -> list[float]:
@@ -167,8 +171,9 @@ def _run_stages(
         else list(range(len(flat)))
     )
     parts: dict[tuple[int, int], Tables] = {}
-    seconds = [0.0] * len(stages)
-    for slot in claims(world, order):
+    spans: list[list[tuple[float, float]]] = [[] for _ in stages]
+
+    def run(slot: int) -> None:
         si, k = flat[slot]
         stage = stages[si]
         cached = cache.load(stage.name, k)
@@ -176,12 +181,15 @@ def _run_stages(
             start = time.perf_counter()
             advance: Advance = functools.partial(progress.advance, tasks[si])
             tables = stage.compute(stage.shards[k], k, advance)
-            seconds[si] += time.perf_counter() - start
+            spans[si].append((start, time.perf_counter()))
             cache.save(stage.name, k, tables, {"items": len(stage.shards[k])})
         else:
             tables = cached[0]
             progress.advance(tasks[si], stage.weights[k])
         parts[(si, k)] = tables
+
+    _run_slots(claims(world, order), [stages[si].workers for si, _ in flat], flat, run)
+    seconds = [_busy_seconds(s) for s in spans]
     barrier(world, "shards-done")
     if not world.is_main:
         return None
@@ -202,6 +210,57 @@ def _run_stages(
         progress.update(tasks[si], completed=sum(stage.weights))
         results[stage.name] = (stage.reduce(shard_tables), seconds[si])
     return results
+
+
+def _run_slots(
+    slots: Iterator[int],
+    workers: Sequence[int],
+    flat: Sequence[tuple[int, int]],
+    run: Callable[[int], None],
+) -> None:
+    """Run `run(slot)` for every claimed slot, in claim order: a stage's shards up to its
+    `workers` at once in threads, never two stages at once. On an error or an interrupt the
+    shards already running finish (and are cached) before it propagates; none start."""
+    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+    most = max(workers, default=1)
+    pool = ThreadPoolExecutor(most, thread_name_prefix="shards") if most > 1 else None
+    running: list[Future] = []
+    stage = -1
+
+    def settle(keep: int) -> None:
+        while len(running) > keep:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                running.remove(future)
+                future.result()  # re-raises a shard's error here
+
+    try:
+        for slot in slots:
+            w = workers[slot]
+            if flat[slot][0] != stage or w == 1:
+                settle(0)
+            stage = flat[slot][0]
+            if pool is None or w == 1:
+                run(slot)
+                continue
+            settle(w - 1)
+            running.append(pool.submit(run, slot))
+        settle(0)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _busy_seconds(spans: list[tuple[float, float]]) -> float:
+    """Wall seconds covered by the union of (start, end) spans (shards that ran at once
+    count once)."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
 
 
 @contextmanager

@@ -36,8 +36,9 @@ from identifiable.experiments.pipeline import (
     concat_reduce,
     shard_items,
 )
-from identifiable.experiments.tokens import token_tables
+from identifiable.experiments.tokens import SharedPairs, probe_device, token_tables
 from identifiable.mixing import unavailable
+from identifiable.tokens.evaluate import fit_workers
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,9 @@ class Budget:
     probe_max_steps: cap on the Adam steps and L-BFGS iterations of each Fig. 2 probe (None =
     the tokens package defaults, which early stopping normally ends first; smoke caps them).
     probe_mlp_width, probe_lr_grid: the MLP's hidden width and the Adam learning rates tried
-    (None = the package defaults, "auto" = max(512, d) and (3e-3, 1e-2)). bootstrap_resamples: resamples of
+    (None = the package defaults, "auto" = max(512, d) and (3e-3, 1e-2)). probe_select_steps,
+    probe_patience, probe_lr_decays: the MLPs' Adam schedule (steps per learning rate tried,
+    checks without improvement before a decay, decays before the stop; None = the defaults). bootstrap_resamples: resamples of
     the 95 % intervals over sequences of Figs. 3-4.
     mixing_*: sequences (of at most mixing_max_tokens tokens) for "which account of mixing
     tracks the gradients?", and HTA's random probes there (None = exact).
@@ -75,6 +78,9 @@ class Budget:
     probe_max_steps: int | None = None
     probe_mlp_width: int | None = None
     probe_lr_grid: tuple[float, ...] | None = None
+    probe_select_steps: int | None = None
+    probe_patience: int | None = None
+    probe_lr_decays: int | None = None
     attribution_min_tokens: int = 0
     bootstrap_resamples: int = BOOTSTRAP_RESAMPLES
     mixing_sequences: int = 2
@@ -86,7 +92,7 @@ class Budget:
 
 
 BUDGETS: dict[str, Budget] = {
-    # Default: the embedded model on the Wikipedia sample in ≤ 5 minutes on 2 CPU cores.
+    # Default: the embedded model on the Wikipedia sample in about 3 minutes on 2 threads.
     "quick": Budget(
         "quick",
         attention_sequences=64,
@@ -201,6 +207,7 @@ def stages(model: Any, items: list[Item], budget: Any, seed: int, cache_dir: Pat
     # a method that cannot run on this family is left out and named in its section
     skipped = unavailable(model, DEFAULT_METHODS)
     methods = tuple(m for m in DEFAULT_METHODS if m not in skipped)
+    pairs = SharedPairs(model, items, budget, cache_dir / "token-pairs")  # read by every layer
     return [
         Stage(
             "attention",
@@ -218,11 +225,12 @@ def stages(model: Any, items: list[Item], budget: Any, seed: int, cache_dir: Pat
             [list(items) for _ in range(n_layers)],
             [1] * n_layers,
             lambda shard, i, adv: token_tables(
-                model, shard, budget, seed, cache_dir / "token-pairs", adv, layer=i + 1
+                model, shard, budget, seed, pairs.cache_dir, adv, layer=i + 1, pairs=pairs
             ),
             # probe fitting is the costliest work: a distributed run starts it first so the
             # other ranks' shorter shards fill the gaps at the end
             cost=[1e9] * n_layers,
+            workers=fit_workers(None, probe_device(model), n_layers),  # a layer per thread
         ),
         Stage(
             "attribution",

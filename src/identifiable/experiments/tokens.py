@@ -10,6 +10,7 @@ shuffled-target control and the cross-layer matrix.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -346,7 +347,47 @@ def probe_config_for(budget: Any) -> ProbeConfig:
         changes["mlp_width"] = budget.probe_mlp_width
     if getattr(budget, "probe_lr_grid", None):
         changes["lr_grid"] = tuple(budget.probe_lr_grid)
+    for field_name, key in (
+        ("probe_select_steps", "select_steps"),
+        ("probe_patience", "patience"),
+        ("probe_lr_decays", "lr_decays"),
+    ):
+        if getattr(budget, field_name, None) is not None:
+            changes[key] = getattr(budget, field_name)
+    if "select_steps" in changes and steps:
+        changes["select_steps"] = min(changes["select_steps"], steps)
     return ProbeConfig(**changes)
+
+
+class SharedPairs:
+    """The stage's hidden states, extracted (or read from the token cache) once and shared by
+    the layers' shards, which may run at once in threads (`Stage.workers`)."""
+
+    def __init__(self, model: Any, items: Sequence[Item], budget: Any, cache_dir: Path) -> None:
+        self.model, self.items, self.budget, self.cache_dir = model, items, budget, cache_dir
+        self._lock = threading.Lock()
+        self._pairs: TokenPairs | None = None
+
+    def max_tokens(self) -> int:
+        b = self.budget
+        return smoke_safe_tokens(
+            b.token_max_tokens, self.model.info.hidden_size, getattr(b, "max_tokens", 128)
+        )
+
+    def __call__(self) -> TokenPairs:
+        with self._lock:  # the first shard extracts (on every thread); the others wait
+            if self._pairs is None:
+                self._pairs, _ = extract(
+                    self.model, list(self.items), max_tokens=self.max_tokens(),
+                    cache_dir=self.cache_dir,
+                )  # fmt: skip
+            return self._pairs
+
+
+def probe_device(model: Any) -> torch.device:
+    """Where Fig. 2's probes are fitted: the model's device (`--device`)."""
+    device = getattr(model, "device", None)
+    return torch.device(device) if device is not None else torch.device("cpu")
 
 
 def token_tables(
@@ -357,6 +398,7 @@ def token_tables(
     cache_dir: Path,
     advance: Advance,
     layer: int | None = None,
+    pairs: SharedPairs | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Fig. 2 tables (layers numbered from 0, `block_numbered`): per_layer, cross_layer (two fitting regimes), control,
     fits (every probe's loss curve), grid (every hyperparameter tried on validation),
@@ -372,15 +414,16 @@ def token_tables(
 
     # Extracted hidden states are cached by the tokens package itself, so a run killed
     # while fitting probes (or another shard of this stage) does not trace the corpus again.
-    max_tokens = smoke_safe_tokens(
-        budget.token_max_tokens, model.info.hidden_size, getattr(budget, "max_tokens", 128)
-    )
-    pairs, _ = extract(model, list(items), max_tokens=max_tokens, cache_dir=cache_dir)
+    shared = pairs or SharedPairs(model, items, budget, cache_dir)
+    max_tokens = shared.max_tokens()
+    token_pairs = shared()
     config = probe_config_for(budget)
-    all_layers = list(range(1, pairs.n_layers + 1))
+    all_layers = list(range(1, token_pairs.n_layers + 1))
     one = layer is not None
     ev = evaluate_pairs(
-        pairs,
+        token_pairs,
+        device=probe_device(model),
+        workers=1 if one else None,
         seed=seed,
         probe_config=config,
         on_layer=lambda _layer: advance(1),
@@ -402,10 +445,10 @@ def token_tables(
     if one and layer != all_layers[0]:
         return tables
     counts = {
-        "n_tokens": pairs.n_tokens,
-        "n_sequences": pairs.n_sequences,
+        "n_tokens": token_pairs.n_tokens,
+        "n_sequences": token_pairs.n_sequences,
         "token_cap": max_tokens,
-        **_split_sizes(pairs, ev),
+        **_split_sizes(token_pairs, ev),
     }
     protocol = {
         k: (", ".join(map(str, v)) if isinstance(v, tuple) else v) for k, v in vars(config).items()

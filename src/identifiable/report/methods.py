@@ -52,9 +52,11 @@ def methods_section(
         ),
         (
             "Fig. 2b regimes",
-            "Converged: the Fig. 2a linear-cos probe. Closed form: least squares to unit-normalised targets with "
-            "the smallest ridge of the grid and no refinement. Both are shown because the transfer across layers "
-            "depends on the fitting regime; the verdict reports each.",
+            "Ridge start and identity start: the linear-cos probe of each training layer refined by L-BFGS "
+            "from the least-squares fit to unit-normalised targets and from the identity (the naive probe), "
+            "each with the same validation early stopping (steps and stop reason in tables/fig2b_cross_layer.csv); "
+            "the better-validated of the two is the Fig. 2a probe. Both are shown because the transfer across "
+            "layers depends on where the fit starts; the verdict reports each.",
         ),
         (
             "Attribution (Figs. 3-4)",

@@ -56,8 +56,9 @@ PROSE: dict[str, Prose] = {
         "caption (computed from the table below, which gives every fit's optimiser, steps, stop reason, "
         "final training and validation loss and whether it finished) and in Methods; every loss curve is "
         "in tables/fig2a_fits.csv. Fig. 2b: a linear cosine probe "
-        "trained on one layer, tested on every layer, fitted two ways (converged, and the closed-form "
-        "least-squares start) because the transfer depends on the fitting regime.",
+        "trained on one layer, tested on every layer, fitted from two starts (the least-squares fit and the "
+        "identity), each refined to validation early stopping, because the transfer depends on where the "
+        "fit starts.",
     ),
     "attribution": Prose(
         "4. Tokens mix: a hidden token owes less and less to its own input",

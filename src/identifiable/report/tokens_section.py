@@ -18,6 +18,7 @@ STOP_WORDS = {
     "patience": "validation early stopping",
     "converged": "L-BFGS stopped moving (training optimum)",
     "max steps": "the step cap",
+    "ceiling": "a validation rate of 100 % at the start (nothing to improve)",
 }
 PROBE_NAMES = {"naive": "naive", "linear": "linear", "mlp": "MLP"}
 
@@ -114,14 +115,16 @@ def probe_protocol(p: dict[str, Any]) -> str:
         else "at the deepest layer, and the winner is used at every layer"
     )
     return (
-        "Linear-L2: ridge least squares in closed form (the exact minimiser), ridge chosen from "
-        f"{p.get('ridge_grid', '?')} (× mean eigenvalue of the centred Gram matrix) by validation loss. "
-        "Linear-cos: the closed-form fit to unit-normalised targets (ridge chosen likewise), then "
-        f"full-batch L-BFGS on 1 − cos (strong-Wolfe line search, memory {p.get('lbfgs_history', '?')}), "
-        f"the validation identification rate (the figure's quantity, on the validation sequences) "
-        f"checked every {p.get('lbfgs_every', '?')} iterations; the fit keeps the state with the highest "
-        f"one and stops when it has not risen for {p.get('cos_patience', '?')} checks, or when L-BFGS "
-        f"stops moving (cap {p.get('cos_steps', '?')} iterations). MLP: the paper's plain network with "
+        "Linear probes start from the better, on the validation identification rate, of the identity "
+        "(the naive probe) and the ridge least-squares fit (to unit-normalised targets for cosine; ridge "
+        f"chosen from {p.get('ridge_grid', '?')} × the mean eigenvalue of the centred Gram matrix by "
+        "validation loss). Linear-L2 from the ridge fit is that closed form (the exact minimiser); "
+        "otherwise full-batch L-BFGS on the objective (strong-Wolfe line search, memory "
+        f"{p.get('lbfgs_history', '?')}), the validation identification rate (the figure's quantity, on "
+        f"the validation sequences) checked every {p.get('lbfgs_every', '?')} iterations; the fit keeps "
+        f"the state with the highest one and stops when it has not risen for {p.get('cos_patience', '?')} "
+        f"checks, or when L-BFGS stops moving (cap {p.get('cos_steps', '?')} iterations). Linear-cos is "
+        "refined from both starts and the better-validated fit kept. MLP: the paper's plain network with "
         f"one hidden ReLU layer (width {p.get('mlp_width', '?')}; 'auto' is {auto}), {start}, minibatch "
         f"Adam (batch {p.get('batch_size', '?')}); learning rate from {p.get('lr_grid', '?')} and "
         f"decoupled weight decay from {p.get('weight_decay_grid', '?')}: every pair trains "
@@ -131,7 +134,8 @@ def probe_protocol(p: dict[str, Any]) -> str:
         f"improvement of 1e-4 the learning rate is multiplied by {p.get('lr_decay', '?')} from the best "
         f"state (at most {p.get('lr_decays', '?')} times), then the fit stops; cap "
         f"{p.get('max_steps', '?')} steps. Every fit keeps the best validation state seen, its start "
-        "included. The shuffled-target control uses closed-form linear fits."
+        "included; an MLP keeps its linear start unless it validates better. The shuffled-target "
+        "control uses closed-form ridge fits."
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,7 @@ def reproduce(
     progress: bool = True,
     column: str = "text",
     pair_fields: tuple[str, str] | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> Reproduction:
     """Run the reproduction and write DIR/index.html, figures, tables and summary.json.
 
@@ -75,7 +77,8 @@ def reproduce(
             of up to `budget.max_tokens` tokens), a list of texts / pairs, or a
             `datasets.Dataset` (its `column`, or `pair_fields=(a, b)`: each row as given).
         out: the output folder; must be empty unless `resume` or `force`.
-        budget: "quick" (default, ≤ 5 min on 2 CPU cores), "paper" ("full"), "smoke" or a `Budget`.
+        budget: "quick" (default; on 2 threads about 3 min for the embedded model, 11 min for a
+            BERT-base-sized one, `experiments.cost`), "paper" ("full"), "smoke" or a `Budget`.
         resume: continue an interrupted run with the same arguments.
         force: replace a previous run of ours in `out` (only files its manifest lists, and
             only once the new run has finished; see `identifiable.store.outdir`).
@@ -84,6 +87,11 @@ def reproduce(
             beyond float rounding, so it is not part of the resume settings.
         column: the text column of a `datasets.Dataset` corpus (one text per row).
         pair_fields: two columns of a `datasets.Dataset` corpus, a pair per row.
+        announce: called with one line, the run's estimated time ("about 5 min on 2
+            threads", `experiments.cost`), once the model is loaded and before any stage.
+
+    A budget whose Fig. 2 hidden states do not fit in the memory available is refused in
+    one line naming the budget that does, before anything is written.
 
     Under `torchrun` (or any initialised `torch.distributed` process group) call this on
     every rank with the same arguments: the ranks share the shards of every stage through
@@ -108,6 +116,7 @@ def reproduce(
             folder.check()
         with progress_bars(progress and world.is_main) as bars:
             m, items, settings = _prepare(model, corpus, plan, seed, device, bars)
+            _announce_cost(m, plan, announce if world.is_main else None)
             check_same_run(world, settings_key(settings))
             owner = (
                 folder.run(lambda d: RunCache(d, settings).check_resumable())
@@ -132,6 +141,38 @@ def given_corpus(corpus: Any, column: str, pair_fields: tuple[str, str] | None) 
     from identifiable.corpus.sources import dataset_items, is_dataset
 
     return dataset_items(corpus, column, pair_fields) if is_dataset(corpus) else corpus
+
+
+def _announce_cost(model: Any, plan: Budget, announce: Callable[[str], None] | None) -> None:
+    """Refuse a budget whose hidden states do not fit in memory, naming one that does; then
+    say what the run will take (`experiments.cost`)."""
+    import torch
+
+    from identifiable.experiments.cost import check_memory, memory_bytes, reproduce_estimate
+    from identifiable.experiments.stages import BUDGETS
+    from identifiable.experiments.tokens import probe_device, smoke_safe_tokens
+    from identifiable.models.budget import available_memory
+    from identifiable.tokens.evaluate import fit_workers
+
+    workers = fit_workers(None, probe_device(model), model.info.n_layers)
+
+    def need(b: Budget) -> int:
+        cap = smoke_safe_tokens(b.token_max_tokens, model.info.hidden_size, b.max_tokens)
+        return memory_bytes(model, cap, workers)
+
+    available = available_memory()
+    fits = [b for b in BUDGETS.values() if available is None or need(b) <= available]
+    smaller = max(fits, key=need, default=None)
+    advice = (
+        f"use --budget {smaller.name} (about {need(smaller) / 2**30:.1f} GiB)"
+        if smaller is not None
+        else "use a machine with more memory"
+    )
+    where = f"--budget {plan.name} on {model.info.name}"
+    check_memory(need(plan), available, where, advice)
+    if announce is not None:
+        estimate = reproduce_estimate(model, plan, torch.get_num_threads())
+        announce(estimate.sentence(f"reproduce {where}"))
 
 
 def _prepare(

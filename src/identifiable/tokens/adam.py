@@ -19,6 +19,7 @@ would change angles). Everything random draws from generators seeded by the call
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -55,10 +56,10 @@ class Standardised:
         """A linear probe re-expressed on this z, x W + b = z (σ W) + (μ W + b); zeros if None."""
         d = self.mean.numel()
         if init is None:
-            return torch.zeros(d, d_out), torch.zeros(d_out)
+            return self.mean.new_zeros(d, d_out), self.mean.new_zeros(d_out)
         assert init.weight is not None and init.bias is not None
-        m0 = init.in_mean if init.in_mean is not None else torch.zeros(d)
-        s0 = init.in_scale if init.in_scale is not None else torch.ones(d)
+        m0 = init.in_mean if init.in_mean is not None else self.mean.new_zeros(d)
+        s0 = init.in_scale if init.in_scale is not None else self.mean.new_ones(d)
         w = (self.scale / s0)[:, None] * init.weight
         return w.clone(), (((self.mean - m0) / s0) @ init.weight + init.bias).clone()
 
@@ -67,8 +68,12 @@ class AdamW:
     """Adam (Kingma & Ba) with decoupled weight decay on a few tensors.
 
     Written out because constructing `torch.optim.Adam` first imports torch._dynamo
-    (~800 modules, about 2 s), more than some probe fits. `decay` marks the tensors that
-    weight decay shrinks (weight matrices, never biases). Checked against torch's Adam.
+    (~800 modules, about 2 s), more than some probe fits. The update itself is torch's fused
+    AdamW kernel (`torch._fused_adamw_`, one pass over each tensor: 3 ms instead of 11 ms
+    per step for the 768 → 1536 → 768 MLP on one thread) where this torch has it for the
+    parameters' device, else the same formula in separate kernels. `decay` marks the
+    tensors that weight decay shrinks (weight matrices, never biases). Checked against
+    torch's Adam, both ways.
     """
 
     def __init__(
@@ -79,16 +84,25 @@ class AdamW:
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         decay: list[bool] | None = None,
+        fused: bool = True,
     ) -> None:
         self.params, self.lr, self.betas, self.eps, self.t = params, lr, betas, eps, 0
         self.weight_decay = weight_decay
         self.decay = decay if decay is not None else [True] * len(params)
         self.m = [torch.zeros_like(p) for p in params]
         self.v = [torch.zeros_like(p) for p in params]
+        self.fused = fused and hasattr(torch, "_fused_adamw_")
+        self._steps = [torch.zeros((), device=p.device) for p in params]  # the fused kernel's
 
     @torch.no_grad()
     def step(self) -> None:
         self.t += 1
+        if self.fused:
+            try:
+                self._fused_step()
+                return
+            except (RuntimeError, NotImplementedError):  # no fused kernel for this device
+                self.fused = False
         b1, b2 = self.betas
         c1, c2 = 1 - b1**self.t, 1 - b2**self.t
         for p, m, v, dec in zip(self.params, self.m, self.v, self.decay, strict=True):
@@ -100,6 +114,36 @@ class AdamW:
             m.lerp_(g, 1 - b1)
             v.mul_(b2).addcmul_(g, g, value=1 - b2)
             p.addcdiv_(m, (v / c2).sqrt_().add_(self.eps), value=-self.lr / c1)
+            p.grad = None
+
+    def _fused_step(self) -> None:
+        """One step of torch's fused AdamW kernel: decayed tensors, then the others."""
+        for decayed in (True, False):
+            group = [
+                i
+                for i, p in enumerate(self.params)
+                if p.grad is not None and self.decay[i] == decayed
+            ]
+            if not group:
+                continue
+            for i in group:
+                self._steps[i].fill_(self.t)
+            torch._fused_adamw_(
+                [self.params[i] for i in group],
+                [cast(torch.Tensor, self.params[i].grad) for i in group],
+                [self.m[i] for i in group],
+                [self.v[i] for i in group],
+                [],
+                [self._steps[i] for i in group],
+                lr=self.lr,
+                beta1=self.betas[0],
+                beta2=self.betas[1],
+                weight_decay=self.weight_decay if decayed else 0.0,
+                eps=self.eps,
+                amsgrad=False,
+                maximize=False,
+            )
+        for p in self.params:
             p.grad = None
 
 
@@ -123,20 +167,21 @@ class Net:
     ) -> None:
         d, d_out = data.z.shape[1], data.y.shape[1]
         h = cfg.width_for(d)
+        dev = data.z.device  # random draws on the CPU generator, then moved: same on any device
         self.kind, self.data = kind, data
         if objective == "l2":  # standardise targets by one scalar: the L2 optimum is unchanged
             self.y_mean = data.y.mean(0)
             spread = (data.y - self.y_mean).pow(2).sum(-1).mean().sqrt().clamp_min(1e-12)
             self.y_scale = float(spread) / d_out**0.5
         else:
-            self.y_mean, self.y_scale = torch.zeros(d_out), 1.0
+            self.y_mean, self.y_scale = data.y.new_zeros(d_out), 1.0
         self.w: torch.Tensor | None = None
         self.base: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.w1 = torch.randn(d, h, generator=gen) * (2.0 / d) ** 0.5
-        self.b1 = torch.zeros(h)
+        self.w1 = (torch.randn(d, h, generator=gen) * (2.0 / d) ** 0.5).to(dev)
+        self.b1 = data.z.new_zeros(h)
         if kind == "mlp":
-            self.w2 = torch.randn(h, d_out, generator=gen) * (1.0 / h) ** 0.5
-            self.b = torch.zeros(d_out)
+            self.w2 = (torch.randn(h, d_out, generator=gen) * (1.0 / h) ** 0.5).to(dev)
+            self.b = data.z.new_zeros(d_out)
             if init is not None:
                 self._start_at(init)
             self.params = [self.w1, self.b1, self.w2, self.b]
@@ -145,7 +190,7 @@ class Net:
         # skip: affine path at the linear probe (in standardised output units), branch silent
         w, b = data.affine_from(init, d_out)
         self.w, self.b = w / self.y_scale, (b - self.y_mean) / self.y_scale
-        self.w2 = torch.zeros(h, d_out)
+        self.w2 = data.z.new_zeros(h, d_out)
         if cfg.mlp_train_skip:
             self.params = [self.w, self.b, self.w1, self.b1, self.w2]
             self.decay = [True, False, True, False, True]
@@ -266,7 +311,7 @@ class Run:
             for p, s in zip(self.net.params, self.best_state, strict=True):
                 p.copy_(s)
                 p.requires_grad_(False)
-            rows = torch.arange(self.n)
+            rows = torch.arange(self.n, device=self.net.data.z.device)
             train = float(objective_loss(self.net(rows), self.net.data.y, self.objective))
         return train, self.best
 

@@ -16,7 +16,8 @@ Candidates (`candidates=`):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -47,10 +48,12 @@ from identifiable.tokens.probes import (
 )
 from identifiable.tokens.split import SequenceSplit, min_tokens_for, split_by_sequence
 from identifiable.utils.seeds import layer_seed as derived_layer_seed
+from identifiable.utils.threads import one_thread
 
 Candidates = Literal["sequence", "corpus", "vocabulary"]
-Regime = Literal["converged", "closed form"]
-REGIMES: tuple[Regime, ...] = ("converged", "closed form")
+Regime = Literal["ridge start", "identity start"]
+REGIMES: tuple[Regime, ...] = ("ridge start", "identity start")
+_REGIME_OF = {"ridge": "ridge start", "identity": "identity start"}
 CANDIDATES: tuple[Candidates, ...] = ("sequence", "corpus", "vocabulary")
 Kind = tuple[ProbeKind, Objective]
 
@@ -67,6 +70,7 @@ class _Lookup:
     layout: SequenceLayout | None
 
     def run(self, pred: torch.Tensor, metric: Objective) -> LookupOutcome:
+        pred = pred.to(self.cand.device)  # candidates stay on the CPU, probes may not
         if self.layout is not None:
             nearest = nearest_in_sequence(pred, self.cand, self.layout, metric)
         else:
@@ -174,6 +178,8 @@ class EvaluationPlan:
     select_layer: int
     test_layers: tuple[int, ...]
     record_selection: bool
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    workers: int = 1
 
     def adam_kinds(self) -> list[Kind]:
         """The kinds fitted with Adam (their learning rate and weight decay are chosen on
@@ -199,6 +205,8 @@ def plan_evaluation(
     select_layer: int | None = None,
     test_layers: Sequence[int] | None = None,
     record_selection: bool = True,
+    device: str | torch.device = "cpu",
+    workers: int | None = None,
 ) -> EvaluationPlan:
     """Check the options of `evaluate_pairs` (one-line `IdentifiableError`s) and fix them."""
     if candidates not in CANDIDATES:
@@ -235,7 +243,20 @@ def plan_evaluation(
         select_layer=layer_list[-1] if select_layer is None else int(select_layer),
         test_layers=tuple(tested),
         record_selection=record_selection,
+        device=torch.device(device),
+        workers=fit_workers(workers, torch.device(device), len(layer_list)),
     )
+
+
+def fit_workers(workers: int | None, device: torch.device, n_layers: int) -> int:
+    """Layers fitted at once: `workers`, or by default one per intra-op thread torch may use
+    (each layer's fits run on one thread, `utils.threads.one_thread`) on a CPU, one on a GPU
+    (whose kernels are already parallel), never more than there are layers."""
+    if workers is None:
+        workers = 1 if device.type != "cpu" else torch.get_num_threads()
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise IdentifiableError(f"workers must be a whole number of at least 1, got {workers!r}")
+    return max(1, min(workers, n_layers))
 
 
 @dataclass
@@ -246,7 +267,13 @@ class _Tables:
     control: list[dict] = field(default_factory=list)
     curves: list[dict] = field(default_factory=list)
     grid: list[dict] = field(default_factory=list)
-    kept: dict[tuple[str, Kind, int], Probe] = field(default_factory=dict)
+    kept: dict[tuple[str, Kind, int], tuple[Probe, FitInfo]] = field(default_factory=dict)
+
+    def merge(self, other: _Tables) -> None:
+        """Append `other`'s rows (the next layer's, in layer order)."""
+        for name in ("rows", "control", "curves", "grid"):
+            getattr(self, name).extend(getattr(other, name))
+        self.kept |= other.kept
 
     def record_grid(self, layer: int, kind: Kind, fit: FitInfo) -> None:
         for hp, loss in fit.grid:
@@ -264,11 +291,13 @@ class _Tables:
             )
 
     def record_curve(self, layer: int, kind: Kind, fit: FitInfo) -> None:
+        start = _start_name(kind, fit)
         self.curves += [
             {
                 "layer": layer,
                 "probe": kind[0],
                 "objective": kind[1],
+                "start": start,
                 "step": step,
                 "train_loss": train,
                 "val_loss": val,
@@ -332,6 +361,15 @@ def _setup(
     return _Setup(split, y_tr, y_val, lookup, val_lookup, x_test, shuffled_tr, shuffled_val, adam)
 
 
+def _start_name(kind: Kind, fit: FitInfo) -> str:
+    """Where a fit began: "identity" or "ridge" (linear), "linear" or "random" (MLP)."""
+    if kind[0] == "linear":
+        return "identity" if fit.extras.get("identity_start") else "ridge"
+    if kind[0] == "mlp":
+        return "random" if fit.width is not None and "kept_start" not in fit.extras else "linear"
+    return ""
+
+
 def _measure(
     setup: _Setup, layer: int, kind: Kind, fit: FitInfo, x_te: torch.Tensor
 ) -> dict[str, Any]:
@@ -344,10 +382,12 @@ def _measure(
         **summary,
         "optimizer": fit.optimizer,
         "mlp_width": fit.width,
+        "start": _start_name(kind, fit),
         "steps": fit.steps,
         "stopped": fit.stopped,
         "converged": fit.converged(),
         "fit_failure": False,
+        "kept_start": bool(fit.extras.get("kept_start", 0.0)),
         "ridge": fit.extras.get("ridge", float("nan")),
         "lr": fit.extras.get("lr", float("nan")),
         "weight_decay": fit.extras.get("weight_decay", float("nan")),
@@ -370,65 +410,81 @@ def _flag_failures(rows: list[dict]) -> None:
             r["fit_failure"] = bool(r["rate"] < naive[r["objective"]])
 
 
-def evaluate_layer(
-    pairs: TokenPairs, plan: EvaluationPlan, setup: _Setup, layer: int, tables: _Tables
-) -> None:
-    """Fit every probe of one layer, measure it on test, run the control; rows into `tables`."""
-    split, cfg = setup.split, plan.config
-    x_tr, x_val = pairs.layer(layer, split.train), pairs.layer(layer, split.val)
+def evaluate_layer(pairs: TokenPairs, plan: EvaluationPlan, setup: _Setup, layer: int) -> _Tables:
+    """Fit every probe of one layer on one intra-op thread (layers may run concurrently, see
+    `fit_workers`), measure it on test, run the control: the layer's rows."""
+    with one_thread():
+        return _evaluate_layer(pairs, plan, setup, layer)
+
+
+def _evaluate_layer(pairs: TokenPairs, plan: EvaluationPlan, setup: _Setup, layer: int) -> _Tables:
+    tables = _Tables()
+    split, cfg, dev = setup.split, plan.config, plan.device
+    x_tr, x_val = (pairs.layer(layer, rows).to(dev) for rows in (split.train, split.val))
     x_te = setup.x_test[:, layer]
     layer_seed = derived_layer_seed(plan.seed, layer)  # in 0..2**63-1 for any --seed
     # Factorised once per layer, shared by the probes and the control.
     needs_solver = bool(plan.controls) or any(k != "naive" for k, _ in plan.kinds)
     solver = RidgeSolver(x_tr) if needs_solver else None
-    y_tr, y_val = setup.y_tr, setup.y_val
+    y_tr, y_val = setup.y_tr.to(dev), setup.y_val.to(dev)
     plain = [k for k in plan.kinds if k not in setup.adam]
 
-    def val_rate(pred: torch.Tensor) -> float:  # linear-cos stops on the figure's quantity
-        return float(setup.val_lookup.run(pred, "cos").success.double().mean())
+    def val_rate(pred: torch.Tensor, objective: Objective) -> float:  # the figure's quantity
+        return float(setup.val_lookup.run(pred, objective).success.double().mean())
 
+    starts: dict[Objective, dict[str, FitInfo]] = {}
+    regimes = ("linear", "cos") in plan.cross_layer and plan.regimes
     fits = fit_probes(
         x_tr, y_tr, x_val, y_val, plain, config=cfg, seed=layer_seed, solver=solver,
-        val_score=val_rate,
+        val_score=val_rate, starts=starts if regimes else None,
     )  # fmt: skip
     for kind, kcfg in setup.adam.items():
         fits |= fit_probes(
-            x_tr, y_tr, x_val, y_val, [kind], config=kcfg, seed=layer_seed, solver=solver
-        )
+            x_tr, y_tr, x_val, y_val, [kind], config=kcfg, seed=layer_seed, solver=solver,
+            val_score=val_rate,
+        )  # fmt: skip
     rows = [_measure(setup, layer, kind, fits[kind], x_te) for kind in plan.kinds]
     _flag_failures(rows)
     tables.rows += rows
     for kind in plan.kinds:
-        fit = fits[kind]
-        if kind[0] != "naive":
+        if kind[0] == "naive":
+            continue
+        from_starts = starts.get(kind[1], {}) if kind == ("linear", "cos") else {}
+        for fit in from_starts.values() or [fits[kind]]:  # both starts' curves (Fig. 2b)
             tables.record_curve(layer, kind, fit)
-            if kind not in setup.adam:
-                tables.record_grid(layer, kind, fit)
-        if kind in plan.cross_layer and "converged" in plan.regimes:
-            tables.kept[("converged", kind, layer)] = fit.probe
-    if "closed form" in plan.regimes:
-        # Fig. 2b's second regime: least squares to unit targets, smallest ridge, no refinement.
-        closed_cfg = replace(cfg, cos_steps=0, ridge=min(cfg.ridge_grid))
-        for kind in plan.cross_layer:
-            if kind[0] == "linear":
-                closed = fit_probes(
-                    x_tr, y_tr, x_val, y_val, [kind], config=closed_cfg, seed=layer_seed,
-                    solver=solver,
-                )  # fmt: skip
-                tables.kept[("closed form", kind, layer)] = closed[kind].probe
+        if kind not in setup.adam:
+            tables.record_grid(layer, kind, fits[kind])
+        if kind not in plan.cross_layer:
+            continue
+        for start, fit in from_starts.items():
+            if _REGIME_OF[start] in plan.regimes:
+                tables.kept[(_REGIME_OF[start], kind, layer)] = (fit.probe.to("cpu"), fit)
+        if not from_starts:  # a kind without starts to compare: its Fig. 2a fit
+            tables.kept[("converged", kind, layer)] = (fits[kind].probe.to("cpu"), fits[kind])
     if plan.controls:
-        # The control only has to show chance level: closed-form linear fits, no refinement.
+        # The control only has to show chance level: closed-form linear fits to shuffled
+        # targets, no refinement, no identity start (the identity would score the real ones).
         ctrl = fit_probes(
-            x_tr, setup.shuffled_tr, x_val, setup.shuffled_val, list(plan.controls),
-            config=replace(cfg, cos_steps=0), seed=layer_seed + 1, solver=solver,
+            x_tr, setup.shuffled_tr.to(dev), x_val, setup.shuffled_val.to(dev),
+            list(plan.controls), config=replace(cfg, cos_steps=0, identity_start=False),
+            seed=layer_seed + 1, solver=solver,
         )  # fmt: skip
         tables.control += [_measure(setup, layer, k, fit, x_te) for k, fit in ctrl.items()]
+    return tables
 
 
 def _cross_rows(plan: EvaluationPlan, setup: _Setup, tables: _Tables) -> list[dict]:
-    """Every kept probe (regime, kind, training layer) tested on every test layer."""
+    """Every kept probe (regime, kind, training layer) tested on every test layer, with its
+    fit's record (steps, why it stopped, validation rate at the start and kept)."""
     out = []
-    for (regime, (kind, obj), train_layer), probe in tables.kept.items():
+    for (regime, (kind, obj), train_layer), (probe, fit) in tables.kept.items():
+        record = {
+            "fit_steps": fit.steps,
+            "fit_stopped": fit.stopped,
+            "fit_val_rate_start": fit.extras.get("val_score_start", float("nan")),
+            "fit_val_rate": fit.extras.get("val_score", float("nan")),
+            "fit_converged": fit.converged(),
+        }
         for test_layer in plan.test_layers:
             with torch.no_grad():
                 summary = _summary(setup.lookup.run(probe(setup.x_test[:, test_layer]), obj))
@@ -440,13 +496,37 @@ def _cross_rows(plan: EvaluationPlan, setup: _Setup, tables: _Tables) -> list[di
                     "train_layer": train_layer,
                     "test_layer": test_layer,
                     **summary,
+                    **record,
                 }
             )
     return out
 
 
-CURVE_COLUMNS = ["layer", "probe", "objective", "step", "train_loss", "val_loss"]
+CURVE_COLUMNS = ["layer", "probe", "objective", "start", "step", "train_loss", "val_loss"]
 GRID_COLUMNS = ["layer", "probe", "objective", "ridge", "lr", "weight_decay", "val_loss", "chosen"]
+
+
+def _layers_in_order(
+    pairs: TokenPairs,
+    plan: EvaluationPlan,
+    setup: _Setup,
+    on_layer: Callable[[int], None] | None,
+) -> Iterator[_Tables]:
+    """Each layer's tables, in layer order; `plan.workers` layers are fitted at once, each in
+    a thread of its own on one intra-op thread (torch's kernels release the GIL), so the
+    rows do not depend on how many run at once."""
+
+    def one(layer: int) -> _Tables:
+        out = evaluate_layer(pairs, plan, setup, layer)
+        if on_layer is not None:
+            on_layer(layer)
+        return out
+
+    if plan.workers == 1:
+        yield from map(one, plan.layers)
+        return
+    with ThreadPoolExecutor(plan.workers, thread_name_prefix="probes") as pool:
+        yield from pool.map(one, plan.layers)
 
 
 def evaluate_pairs(
@@ -465,10 +545,11 @@ def evaluate_pairs(
             candidates: "sequence", "corpus" or "vocabulary" (needs `vocab_embeddings`
             `[V, d']`). layers: hidden-state indices to probe (0..L, 0 = e^0); default 1..L.
             cross_layer: (kind, objective) pairs whose probe of layer l is also tested on
-            every layer. cross_layer_regimes: how the cross-layer linear-cos probe is fitted
-            (Fig. 2b's sensitivity): "converged" is the Fig. 2a probe (L-BFGS to early
-            stopping); "closed form" is the least-squares fit to unit-normalised targets
-            with the smallest ridge of the grid and no refinement. controls: (kind,
+            every layer. cross_layer_regimes: the starts of the cross-layer linear-cos probe
+            (Fig. 2b's sensitivity), each refined by L-BFGS with the same validation early
+            stopping: "ridge start" (least squares to unit-normalised targets) and
+            "identity start" (the naive probe); the better-validated one is Fig. 2a's
+            probe. Other cross-layer kinds are their Fig. 2a fit ("converged"). controls: (kind,
             objective) pairs refitted on shuffled targets (should sit at chance). seed:
             seeds the split, subsampling, initialisation and the shuffles.
             test_fraction, val_fraction: shares of sequences held out. probe_config:
@@ -479,16 +560,21 @@ def evaluate_pairs(
             With these three a run over one layer at a time (the reproduction's shards:
             `layers=[l]`, `select_layer=L`, `test_layers=1..L`, the selection recorded
             once) gives exactly the rows of one run over all layers, in the same order.
+            device: where the probes are fitted (the hidden states stay on the CPU and
+            move one layer at a time; look-ups run on the CPU). workers: layers fitted at
+            once (`fit_workers`; default one per torch thread on a CPU, 1 on a GPU).
 
     Returns:
         An `Evaluation` with long-format DataFrames:
         per_layer (layer, probe, objective, rate, ci_low, ci_high, rate_strict, n_tokens,
-        n_tied, chance, optimizer, mlp_width, steps, stopped, converged, fit_failure,
-        ridge, lr, weight_decay, lr_decays, train_loss, val_loss_start, val_loss,
-        late_gain), control (same columns), cross_layer (regime, probe, objective,
-        train_layer, test_layer, rate, ci_low, ci_high, rate_strict, n_tokens, n_tied,
-        chance), fits (layer, probe, objective, step, train_loss, val_loss: every fit's
-        loss curve) and grid (layer, probe, objective, ridge, lr, weight_decay, val_loss,
+        n_tied, chance, optimizer, mlp_width, start, steps, stopped, converged, fit_failure,
+        kept_start, ridge, lr, weight_decay, lr_decays, train_loss, val_loss_start,
+        val_loss, val_rate_start, val_rate, late_gain), control (same columns), cross_layer
+        (regime, probe, objective, train_layer, test_layer, rate, ci_low, ci_high,
+        rate_strict, n_tokens, n_tied, chance, and the training fit's fit_steps,
+        fit_stopped, fit_val_rate_start, fit_val_rate, fit_converged), fits (layer, probe, objective,
+        start, step, train_loss, val_loss: every fit's loss curve, both starts of
+        linear-cos) and grid (layer, probe, objective, ridge, lr, weight_decay, val_loss,
         chosen: every hyperparameter setting tried on validation). `converged` is False for
         a fit stopped by its step cap while its validation loss still fell by more than 1 %
         over the second half; `fit_failure` marks an MLP below the naive probe of its layer.
@@ -498,10 +584,8 @@ def evaluate_pairs(
     vocab = vocab.float() if vocab is not None else None
     tables = _Tables()
     setup = _setup(pairs, plan, vocab, tables)
-    for layer in plan.layers:
-        evaluate_layer(pairs, plan, setup, layer, tables)
-        if on_layer is not None:
-            on_layer(layer)
+    for layer_tables in _layers_in_order(pairs, plan, setup, on_layer):
+        tables.merge(layer_tables)
     return Evaluation(
         per_layer=pd.DataFrame(tables.rows),
         cross_layer=pd.DataFrame(_cross_rows(plan, setup, tables)),

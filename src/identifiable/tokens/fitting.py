@@ -1,22 +1,23 @@
 """Fitting the probes of one layer to convergence, every choice made on validation data.
 
 The protocol (stated in the report and in docs/token_identifiability.md):
-- linear + L2: ridge least squares in closed form (the exact minimiser, so converged by
-  construction). The ridge λ = ridge · mean eigenvalue of X_cᵀX_c is the linear probe's
-  weight decay; with `ridge="auto"` it is chosen from a grid by the validation loss (one
-  eigendecomposition serves the whole grid). Gram matrix and solves in float64.
-- linear + cos: starts at the closed-form fit to unit-normalised targets (cosine only
-  sees directions; its ridge chosen on validation by the cosine loss of that start), then
-  full-batch L-BFGS on the exact loss 1 − cos with validation early stopping
-  (`identifiable.tokens.lbfgs`), on the caller's validation score when given (Fig. 2: the
-  validation identification rate), else on the loss. The start is the L2 optimum of unit
-  targets, not the cosine optimum; on MiniLM's last layer the refinement moves the rate
-  from 74.7 % to 86.8 %.
+- linear: two starts, compared on validation (the caller's score, Fig. 2: the validation
+  identification rate, then the loss): the ridge fit and, where e^l and the targets share
+  a space, the identity (the naive probe). The ridge fit is least squares in closed form
+  (to unit-normalised targets for cosine, which only sees directions), its λ = ridge ·
+  mean eigenvalue of X_cᵀX_c chosen from a grid by the validation loss with
+  `ridge="auto"` (one eigendecomposition serves the grid; Gram matrix and solves in
+  float64). The better start is refined by full-batch L-BFGS on the exact loss with
+  validation early stopping (`identifiable.tokens.lbfgs`), except the L2 ridge fit, which
+  is the exact minimiser already. For Fig. 2b both starts of linear-cos are refined and
+  the better-validated fit is the probe. So no linear probe validates below the naive
+  probe of its layer.
 - MLP (the paper's plain one-hidden-layer ReLU network), started at the linear probe of
   its objective (`mlp_init="linear"`, pairs of hidden units) or at random: minibatch Adam
   with a learning-rate grid chosen on validation, learning-rate decay on plateaus and
-  early stopping (`identifiable.tokens.adam`). The skip variant (affine path at the linear
-  probe, W₂ = 0) is an option (`mlp_skip`).
+  early stopping (`identifiable.tokens.adam`); from the linear start it keeps the linear
+  probe unless Adam's state validates better. The skip variant (affine path at the
+  linear probe, W₂ = 0) is an option (`mlp_skip`).
 - Early stopping always keeps the best state seen (the start included) and records why
   the fit ended, its loss curve and its final training and validation loss.
 - Everything random draws from one `torch.Generator(seed)`.
@@ -24,6 +25,8 @@ The protocol (stated in the report and in docs/token_identifiability.md):
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -74,7 +77,9 @@ class RidgeSolver:
         lam = max(ridge * self.unit, 1e-300)
         if ridge not in self._chol:  # one Cholesky factor per ridge in use (usually one)
             self._chol[ridge] = torch.linalg.cholesky(
-                self.gram + lam * torch.eye(self.gram.shape[0], dtype=self.gram.dtype)
+                self.gram
+                + lam
+                * torch.eye(self.gram.shape[0], dtype=self.gram.dtype, device=self.gram.device)
             )
         w = torch.cholesky_solve(rhs, self._chol[ridge]).float()
         return w, y_mean - self.mean @ w
@@ -147,22 +152,74 @@ def closed_form(
     )
 
 
-def linear_cos(
+ValScore = Callable[[torch.Tensor, Objective], float]  # validation predictions → higher is better
+
+
+def identity_start(d: int, objective: Objective, device: torch.device) -> Probe:
+    """The naive probe (e^l itself) as a linear probe: W = I, b = 0."""
+    return Probe("linear", objective, torch.eye(d, device=device), torch.zeros(d, device=device))
+
+
+def validation_key(
+    probe: Probe,
+    x_val: torch.Tensor,
+    y_val: torch.Tensor,
+    objective: Objective,
+    score: Score | None,
+) -> tuple[float, float]:
+    """How well `probe` validates: (the caller's score, or −loss; −loss), higher is better,
+    compared in that order (the score first: Fig. 2's validation identification rate)."""
+    with torch.no_grad():
+        pred = probe(x_val)
+        loss = float(objective_loss(pred, y_val, objective))
+    return (score(pred) if score is not None else -loss, -loss)
+
+
+def linear_fits(
     solver: RidgeSolver,
     x: torch.Tensor,
     y: torch.Tensor,
     x_val: torch.Tensor,
     y_val: torch.Tensor,
+    objective: Objective,
     cfg: ProbeConfig,
     score: Score | None = None,
-) -> FitInfo:
-    """Linear probe for the cosine objective: closed-form start, then L-BFGS on 1 − cos
-    (the kept state chosen by the validation `score` when given, else the validation loss)."""
-    start = closed_form(solver, y, x_val, y_val, "cos", cfg)
-    if cfg.cos_steps < 1:
-        return start
-    fit = refine_linear(x, y, x_val, y_val, "cos", start.probe, cfg, score)
-    return replace(fit, extras={**start.extras, **fit.extras}, grid=start.grid)
+    both: bool = False,
+) -> tuple[FitInfo, dict[str, FitInfo]]:
+    """The linear probe of `objective` and the fit from each start it was chosen from.
+
+    Starts: "ridge" (`closed_form`) and, when e^l and the targets share a space and
+    `cfg.identity_start`, "identity" (the naive probe). The better start on validation
+    (`validation_key`) is refined by L-BFGS with validation early stopping
+    (`refine_linear`), except the L2 ridge fit, which is the exact minimiser already. With
+    `both`, each start is refined (Fig. 2b's two regimes) and the better-validated fit is
+    the probe. So the probe never validates below the naive probe. Returns (the probe's
+    fit, {start: fit}); extras["identity_start"] says where each fit began.
+    """
+    ridge = closed_form(solver, y, x_val, y_val, objective, cfg)
+    starts = {"ridge": ridge}
+    if cfg.identity_start and x.shape[1] == y.shape[1]:
+        eye = identity_start(x.shape[1], objective, x.device)
+        with torch.no_grad():
+            v = float(objective_loss(eye(x_val), y_val, objective))
+        starts["identity"] = FitInfo(eye, 0, v, v, {"ridge": float("nan")}, stopped="no fit")
+    keys = {n: validation_key(f.probe, x_val, y_val, objective, score) for n, f in starts.items()}
+    chosen = max(keys, key=lambda n: keys[n])
+    fits: dict[str, FitInfo] = {}
+    for name in starts if both else [chosen]:
+        start = starts[name]
+        exact = objective == "l2" and name == "ridge"  # L-BFGS would not leave the minimiser
+        fit = (
+            start
+            if exact or cfg.cos_steps < 1
+            else refine_linear(x, y, x_val, y_val, objective, start.probe, cfg, score)
+        )
+        extras = {**start.extras, **fit.extras, "identity_start": float(name == "identity")}
+        fits[name] = replace(fit, extras=extras, grid=ridge.grid)
+    if both:
+        keys = {n: validation_key(f.probe, x_val, y_val, objective, score) for n, f in fits.items()}
+        chosen = max(keys, key=lambda n: keys[n])
+    return fits[chosen], fits
 
 
 def _subset(n: int, cap: int | None, gen: torch.Generator) -> torch.Tensor | None:
@@ -179,7 +236,8 @@ def fit_probes(
     config: ProbeConfig | None = None,
     seed: int = 0,
     solver: RidgeSolver | None = None,
-    val_score: Score | None = None,
+    val_score: ValScore | None = None,
+    starts: dict[Objective, dict[str, FitInfo]] | None = None,
 ) -> dict[tuple[ProbeKind, Objective], FitInfo]:
     """Fit the requested probes of one layer, sharing the ridge factorisation.
 
@@ -189,9 +247,11 @@ def fit_probes(
         kinds: (probe kind, objective) pairs to fit.
         config: fitting settings; seed: seeds every random choice. solver: a `RidgeSolver`
             already factorised on `x` (shared across calls on one layer).
-        val_score: validation score of predictions `[N_val, d_out]` (higher is better, e.g.
-            the identification rate) that stops linear-cos's refinement; None: the loss.
-    Returns one `FitInfo` per requested pair, in the order of `kinds`.
+        val_score: validation score of predictions `[N_val, d_out]` under an objective's
+            metric (higher is better, e.g. the identification rate) that chooses the linear
+            start, stops L-BFGS and decides whether an MLP beats its linear start (None: loss).
+        starts: filled with linear-cos's fit from each start (Fig. 2b, `linear_fits`).
+    Returns one `FitInfo` per requested pair, in the order of `kinds`, fitted where `x` is.
     """
     cfg = config or ProbeConfig()
     x, y, x_val, y_val = (t.float() for t in (x, y, x_val, y_val))
@@ -210,45 +270,88 @@ def fit_probes(
             standardised.append(Standardised.of(xs, ys, x_val, y_val))
         return standardised[0]
 
+    def score_of(obj: Objective) -> Score | None:
+        return None if val_score is None else functools.partial(_scored, val_score, obj)
+
     def linear_fit(obj: Objective) -> FitInfo:
         nonlocal solver
         if obj in linear:
             return linear[obj]
         if obj == "l2" and not cfg.linear_l2_closed_form:  # a check: L-BFGS from zero
             zero = Probe(
-                "linear", "l2", torch.zeros(x.shape[1], y.shape[1]), torch.zeros(y.shape[1])
+                "linear", "l2", x.new_zeros(x.shape[1], y.shape[1]), y.new_zeros(y.shape[1])
             )
             linear[obj] = refine_linear(x, y, x_val_all, y_val_all, "l2", zero, cfg)
             return linear[obj]
         if solver is None:
             solver = RidgeSolver(x)
-        if obj == "l2":
-            linear[obj] = closed_form(solver, y, x_val_all, y_val_all, "l2", cfg)
-        else:
-            linear[obj] = linear_cos(solver, x, y, x_val_all, y_val_all, cfg, val_score)
+        both = starts is not None and obj == "cos"
+        linear[obj], fits = linear_fits(
+            solver, x, y, x_val_all, y_val_all, obj, cfg, score_of(obj), both
+        )
+        if both and starts is not None:
+            starts[obj] = fits
         return linear[obj]
 
     out: dict[tuple[ProbeKind, Objective], FitInfo] = {}
     for kind, obj in kinds:
         if kind == "naive":
-            same_space = x_val.shape[1] == y_val.shape[1]
-            with torch.no_grad():
-                v = float(objective_loss(x_val, y_val, obj)) if same_space else float("nan")
-                t = float(objective_loss(x, y, obj)) if same_space else float("nan")
-            out[(kind, obj)] = FitInfo(Probe("naive", obj), 0, v, v, {}, t, "no fit")
+            out[(kind, obj)] = _naive(x, y, x_val, y_val, obj)
         elif kind == "linear":
             out[(kind, obj)] = linear_fit(obj)
         elif kind == "mlp":
-            if cfg.mlp_skip:
-                init = linear_fit(obj)
-                fit = fit_adam("skip", obj, data(), cfg, seed + 7, init.probe)
-                out[(kind, obj)] = replace(fit, extras={**init.extras, **fit.extras})
-            else:
-                start = linear_fit(obj).probe if cfg.mlp_init == "linear" else None
-                out[(kind, obj)] = fit_adam("mlp", obj, data(), cfg, seed + 7, start)
+            out[(kind, obj)] = _mlp(
+                obj, linear_fit, data, cfg, seed, (x_val_all, y_val_all), score_of(obj)
+            )
         else:
             raise ValueError(f"unknown probe kind {kind!r}")
     return out
+
+
+def _naive(
+    x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_val: torch.Tensor, obj: Objective
+) -> FitInfo:
+    same_space = x_val.shape[1] == y_val.shape[1]
+    with torch.no_grad():
+        v = float(objective_loss(x_val, y_val, obj)) if same_space else float("nan")
+        t = float(objective_loss(x, y, obj)) if same_space else float("nan")
+    return FitInfo(Probe("naive", obj), 0, v, v, {}, t, "no fit")
+
+
+def _scored(val_score: ValScore, objective: Objective, pred: torch.Tensor) -> float:
+    return val_score(pred, objective)
+
+
+def _mlp(
+    obj: Objective,
+    linear_fit: Callable[[Objective], FitInfo],
+    data: Callable[[], Standardised],
+    cfg: ProbeConfig,
+    seed: int,
+    val: tuple[torch.Tensor, torch.Tensor],
+    score: Score | None,
+) -> FitInfo:
+    """The MLP probe of `obj`. From the linear start (exact when the width is ≥ 2d) the MLP
+    keeps the linear probe unless Adam's best state validates better (`validation_key` on
+    all validation tokens): extras["kept_start"] is 1 then."""
+    if cfg.mlp_skip:
+        init = linear_fit(obj)
+        fit = fit_adam("skip", obj, data(), cfg, seed + 7, init.probe)
+        return replace(fit, extras={**init.extras, **fit.extras})
+    start = linear_fit(obj) if cfg.mlp_init == "linear" else None
+    fit = fit_adam("mlp", obj, data(), cfg, seed + 7, None if start is None else start.probe)
+    exact = start is not None and (fit.width or 0) >= 2 * data().mean.numel()
+    if not exact or start is None:
+        return fit
+    x_val, y_val = val
+    if validation_key(fit.probe, x_val, y_val, obj, score) > validation_key(
+        start.probe, x_val, y_val, obj, score
+    ):
+        return replace(fit, extras={**fit.extras, "kept_start": 0.0})
+    kept = Probe("mlp", obj, start.probe.weight, start.probe.bias)
+    return replace(
+        fit, probe=kept, val_loss=fit.val_loss_start, extras={**fit.extras, "kept_start": 1.0}
+    )
 
 
 def select_adam(

@@ -16,7 +16,9 @@ validation loss. Why a fit ends (`FitInfo.stopped`):
   L-BFGS stops moving, and still keeps the best validation state;
 - "converged": the optimiser stopped moving (the training loss changed by less than a
   relative 1e-7 between two checks);
-- "max steps": the iteration cap `cos_steps` (the record says whether it was still improving).
+- "max steps": the iteration cap `cos_steps` (the record says whether it was still improving);
+- "ceiling": the start already scores 1 (every validation token identified), so no state
+  can be kept over it and no iteration runs.
 
 The inputs are centred with the training mean (x − μ) W + b′, which leaves the model
 unchanged and spares the line search the bias's scale.
@@ -34,6 +36,7 @@ from identifiable.utils.threads import single_threaded
 
 RELATIVE_IMPROVEMENT = 1e-4  # a real improvement of the validation loss, not rounding
 STALL = 1e-7  # relative change of the training loss below which the optimiser has stopped
+SCORE_CEILING = 1.0  # a validation rate of 100 %: no state can score higher
 
 Score = Callable[[torch.Tensor], float]  # validation predictions [N_val, d_out] → higher is better
 
@@ -55,7 +58,21 @@ def refine_linear(
     score: Score | None = None,
 ) -> FitInfo:
     """Refine the linear probe `start` on the exact objective by full-batch L-BFGS, on one
-    intra-op thread (`identifiable.utils.threads.one_thread`).
+    intra-op thread (`identifiable.utils.threads.one_thread`)."""
+    return _refine(x, y, x_val, y_val, objective, start, cfg, score)
+
+
+def _refine(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    x_val: torch.Tensor,
+    y_val: torch.Tensor,
+    objective: Objective,
+    start: Probe,
+    cfg: ProbeConfig,
+    score: Score | None = None,
+) -> FitInfo:
+    """`refine_linear`'s work.
 
     Args:
         x: `[N, d]` training inputs; y: `[N, d_out]` targets (raw: cosine ignores norms).
@@ -88,6 +105,8 @@ def refine_linear(
     curve = [(0, train, start_val)]
     if cfg.cos_steps < 1:
         return _record(start, 0, start_val, best, "closed form", curve, 0, score, start_score)
+    if score is not None and start_score >= SCORE_CEILING:  # nothing can validate better
+        return _record(start, 0, start_val, best, "ceiling", curve, 0, score, start_score)
     every = max(1, min(cfg.lbfgs_every, cfg.cos_steps))
     opt = _lbfgs([w, b], every, cfg.lbfgs_history)
 

@@ -8,7 +8,7 @@ settings and the losses; `identifiable.tokens.fitting` fits them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -32,8 +32,11 @@ class ProbeConfig:
             `ridge_grid` with the lowest validation loss, per layer and objective.
         ridge_grid: the ridges tried by "auto".
         linear_l2_closed_form: False fits linear-L2 by L-BFGS from zero instead (a check).
-        cos_steps: cap on the L-BFGS iterations that refine linear-cos from its closed-form
-            start (0: keep the start).
+        identity_start: the identity (the naive probe) is a start of the linear fits beside
+            the ridge fit, where e^l and the targets share a space (False: the ridge fit
+            only; the shuffled-target control, whose targets the identity cannot fit).
+        cos_steps: cap on the L-BFGS iterations that refine a linear probe from its start
+            (0: keep the start).
         lbfgs_every: L-BFGS iterations between two validation checks.
         lbfgs_history: L-BFGS memory (pairs of steps and gradient changes).
         cos_patience, cos_tol: the L-BFGS fit stops when its best validation loss improved
@@ -79,6 +82,7 @@ class ProbeConfig:
     ridge: float | Literal["auto"] = "auto"
     ridge_grid: tuple[float, ...] = (1e-6, 1e-4, 1e-3, 1e-2, 0.1)
     linear_l2_closed_form: bool = True
+    identity_start: bool = True
     cos_steps: int = 500
     lbfgs_every: int = 5
     lbfgs_history: int = 20
@@ -134,6 +138,13 @@ class Probe:
     hidden_bias: torch.Tensor | None = None  # [h] b₁
     hidden_out: torch.Tensor | None = None  # [h, d_out] W₂
 
+    def to(self, device: str | torch.device) -> Probe:
+        """The same probe with its tensors on `device`."""
+        moved = {
+            f: getattr(self, f).to(device) for f in _TENSOR_FIELDS if getattr(self, f) is not None
+        }
+        return replace(self, **moved)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "naive":
             return x
@@ -149,6 +160,9 @@ class Probe:
         return y + self.bias if self.bias is not None else y  # type: ignore[return-value]
 
 
+_TENSOR_FIELDS = (
+    "weight", "bias", "in_mean", "in_scale", "hidden_in", "hidden_bias", "hidden_out",
+)  # fmt: skip
 STILL_IMPROVING = 0.01  # a capped fit whose late gain exceeds this had not converged
 
 

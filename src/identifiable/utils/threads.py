@@ -8,6 +8,7 @@ interval maps; `engine_threads` resolves the threads that engine may use.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import ParamSpec, TypeVar
@@ -39,14 +40,26 @@ def one_thread() -> Iterator[None]:
     2.4 s with 1). The compiled engine calls no torch; it runs under `one_blas_thread`.
 
     torch's thread count is process-wide: another Python thread running torch during the
-    call runs on one thread too.
+    call runs on one thread too. Nested and concurrent blocks (probe fits of several layers
+    in worker threads, `tokens.evaluate`) share one count: the first to enter sets 1, the
+    last to leave restores what the first found.
     """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    with _ONE_LOCK:
+        if not _ONE_STATE:
+            _ONE_STATE.append(torch.get_num_threads())
+            torch.set_num_threads(1)
+        _ONE_STATE.append(0)
     try:
         yield
     finally:
-        torch.set_num_threads(before)
+        with _ONE_LOCK:
+            _ONE_STATE.pop()
+            if len(_ONE_STATE) == 1:
+                torch.set_num_threads(_ONE_STATE.pop())
+
+
+_ONE_LOCK = threading.Lock()
+_ONE_STATE: list[int] = []  # [threads before the first block, one entry per open block]
 
 
 def single_threaded(fn: Callable[P, R]) -> Callable[P, R]:

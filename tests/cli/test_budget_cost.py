@@ -1,0 +1,67 @@
+"""Every budget says what it costs before it starts, and one that does not fit in memory is
+refused in one line naming what fits, before anything is written (issues 50 and 55)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers.cli import run_main
+from identifiable.experiments.cost import minutes, reproduce_estimate, tokens_estimate
+from identifiable.experiments.stages import resolve_budget
+
+
+class _Info:
+    def __init__(self, layers: int, hidden: int) -> None:
+        self.n_layers, self.hidden_size, self.intermediate_size = layers, hidden, 4 * hidden
+        self.n_heads, self.name = hidden // 64, f"{layers}x{hidden}"
+
+
+class _Model:
+    def __init__(self, layers: int, hidden: int) -> None:
+        self.info = _Info(layers, hidden)
+
+
+def test_estimates_grow_with_the_model_and_the_budget_and_read_as_minutes() -> None:
+    small, base = _Model(6, 384), _Model(12, 768)
+    quick, paper = resolve_budget("quick"), resolve_budget("paper")
+    assert (
+        reproduce_estimate(base, quick, 2).total_s > 2 * reproduce_estimate(small, quick, 2).total_s
+    )
+    assert reproduce_estimate(base, paper, 2).total_s > reproduce_estimate(base, quick, 2).total_s
+    two, one = reproduce_estimate(base, quick, 2), reproduce_estimate(base, quick, 1)
+    assert one.stages["tokens"] == pytest.approx(2 * two.stages["tokens"])
+    line = two.sentence("reproduce --budget quick on base")
+    assert line.startswith("reproduce --budget quick on base: about ") and "on 2 threads" in line
+    assert "(Fig. 2 about" in line
+    assert tokens_estimate(base, 2048, 12, 2).total_s < tokens_estimate(base, 8192, 12, 2).total_s
+    assert [minutes(s) for s in (4, 44, 150, 7200)] == ["10 s", "40 s", "3 min", "2.0 h"]
+
+
+def _tight(monkeypatch: pytest.MonkeyPatch, gib: float) -> None:
+    monkeypatch.setattr("identifiable.models.budget.available_memory", lambda: int(gib * 2**30))
+
+
+def test_tokens_refuses_a_cap_that_does_not_fit_naming_one_that_does(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    _tight(monkeypatch, 0.25)
+    out = tmp_path / "out"
+    rc, _, err = run_main(["tokens", "--max-tokens", "200000", "-o", str(out)], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--max-tokens 200000 needs about" in err and "lower --max-tokens to" in err
+    assert not out.exists()
+
+
+def test_reproduce_refuses_a_budget_that_does_not_fit_naming_the_smaller_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    _tight(monkeypatch, 0.45)  # the embedded model's quick budget fits, its paper budget not
+    out = tmp_path / "run"
+    rc, _, err = run_main(
+        ["reproduce", "--budget", "paper", "-o", str(out), "--no-progress"], capsys
+    )
+    assert rc == 2 and "use --budget quick" in err and "--budget paper on minilm needs" in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists() and list(tmp_path.iterdir()) == []
