@@ -134,7 +134,14 @@ SPECIFIC = [
 
 CASES = (
     GLOBAL
-    + [([cmd, *args], expect) for cmd in COMMON_TEXT_COMMANDS for args, expect in PER_TEXT_COMMAND]
+    + [
+        ([cmd, *args], expect)
+        for cmd in COMMON_TEXT_COMMANDS
+        for args, expect in PER_TEXT_COMMAND
+        if not (cmd == "attention" and not args)
+    ]
+    # attention's TEXT is optional with --sink, so the command itself says what is missing
+    + [(["attention"], "give the TEXT to analyse")]
     + SPECIFIC
 )
 
@@ -163,7 +170,7 @@ SCRIPT_CASES = [
     ([], "missing command"),
     (["trace", "x", "--bogus"], "No such option"),
     (["view", "x", "--layer", "abc"], "Invalid value for '--layer'"),
-    (["attention"], "Missing argument"),
+    (["attention"], "give the TEXT to analyse"),
     (["reproduce", "--out", "busy", "--force", "--model", "/nonexistent"], "--force refused"),
 ]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -169,8 +170,16 @@ def test_a_full_disk_never_advises_resume_where_there_is_none(
 def test_a_full_disk_in_tokens_leaves_nothing_and_says_rerun(
     ws, model_dir, corpus, fast_probes, full_disk
 ) -> None:
-    outcome = ws.refused(_tokens(model_dir, corpus, "t"), "disk full while writing")
-    assert "--resume" not in outcome.err
+    """The run printed its estimate and progress before the disk filled: the refusal is
+    its last line, and nothing is left behind."""
+    before = ws._state()
+    outcome = ws.main(_tokens(model_dir, corpus, "t"))
+    *log, last = outcome.err_lines
+    assert outcome.code == 2 and "Traceback" not in outcome.err, outcome.err
+    assert last.startswith("error: disk full while writing") and "rerun" in last, outcome.err
+    assert log[0].startswith("tokens on ") and "about" in log[0], outcome.err
+    assert all(re.search(r": \d+/\d+ \(\d+%\) elapsed", line) for line in log[1:]), outcome.err
+    assert "--resume" not in outcome.err and ws._state() == before
     assert not (ws.root / "t").exists() and not list(ws.root.glob(".t.identifiable*"))
 
 

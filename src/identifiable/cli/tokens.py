@@ -208,7 +208,9 @@ def _announce_cost(model, cap: int, layers: list[int] | None) -> None:
         f"lower --max-tokens to {fits} or less",
     )  # fmt: skip
     estimate = tokens_estimate(model, cap, n_layers, torch.get_num_threads())
-    err_console.print(estimate.sentence(f"tokens on {model.info.name}, {cap} tokens"))
+    err_console.print(
+        estimate.sentence(f"tokens on {model.info.name}, {cap} tokens"), soft_wrap=True
+    )  # one line in a log
 
 
 def _table(result) -> Table:
