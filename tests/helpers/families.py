@@ -286,5 +286,5 @@ def _recompute_supported() -> bool:
 needs_recompute = pytest.mark.skipif(
     not _recompute_supported(),
     reason="transformers 4.x dispatches no attention interface, so maps are not recomputed "
-    "under sdpa there: models trace eager (README, 'Attention implementation')",
+    "under sdpa there: models trace eager (docs/families.md, 'Attention implementation')",
 )

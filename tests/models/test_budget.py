@@ -1,5 +1,5 @@
 """Memory known before it is spent (issue 22, item 3): the formula of models/budget.py
-(README 'Memory') against the measured peak, and the refusal before any forward pass.
+(docs/families.md, 'Memory and streaming') against the measured peak, and the refusal before any forward pass.
 
 The measurement runs in a fresh process (a process that already freed memory reuses it
 without the resident size growing), on a random Llama-style model with real head width
@@ -90,7 +90,7 @@ def test_measured_peak_follows_the_formula(mode):
     # The bytes torch's allocator holds are the same in every run: 0.81 (eager) and 0.79
     # (sdpa) of the formula, which keeps a slack for the heap that RSS also counts.
     assert 0.75 <= got["allocated"] / got["formula"] <= 1.25, got
-    # Resident memory also counts freed heap that glibc keeps (README 'Memory'): 0.95-1.26
+    # Resident memory also counts freed heap that glibc keeps (docs/families.md, 'Memory and streaming'): 0.95-1.26
     # of the formula over fresh processes in stops 42 and 43, so it gets a wider bound.
     assert 0.75 <= got["measured"] / got["formula"] <= 1.5, got
 

@@ -150,7 +150,7 @@ MemoryBudgetOption = Annotated[
     typer.Option(
         "--memory-budget",
         help="MiB the trace may use (default: the memory available); checked before "
-        "the forward pass from the formula in README 'Memory'.",
+        "the forward pass from the formula in docs/families.md, 'Memory and streaming'.",
     ),
 ]
 Parts = tuple[dict[str, Any], dict[str, str]]

@@ -37,7 +37,7 @@ DEFAULT_CORPUS = "wikipedia-sample"
 
 TABLES = ("per_layer", "cross_layer", "control")
 
-# Tables number layers as every surface does (README, "Numbering"): the hidden state
+# Tables number layers as every surface does (docs/results.md, "Numbering"): the hidden state
 # e^{l+1}, written by block l, is layer l; the embeddings e^0 are layer -1. The probes work
 # on hidden-state indices (TokenPairs.layer(i) is e^i); the tables are relabelled here, at
 # the one place they leave this module, and `layers=` is translated on the way in.

@@ -1,4 +1,4 @@
-"""Memory of a trace, known before it is spent: the formula README states, and the
+"""Memory of a trace, known before it is spent: the formula docs/families.md states, and the
 pre-flight refusal of `Model.trace` / `Model.iter_layers` (`memory_budget=`).
 
 Bytes, for n query rows and n_k keys, L_s chosen layers of H_s chosen heads (of H query
@@ -103,7 +103,7 @@ def plan(
 
 
 def gpu_forward(shape: Shape, n: int, n_keys: int, *, eager: bool, masked: bool) -> int:
-    """The forward pass's peak on a CUDA device (README 'Memory'). torch's CUDA allocator
+    """The forward pass's peak on a CUDA device (docs/families.md, 'Memory and streaming'). torch's CUDA allocator
     frees each temporary at once, so the peak is the larger of two phases, not their sum
     (host memory keeps freed heap, hence the sum above):
 
@@ -146,7 +146,7 @@ def check(need: TracePlan, budget: int | None, what: str) -> None:
         else "of results in host memory; the forward pass runs on the GPU"
     )
     text = (
-        f"{what} needs about {_gb(need.total)} ({parts}; formula in README 'Memory'), over "
+        f"{what} needs about {_gb(need.total)} ({parts}; formula in docs/families.md, 'Memory and streaming'), over "
         f"the {_gb(budget)} of {{}}; choose fewer layers or heads ({{}}), stream layers "
         "with iter_layers, shorten the input or raise the budget"
     )
@@ -169,7 +169,7 @@ def check_device(
         return
     head = (
         f"{what} needs about {_gb(forward)} on {device} for the forward pass (formula in "
-        f"README 'Memory'), over the {_gb(room)} free there; shorten the input"
+        f"docs/families.md, 'Memory and streaming'), over the {_gb(room)} free there; shorten the input"
     )
     python = head + (", trace fewer sequences at once (batch_size=)" if batch > 1 else "")
     if suggest_sdpa:

@@ -171,7 +171,7 @@ def discover_spec(base: nn.Module, tokenizer: Any = None) -> Discovery:
     """Find and prove a spec for `base` (a Hugging Face base model), or raise one line."""
     model_type = str(getattr(base.config, "model_type", None) or type(base).__name__)
     how = (
-        "write an ArchSpec (README 'Adding an architecture') and pass it as "
+        "write an ArchSpec (docs/families.md, 'Adding an architecture') and pass it as "
         "Model.from_hf(model, spec=...)"
     )
     config = base.config

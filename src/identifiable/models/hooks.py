@@ -23,7 +23,7 @@ def get_submodule(root: nn.Module, path: str) -> nn.Module:
 
         raise IdentifiableError(
             f"the model has no module '{path}' ({exc}); its architecture spec does not match "
-            "this model class (see README 'Adding an architecture')."
+            "this model class (see docs/families.md, 'Adding an architecture')."
         ) from None
 
 

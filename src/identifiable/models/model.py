@@ -301,7 +301,7 @@ class Model:
         selection is kept, and under recomputed attention (`Model.attention` not
         "eager") no map outside it is ever computed. `trace.layers` / `trace.heads`
         give the model's indices. `memory_budget`: bytes the trace may use (default:
-        the memory available now); a trace whose formula (README 'Memory',
+        the memory available now); a trace whose formula (docs/families.md, 'Memory and streaming',
         models/budget.py) exceeds it is refused before the forward pass; on a GPU its
         forward part is checked against the GPU's free memory, and the budget bounds the
         result (host memory)."""
@@ -315,7 +315,7 @@ class Model:
         self, n: int, n_layers: int, heads: Sequence[int] | None, *, streaming: bool = False
     ) -> budget.TracePlan:
         """The bytes a trace of n tokens, `n_layers` layers and `heads` (None: all) takes
-        (models/budget.py, README 'Memory')."""
+        (models/budget.py, docs/families.md, 'Memory and streaming')."""
         info = self.info
         shape = budget.Shape(
             info.n_heads, info.n_kv_heads, info.head_dim, info.hidden_size,
@@ -457,7 +457,7 @@ class Model:
 
         `layers` (any, yielded in the model's order; the pass ends after the last),
         `heads` and `memory_budget` as for `trace` (the budget is checked before the
-        pass, from the streaming formula of README 'Memory').
+        pass, from the streaming formula of docs/families.md, 'Memory and streaming').
         """
         chosen = indices(layers, self.stack.n_layers, "layers")
         kept = indices(heads, self.stack.n_heads, "heads")

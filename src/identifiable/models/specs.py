@@ -556,5 +556,5 @@ def spec_for(model_type: str) -> ArchSpec:
     raise IdentifiableError(
         f"architecture '{model_type}' is not supported; supported model types: "
         f"{', '.join(supported_model_types())}. To add one, describe it with an ArchSpec and "
-        "register_spec(spec) (identifiable.models; see README 'Adding an architecture')."
+        "register_spec(spec) (identifiable.models; see docs/families.md, 'Adding an architecture')."
     )

@@ -352,7 +352,7 @@ class AttentionStack:
             f"{calls.get('e', '?')} times, the output projection {calls.get('block', '?')}, the "
             f"layers {calls.get('output', '?')} and the attention modules returned "
             f"{calls.get('maps', '?')} attention maps; the spec '{self.spec.name}' does not "
-            "match this model (see README 'Adding an architecture')."
+            "match this model (see docs/families.md, 'Adding an architecture')."
         )
 
 
@@ -396,7 +396,7 @@ def module_list(root: nn.Module, path: str) -> list[nn.Module]:
     if not isinstance(found, nn.ModuleList | nn.Sequential):
         raise IdentifiableError(
             f"'{path}' is a {type(found).__name__}, not a list of layers; the architecture "
-            "spec does not match this model class (see README 'Adding an architecture')."
+            "spec does not match this model class (see docs/families.md, 'Adding an architecture')."
         )
     return list(found)
 
@@ -500,7 +500,7 @@ def _raw_heads(layer: nn.Module, path: str) -> torch.Tensor:
     except AttributeError as exc:
         raise IdentifiableError(
             f"the model has no parameter '{path}' ({exc}); its architecture spec does not match "
-            "this model class (see README 'Adding an architecture')."
+            "this model class (see docs/families.md, 'Adding an architecture')."
         ) from None
     if p.dim() != 3:
         raise IdentifiableError(

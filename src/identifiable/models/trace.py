@@ -318,7 +318,7 @@ class Trace(
             raise IdentifiableError(
                 f"trace does not reproduce the model's attention output ({shown}; "
                 f"tolerance {tol:g}). The architecture spec for '{self.architecture}' "
-                "probably reads E or W_V/W_O from the wrong place; see README 'Adding an architecture'."
+                "probably reads E or W_V/W_O from the wrong place; see docs/families.md, 'Adding an architecture'."
             )
         return errs
 

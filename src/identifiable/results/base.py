@@ -149,7 +149,7 @@ class Result:
         values = getattr(self, attr, None) if attr else None
         if values is not None and not isinstance(values, str) and len(values) == size:
             return np.asarray([int(v) for v in values])
-        return np.arange(size)  # every coordinate is numbered from 0 (README, 'Numbering')
+        return np.arange(size)  # every coordinate is numbered from 0 (docs/results.md, 'Numbering')
 
     def _labels(self, dim: str, positions: Sequence[int]) -> list[str] | None:
         tokens = self._key_tokens if dim == "key" else self._tokens if dim in TOKEN_DIMS else None
