@@ -60,8 +60,9 @@ def heatmaps(res: Any, panels: list, title: str) -> Figure:
         ydim, xdim = dims
         # key 0 ([CLS] / BOS) takes most attention; the scale is read past it
         s = panel_scale(values, skip_first_key=xdim == "key")
-        image = ax.imshow(values, cmap=cmap, vmin=-s, vmax=s, aspect="auto",
-                          interpolation="nearest")  # fmt: skip
+        image = ax.imshow(
+            values, cmap=cmap, vmin=-s, vmax=s, aspect="auto", interpolation="nearest"
+        )
         _ticks(ax, "y", res._labels(ydim, list(coords[ydim])), coords[ydim])
         _ticks(ax, "x", res._labels(xdim, list(coords[xdim])), coords[xdim])
         ax.set_ylabel(ydim)
@@ -155,8 +156,14 @@ def layer_lines(res: Any, name: str, sel: dict[str, Any]) -> Figure:
         label = " ".join(map(str, key if isinstance(key, tuple) else (key,))) or value
         (line,) = ax.plot(part["layer"], part[value], marker="o", markersize=3, label=label)
         if {"ci_low", "ci_high"} <= set(part.columns):
-            ax.fill_between(part["layer"], part["ci_low"], part["ci_high"],
-                            color=line.get_color(), alpha=0.15, linewidth=0)  # fmt: skip
+            ax.fill_between(
+                part["layer"],
+                part["ci_low"],
+                part["ci_high"],
+                color=line.get_color(),
+                alpha=0.15,
+                linewidth=0,
+            )
     if "chance" in table.columns:
         ax.axhline(float(table["chance"].max()), color="0.5", linestyle="--", label="chance")
     ax.set_xlabel("layer")
