@@ -1,4 +1,4 @@
-.PHONY: setup setup-tf4 run test test-tf4 lint bench clean
+.PHONY: setup setup-tf4 run test test-fast test-durations test-tf4 lint bench clean
 
 setup:
 	./scripts/setup.sh
@@ -16,6 +16,15 @@ test: setup
 	.venv/bin/ruff check src tests benchmarks
 	.venv/bin/mypy
 	OMP_NUM_THREADS=2 .venv/bin/python -m pytest -q
+
+# The unit tier: no model download, no browser, no torchrun, no test that took over a second
+# when last recorded (tests/helpers/tiers.py, tests/durations.json).
+test-fast: setup
+	OMP_NUM_THREADS=2 .venv/bin/python -m pytest -q -m "not slow"
+
+# Run everything once and rewrite tests/durations.json (the record the tiers are cut from).
+test-durations: setup
+	IDENTIFIABLE_WRITE_DURATIONS=tests/durations.json OMP_NUM_THREADS=2 .venv/bin/python -m pytest -q
 
 # The low end of the transformers range in pyproject.toml (the newest 4.x) needs its own
 # environment (huggingface_hub < 1.0): the model-facing tests run there too. The

@@ -36,8 +36,9 @@ from helpers.families import (  # noqa: F401  (re-exported for `from conftest im
     tiny_config,
 )
 
-# the headless-Chromium fixtures `browser` and `open_page`, for report and viewer tests
-pytest_plugins = ["helpers.browser"]
+# the headless-Chromium fixtures `browser` and `open_page`, for report and viewer tests;
+# the tiers of make test-fast / make test (helpers/tiers.py)
+pytest_plugins = ["helpers.browser", "helpers.tiers"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
