@@ -218,7 +218,7 @@ def test_a_model_without_attention_maps_is_refused(bert_tokenizer, monkeypatch) 
     assert hf.config._attn_implementation == "sdpa"
     # without that switch sdpa returns no probabilities: one line
     monkeypatch.setattr(capture, "running", lambda *a, **k: contextlib.nullcontext())
-    with pytest.raises(IdentifiableError, match="no attention probabilities"):
+    with pytest.raises(IdentifiableError, match="returns no attention weights"):
         null_attention_penalty(m, batch_for(m, TEXTS))
 
 

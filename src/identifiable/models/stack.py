@@ -30,11 +30,14 @@ from identifiable.models.hooks import HookSet, first_tensor, get_submodule, hidd
 from identifiable.models.recompute import AttentionCall
 from identifiable.models.specs import ArchSpec
 
-Tap = Literal["input", "e", "maps", "block", "output", "head_outputs"]
+Tap = Literal["input", "e", "values", "maps", "block", "output", "head_outputs"]
 """What a tap captures, per layer, batch-first:
 
 - "input": the layer's hidden-state input `[B, n, d]` (layer 0's is e^0);
 - "e": E, the value projection's input `[B, n_k, d]`;
+- "values" (not in `TAPS`): the value projection's output `[B, n_k, width]` as the module
+  computed it (fused columns, bias and any adapter inside the module included: what the
+  training penalty differentiates through);
 - "maps": the attention probabilities A `[B, H, n, n_k]` (from the attention module);
 - "block": the attention block's output `[B, n, d]` (after W_O and b_O);
 - "output": the layer's output `[B, n, d]`;
@@ -285,6 +288,9 @@ class AttentionStack:
         if "e" in taps:
             for mod in distinct(self.value_modules):
                 hooks.pre(mod, lambda m, a: emit("e", self.batch_first(a[0])))
+        if "values" in taps:  # resolved now: an adapter (peft) may have replaced the module
+            for mod in distinct([get_submodule(layer, self.spec.value) for layer in self.layers]):
+                hooks.post(mod, lambda m, a, o: emit("values", self.batch_first(first_tensor(o))))
         if "maps" in taps and recompute:
             for mod in distinct(self.attention_modules):
                 recomputed.watch(hooks, mod, called)

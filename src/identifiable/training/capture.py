@@ -1,8 +1,8 @@
 """What the penalty reads from a model's own forward pass, with gradients.
 
-The only module of `identifiable.training` that touches model internals, kept small so
-that it can move onto the models package's capture object later. Through `HookSet`
-hooks on each layer it records, for every run of every layer:
+The only module of `identifiable.training` that touches model internals. Through the
+model's own capture object (`AttentionStack.tap`, the same hooks a trace uses) it records,
+for every run of every layer:
 - V = E W_V: the value projection's output (its V columns, minus b_V), so that any
   adapter inside that module (LoRA) is included;
 - A: the attention probabilities the attention module returns (eager attention);
@@ -22,9 +22,9 @@ from torch import Tensor, nn
 
 from identifiable.errors import IdentifiableError
 from identifiable.models.backends import running
-from identifiable.models.compat import ask_for_attention_weights
-from identifiable.models.hooks import HookSet, first_tensor, get_submodule
+from identifiable.models.hooks import HookSet, get_submodule
 from identifiable.models.protocol import TracedModel
+from identifiable.models.stack import Tap
 
 
 def as_model(model: TracedModel) -> Any:
@@ -105,44 +105,29 @@ def check_supported(model: TracedModel) -> None:
 
 @contextlib.contextmanager
 def capture(model: TracedModel) -> Iterator[Captured]:
-    """Record V and A of every layer run while the block runs (gradients kept); see
+    """Record V and A of every layer run while the block runs (gradients kept), through the
+    model's own capture object (`AttentionStack.tap`: its "values" and "maps" taps); see
     `check_complete` for the counts."""
     check_supported(model)
-    spec, info = model.spec, model.info
     cols = value_columns(model)
-    d_v, n_kv = info.head_dim, info.n_kv_heads
+    d_v, n_kv = model.info.head_dim, model.info.n_kv_heads
+    biases = [getattr(get_submodule(m, model.spec.value), "bias", None) for m in model.layers]
     got = Captured()
 
-    def on_value(module: nn.Module, args: Any, out: Any) -> None:
-        v = first_tensor(out)[..., cols]
-        bias = getattr(module, "bias", None)
+    def sink(what: Tap, layer: int, x: Any) -> None:
+        if what == "maps":
+            got.attentions.append(x)
+            return
+        v = x[..., cols]
+        bias = biases[layer] if layer < len(biases) else None
         if bias is not None:
             v = v - bias[cols]
         got.values.append(v.unflatten(-1, (n_kv, d_v)).transpose(1, 2))
 
-    def on_attention(module: nn.Module, args: Any, out: Any) -> None:
-        maps = [
-            t
-            for t in (out if isinstance(out, tuple | list) else (out,))
-            if isinstance(t, Tensor) and t.dim() == 4 and t.shape[-1] == t.shape[-2]
-        ]
-        if not maps:
-            raise IdentifiableError(
-                "the model returned no attention probabilities (no attention maps from its "
-                "attention modules); load it with attn_implementation='eager'"
-            )
-        got.attentions.append(maps[-1])
-
-    parent = spec.value.rsplit(".", 1)[0] if "." in spec.value else ""
     # eager returns the probabilities; the model's own implementation comes back after
     # keep_mode: the penalty trains in the mode the caller chose (dropout on in train mode)
     with running(model.hf_model, "eager", keep_mode=True), HookSet() as hooks:
-        for layer in _distinct(model.layers):
-            hooks.post(get_submodule(layer, spec.value), on_value)
-            attn = get_submodule(layer, parent) if parent else layer
-            hooks.post(attn, on_attention)
-            if (ask := ask_for_attention_weights(attn)) is not None:  # transformers 4.x
-                hooks.pre(attn, ask, with_kwargs=True)
+        model.stack.tap(hooks, sink, ("values", "maps"))
         yield got
 
 
@@ -163,10 +148,3 @@ def head_out_proj(model: TracedModel, layer: int) -> Tensor:
     module = get_submodule(model.layers[layer], model.spec.out_proj)
     w_o = _weight(module, model.spec.weight_layout)  # [H·d_v, d]
     return w_o.reshape(info.n_heads, info.head_dim, -1)
-
-
-def _distinct(modules: list[nn.Module]) -> list[nn.Module]:
-    seen: dict[int, nn.Module] = {}
-    for m in modules:
-        seen.setdefault(id(m), m)
-    return list(seen.values())
