@@ -94,8 +94,8 @@ def test_nothing_outside_the_selection_is_computed(models, monkeypatch):
     [
         ({"heads": []}, "heads= is empty"),
         ({"heads": [0, 0]}, "heads= repeats an index"),
-        ({"heads": [4]}, r"heads= holds 4, out of range: valid indices are 0\.\.3"),
-        ({"layers": [2]}, r"layers= holds 2, out of range: valid indices are 0\.\.1"),
+        ({"heads": [4]}, r"heads= holds 4, out of range: valid heads are 0\.\.3"),
+        ({"layers": [2]}, r"layers= holds 2, out of range: valid layers are 0\.\.1"),
         ({"layers": [-1]}, "layers= holds -1, out of range"),
         ({"heads": 0}, "heads= takes a list of integers"),
         ({"heads": [True]}, "heads= holds integers"),

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from identifiable.errors import IdentifiableError
+from identifiable.utils.checks import count
 
 DEFAULT_RESOLUTION = 1_000_000
 SECONDS_PER_EDGE = 5e-8
@@ -59,8 +60,7 @@ def max_tokens(n_layers: int, budget_s: float) -> int:
 
 def check_workers(workers: object) -> None:
     """One line unless `workers` is a positive integer (bool is not a count)."""
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise IdentifiableError(f"flow workers must be a positive integer, got {workers!r}")
+    count(workers, "workers", "--workers")  # the rule of interval_map and the CLI
 
 
 def attention_flow(
