@@ -22,7 +22,7 @@ from identifiable.attention.mapwork import check_budget, pool_plan, solve_jobs
 from identifiable.models.budget import available_memory
 from identifiable.models.trace import Trace
 from identifiable.results import Result
-from identifiable.utils.checks import count, indices, number
+from identifiable.utils.checks import count, expect, indices, number
 from identifiable.utils.pools import worker_count
 from identifiable.utils.progress import task_bar, watching
 from identifiable.utils.threads import engine_threads
@@ -303,7 +303,7 @@ def interval_map(
     """
     layers, heads = check_selection(trace, layers, heads)
     workers, threads, row_list = _check_map_request(trace, workers, threads, rows,
-                                                    time_budget, chains_per_row)  # fmt: skip
+                                                    time_budget, chains_per_row, progress)  # fmt: skip
     if time_budget is not None:  # the budget counts the work, not the one-time compiler
         from identifiable.attention.lockstep import ensure_compiled
 
@@ -346,11 +346,14 @@ def _check_map_request(
     rows: object,
     time_budget: object,
     chains_per_row: object,
+    progress: object,
 ) -> tuple[int, int, list[int]]:
     """(workers, threads, rows) of `interval_map`, each checked by the rule the CLI uses
     for its flags (`identifiable.utils.checks`)."""
     workers = count(workers, "workers", "--workers")
     threads = engine_threads(threads)  # type: ignore[arg-type]
+    if progress is not None:
+        expect(progress, bool, "progress", "True, False or None (a bar when a person watches)")
     if time_budget is not None:
         number(time_budget, "time_budget", "--time-budget", low_open=True)
     if chains_per_row is not None:

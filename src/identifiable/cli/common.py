@@ -10,12 +10,33 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 
 from identifiable.errors import IdentifiableError
 from identifiable.utils.seeds import SEED_MAX
 
-console = Console()
+FILE_WIDTH = 4096
+"""The width of stdout when it is a file or a pipe: wide enough that no table is cropped."""
+
+
+class _Output(Console):
+    """stdout: a terminal's own width, but a file or pipe (`> out.txt`, `| less`) gets whole
+    tables and unwrapped lines: rich would otherwise crop to 80 columns (or to the width
+    of the terminal that stderr still shows) and cut headers to "ident…"."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self._width is None and not self.is_terminal:
+            return ConsoleDimensions(max(size.width, FILE_WIDTH), size.height)
+        return size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        self._width, self._height = new_size
+
+
+console = _Output()
 err_console = Console(stderr=True)
 
 
@@ -107,11 +128,24 @@ class Interrupted(Exception):
 
 @contextmanager
 def resumable() -> Iterator[None]:
-    """Ctrl-C inside a run that writes a folder it can continue: say so (exit 130)."""
+    """Ctrl-C inside a run that writes a folder it can continue: say so (exit 130). A
+    SIGTERM (`kill PID`) is taken as Ctrl-C, so that the file being written is removed,
+    not left behind half-written, and the run says how to resume."""
+    import signal
+    import threading
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, terminated) if main else None
     try:
         yield
     except KeyboardInterrupt:
         raise Interrupted("interrupted; rerun with --resume") from None
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def check_ranges(tr: Any, layer: int | None, head: int | None, row: int | None) -> None:

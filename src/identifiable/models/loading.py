@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.arguments import check_dtype
 from identifiable.models.backends import AttentionChoice, EagerFallback, check_choice
 from identifiable.models.budget import available_memory
 from identifiable.models.gguf import tokenizer_error
@@ -96,6 +97,7 @@ def load_model(
         return _held(name_or_path, tokenizer, device, dtype, device_map, attention)
     name_or_path = _checked_name(name_or_path)
     check_choice(attention)
+    dtype = check_dtype(dtype)
     target = resolve_device(device if device is not None else "cpu")
     from transformers.utils import logging as hf_logging
 

@@ -17,8 +17,14 @@ from dataclasses import dataclass, field
 import torch
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.arguments import check_fields
 from identifiable.results import Result
+from identifiable.utils.checks import expect, shown
 from identifiable.utils.precision import float32_matmul_precision, float32_matmuls_exact
+
+# the tensor fields every Trace has (key_mask and key_input_ids may be None)
+_TENSORS = ("input_ids", "attentions", "values", "value_bias", "out_proj", "out_bias",
+            "hidden_states", "attn_outputs", "kv_head_of")  # fmt: skip
 
 
 @dataclass
@@ -110,6 +116,9 @@ class Trace(
     heads: list[int] | None = None
     dequantized_from: str = ""
 
+    def __post_init__(self) -> None:
+        check_fields(self, _TENSORS, ("key_mask", "key_input_ids"))
+
     @classmethod
     def from_tensors(
         cls,
@@ -137,7 +146,12 @@ class Trace(
         """
 
         def lead(x: torch.Tensor, rank: int, what: str) -> torch.Tensor:
-            x = torch.as_tensor(x)
+            try:
+                x = torch.as_tensor(x)
+            except (TypeError, ValueError, RuntimeError):
+                raise IdentifiableError(f"{what} takes a tensor, got {shown(x)}") from None
+            if not x.is_floating_point():
+                raise IdentifiableError(f"{what} takes floating-point numbers, got {x.dtype}")
             while x.dim() < rank:
                 x = x.unsqueeze(0)
             if x.dim() != rank:
@@ -378,6 +392,10 @@ class Seq2SeqTrace:
     encoder: Trace
     decoder: Trace
     cross: Trace
+
+    def __post_init__(self) -> None:
+        for part in ("encoder", "decoder", "cross"):
+            expect(getattr(self, part), Trace, part, "a Trace")
 
     def verify(self, rtol: float | None = None) -> dict[str, torch.Tensor]:
         """Prove all three captures (see `Trace.verify`); the per-layer errors of each."""

@@ -20,7 +20,7 @@ import torch
 from identifiable.errors import IdentifiableError
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
     """A value as a message names it: its type, and short values themselves."""
     if value is None:
         return "None"
@@ -40,7 +40,7 @@ def _error(python: str, cli: str | None) -> IdentifiableError:
 def expect(value: Any, kinds: type | tuple[type, ...], name: str, what: str) -> None:
     """Refuse `value` unless it is one of `kinds`: "`name`= takes `what`, got …"."""
     if not isinstance(value, kinds):
-        raise IdentifiableError(f"{name}= takes {what}, got {_shown(value)}")
+        raise IdentifiableError(f"{name}= takes {what}, got {shown(value)}")
 
 
 def whole(value: Any, name: str, flag: str | None = None) -> int:
@@ -50,10 +50,10 @@ def whole(value: Any, name: str, flag: str | None = None) -> int:
             raise TypeError
         return operator.index(value)
     except TypeError:
-        shown = _shown(value)
+        got = shown(value)
         raise _error(
-            f"{name}= takes a whole number, got {shown}",
-            None if flag is None else f"{flag} takes a whole number, got {shown}",
+            f"{name}= takes a whole number, got {got}",
+            None if flag is None else f"{flag} takes a whole number, got {got}",
         ) from None
 
 
@@ -81,10 +81,10 @@ def number(
 ) -> float:
     """A finite real number in [low, high] (`low_open`: (low, high]); NaN and inf refused."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        shown = _shown(value)
+        got = shown(value)
         raise _error(
-            f"{name}= takes a number, got {shown}",
-            None if flag is None else f"{flag} takes a number, got {shown}",
+            f"{name}= takes a number, got {got}",
+            None if flag is None else f"{flag} takes a number, got {got}",
         )
     x = float(value)
     inside = (x > low if low_open else x >= low) and x <= high
@@ -109,7 +109,7 @@ def indices(values: Any, size: int, name: str, flag: str | None = None) -> list[
         return _error(text.format(python), text.format(flag))
 
     if isinstance(values, int | str | bytes | torch.Tensor) or not isinstance(values, Iterable):
-        raise fail("{} takes a list of integers, got " + _shown(values))
+        raise fail("{} takes a list of integers, got " + shown(values))
     out: list[int] = []
     for v in values:
         try:
@@ -131,10 +131,22 @@ def indices(values: Any, size: int, name: str, flag: str | None = None) -> list[
 def collection(value: Any, name: str, what: str) -> list[Any]:
     """A non-empty list, tuple or other iterable that is not text, as a list."""
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
-        raise IdentifiableError(f"{name}= takes {what}, got {_shown(value)}")
+        raise IdentifiableError(f"{name}= takes {what}, got {shown(value)}")
     out = list(value)
     if not out:
         raise IdentifiableError(f"{name}= is empty: give {what}")
+    return out
+
+
+def choices(values: Any, allowed: tuple[str, ...], name: str) -> list[str]:
+    """A non-empty list of names, each one of `allowed` (probe kinds, objectives, …)."""
+    what = f"a list of one or more of {', '.join(allowed)}"
+    if isinstance(values, str):
+        raise IdentifiableError(f"{name}= takes {what}, got the string {values!r:.40}")
+    out = collection(values, name, what)
+    bad = [v for v in out if not isinstance(v, str) or v not in allowed]
+    if bad:
+        raise IdentifiableError(f"{name}= holds {bad[0]!r:.40}: choose from {', '.join(allowed)}")
     return out
 
 
@@ -155,7 +167,14 @@ def nonfinite_parameters(module: torch.nn.Module) -> tuple[list[str], int]:
     return bad, total
 
 
-def check_finite_weights(module: torch.nn.Module, what: str, advice: str) -> None:
+DAMAGED = (
+    "the checkpoint is damaged (a fine-tune that diverged?) and no dtype makes it finite: "
+    "load or re-create a checkpoint with finite weights"
+)
+"""What to do about a model whose weights are not finite (trace, compare, reproduce)."""
+
+
+def check_finite_weights(module: torch.nn.Module, what: str, advice: str = DAMAGED) -> None:
     """One line naming the non-finite weights of `module` (`what`: the model's name), and
     `advice`: what to do about them."""
     bad, total = nonfinite_parameters(module)
