@@ -9,7 +9,6 @@ import typer
 from rich.table import Table
 
 from identifiable.cli.common import (
-    check_ranges,
     check_writable,
     console,
     load,
@@ -77,7 +76,8 @@ def certify(
     _check_flags(out, workers, threads, time_budget, force)
     m = load(model)
     tr = m.trace((text, pair) if pair is not None else text, truncate=not no_truncate)
-    check_ranges(tr, layer, head, row)
+    # --layer, --head and --row are checked by interval_map, by the rule of layers=, heads=
+    # and rows= (identifiable.utils.checks)
     layers = [layer] if layer is not None else None
     heads = [head] if head is not None else None
     rows = [row] if row is not None else None

@@ -26,8 +26,8 @@ class _Output(Console):
 
     @property
     def size(self) -> ConsoleDimensions:
-        size = super().size
-        if self._width is None and not self.is_terminal:
+        size = super().size  # COLUMNS too: it describes a terminal, not a file
+        if not self.is_terminal:
             return ConsoleDimensions(max(size.width, FILE_WIDTH), size.height)
         return size
 
@@ -149,17 +149,20 @@ def resumable() -> Iterator[None]:
 
 
 def check_ranges(tr: Any, layer: int | None, head: int | None, row: int | None) -> None:
-    """Refuse a CLI --layer (0..L-1), --head (0..H-1) or --row (0..n-1) outside the trace."""
-    checks = (
-        ("layer", layer, 0, tr.n_layers - 1),
-        ("head", head, 0, tr.n_heads - 1),
-        ("row", row, 0, tr.n_tokens - 1),
-    )
-    for name, value, lo, hi in checks:
-        if value is not None and not lo <= value <= hi:
-            raise IdentifiableError(
-                f"--{name} {value} is out of range: valid {name}s are {lo}..{hi}"
-            )
+    """Refuse a CLI --layer (0..L-1), --head (0..H-1) or --row (0..n-1) outside the trace,
+    by the rule of the API's layers=, heads= and rows= (`identifiable.utils.checks`)."""
+    from identifiable.utils.checks import indices
+
+    for name, value, size in (
+        ("layer", layer, tr.n_layers),
+        ("head", head, tr.n_heads),
+        ("row", row, tr.n_tokens),
+    ):
+        if value is not None:
+            try:
+                indices([value], size, f"{name}s", f"--{name}")
+            except IdentifiableError as exc:
+                raise IdentifiableError(exc.for_cli()) from None
 
 
 def check_model_name(model: str) -> None:

@@ -63,11 +63,7 @@ def finetune(
         bool, typer.Option("--force", help="Replace a previous run of ours in --out.")
     ] = False,
     time_budget: Annotated[
-        float | None,
-        typer.Option(
-            "--time-budget",
-            help="Seconds the training may take; refused up front (one step is timed) if more.",
-        ),
+        float | None, typer.Option("--time-budget", help="Seconds training may take (checked).")
     ] = None,
 ) -> None:
     """Fine-tune with the null-attention penalty (self-distillation, no labels); write a

@@ -258,7 +258,11 @@ class InputEncoder:
     def token_strings(self, ids: torch.Tensor) -> list[str]:
         if self.tokenizer is None:
             return [f"<{i}>" for i in ids.tolist()]
-        return list(self.tokenizer.convert_ids_to_tokens(ids.tolist()))
+        # an id the tokenizer lacks (a model's vocabulary may be larger) gives None there
+        found = self.tokenizer.convert_ids_to_tokens(ids.tolist())
+        return [
+            t if isinstance(t, str) else f"<{i}>" for i, t in zip(ids.tolist(), found, strict=True)
+        ]
 
     def need_tokenizer(self, what: str) -> Any:
         if self.tokenizer is None:
@@ -471,6 +475,7 @@ def position_limit(config: Any, tokenizer: Any, spec: ArchSpec) -> tuple[int, st
     allows."""
     field = next((f for f in _POSITION_FIELDS if _positive(getattr(config, f, None))), None)
     model = int(getattr(config, field)) - spec.position_offset if field else None
+    field = _field_name(config, field) if field else None
     tok_max: Any = getattr(tokenizer, "model_max_length", None)
     tok = int(tok_max) if _positive(tok_max) and tok_max < 10**6 else None
     if tok is not None and (model is None or tok < model):
@@ -479,6 +484,12 @@ def position_limit(config: Any, tokenizer: Any, spec: ArchSpec) -> tuple[int, st
     if model is None:
         return 10**9, "no limit of the model's own"
     return model, f"the model's maximum of {model} positions ({field})"
+
+
+def _field_name(config: Any, field: str) -> str:
+    """The config's own name of `field` (GPT-2 spells max_position_embeddings n_positions)."""
+    aliases = getattr(config, "attribute_map", None)
+    return str(aliases.get(field, field)) if isinstance(aliases, dict) else field
 
 
 def _positive(value: Any) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -145,25 +146,9 @@ class Trace(
         apply: these tensors are taken as they are.
         """
 
-        def lead(x: torch.Tensor, rank: int, what: str) -> torch.Tensor:
-            try:
-                x = torch.as_tensor(x)
-            except (TypeError, ValueError, RuntimeError):
-                raise IdentifiableError(f"{what} takes a tensor, got {shown(x)}") from None
-            if not x.is_floating_point():
-                raise IdentifiableError(f"{what} takes floating-point numbers, got {x.dtype}")
-            while x.dim() < rank:
-                x = x.unsqueeze(0)
-            if x.dim() != rank:
-                raise IdentifiableError(
-                    f"{what} has {x.dim()} dimensions; expected {rank} (or fewer, without "
-                    "the leading layer and head dimensions)"
-                )
-            return x.detach().cpu()
-
-        a = lead(attentions, 4, "attentions [L, H, n, n_k]")
-        v = lead(values, 4, "values [L, H, n_k, d_v]")
-        w = lead(out_proj, 4, "out_proj [L, H, d_v, d]")
+        a = _lead(attentions, 4, "attentions [L, H, n, n_k]")
+        v = _lead(values, 4, "values [L, H, n_k, d_v]")
+        w = _lead(out_proj, 4, "out_proj [L, H, d_v, d]")
         n_l, n_h, n, n_k = a.shape
         if tuple(v.shape[:3]) != (n_l, n_h, n_k) or tuple(w.shape[:3]) != (n_l, n_h, v.shape[-1]):
             raise IdentifiableError(
@@ -368,6 +353,24 @@ def _check_integer(name: str, value: object) -> None:
         raise IdentifiableError(
             f"{name} must be an integer, got {type(value).__name__} {value!r}"
         ) from None
+
+
+def _lead(x: Any, rank: int, what: str) -> torch.Tensor:
+    """`x` as a CPU tensor of `rank` dimensions (missing leading ones added), or one line."""
+    try:
+        x = torch.as_tensor(x)
+    except (TypeError, ValueError, RuntimeError):
+        raise IdentifiableError(f"{what} takes a tensor, got {shown(x)}") from None
+    if not x.is_floating_point():
+        raise IdentifiableError(f"{what} takes floating-point numbers, got {x.dtype}")
+    while x.dim() < rank:
+        x = x.unsqueeze(0)
+    if x.dim() != rank:
+        raise IdentifiableError(
+            f"{what} has {x.dim()} dimensions; expected {rank} (or fewer, without "
+            "the leading layer and head dimensions)"
+        )
+    return x.detach().cpu()
 
 
 def _eps(dtype_name: str) -> float:

@@ -120,8 +120,8 @@ def finetune(
     weights = _weights(penalty)
     s = settings or ft.TrainSettings()
     ft.check_settings(s)
-    model, out, corpus = _check_arguments(model, out, corpus, time_budget, held_out_pairs,
-                                          held_out_sentences, held_out_options)  # fmt: skip
+    held_out = (held_out_pairs, held_out_sentences, held_out_options)
+    model, out, corpus = _check_arguments(model, out, corpus, time_budget, *held_out)
     folder = OutputFolder(out, resume=resume, force=force)
     folder.check()
     base = load_attention_model(model)
@@ -152,18 +152,8 @@ def finetune(
         pareto = pd.DataFrame()
         if evaluate:
             t_e = time.perf_counter()
-            pareto = _evaluate(
-                base,
-                model,
-                weights,
-                work,
-                held_docs,
-                held_out_pairs,
-                held_out_sentences,
-                s.seed,
-                log_df,
-                len(items),
-            )
+            held = (held_docs, held_out_pairs, held_out_sentences)
+            pareto = _evaluate(base, model, weights, work, *held, s.seed, log_df, len(items))
             timings["evaluate_s"] = time.perf_counter() - t_e
         else:
             write_table(log_df, work / "tables" / "training_log")

@@ -277,18 +277,19 @@ def train_step(
 
 def _stop_unless_finite(value: Tensor, what: str, weight: float, step: int) -> None:
     """One line, before anything is saved, when a step's loss or gradient is NaN or inf."""
-    if not bool(torch.isfinite(value.detach())):
-        raise IdentifiableError(
+    value = value.detach()
+    if not bool(torch.isfinite(value)):
+        head = (
             f"finetune w={weight:g}: the {what} is {float(value):g} at step {step + 1}, so the "
-            "weights would not be finite; nothing of this weight was saved: lower the penalty "
-            "weight or the learning rate (penalty=, lr=)",
-            cli=f"finetune w={weight:g}: the {what} is {float(value):g} at step {step + 1}, so "
-            "the weights would not be finite; nothing of this weight was saved: lower --penalty "
-            "or --lr",
+            "weights would not be finite; no checkpoint was written: lower "
+        )
+        raise IdentifiableError(
+            head + "the penalty weight or the learning rate (penalty=, lr=)",
+            cli=head + "--penalty or --lr",
         )
 
 
-_NOT_SAVED = "nothing was saved; lower the penalty weight or the learning rate"
+_NOT_SAVED = "nothing was saved: lower the penalty weight or the learning rate"
 
 
 def train_weight(

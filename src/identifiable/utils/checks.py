@@ -124,7 +124,8 @@ def indices(values: Any, size: int, name: str, flag: str | None = None) -> list[
         raise fail("{} repeats an index: " + str(out)[:80])
     bad = [i for i in out if not 0 <= i < size]
     if bad:
-        raise fail("{} " + f"holds {bad[0]}, out of range: valid {name} are 0..{size - 1}")
+        valid = f"out of range: valid {name} are 0..{size - 1}"
+        raise _error(f"{python} holds {bad[0]}, {valid}", f"{flag} {bad[0]} is {valid}")
     return out
 
 
