@@ -158,3 +158,18 @@ def test_worker_count_is_bounded_by_jobs_cores_and_memory(monkeypatch) -> None:
     assert worker_count(2, jobs=8, per_worker=400, available=100) == 1  # runs here
     monkeypatch.setattr(pools, "available_cores", lambda: 64)
     assert worker_count(100_000, jobs=72, per_worker=512 << 20, available=8 << 30) == 16
+
+
+def test_interval_map_threads_are_bounded_by_the_cores(monkeypatch, tiny_model) -> None:
+    """`threads=100000` is accepted like `workers=100000` and runs at most one engine thread
+    per core; `threads=0` is refused by the CLI's rule."""
+    import identifiable.attention.intervals as intervals
+    from identifiable.errors import IdentifiableError
+
+    trace = tiny_model("bert").trace("the cat sat")
+    monkeypatch.setattr(intervals, "available_cores", lambda: 3)
+    request = (None, None, None, None)
+    assert intervals._check_map_request(trace, 1, 100_000, *request)[1] == 3
+    assert intervals._check_map_request(trace, 1, 2, *request)[1] == 2
+    with pytest.raises(IdentifiableError, match=r"^threads="):
+        intervals._check_map_request(trace, 1, 0, *request)

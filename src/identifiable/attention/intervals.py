@@ -23,7 +23,7 @@ from identifiable.models.budget import available_memory
 from identifiable.models.trace import Trace
 from identifiable.results import Result
 from identifiable.utils.checks import count, expect, indices, number
-from identifiable.utils.pools import worker_count
+from identifiable.utils.pools import available_cores, worker_count
 from identifiable.utils.progress import task_bar, watching
 from identifiable.utils.threads import engine_threads
 
@@ -171,10 +171,11 @@ def attention_intervals(
     of keys warm-started across objectives, each bound certified); an LP it cannot
     certify goes to HiGHS. `lp_solved` counts both.
 
-    threads: the row's chains split over this many threads (default: torch's thread
-    count, `torch.get_num_threads()`); the bounds agree with one thread's to round-off.
+    threads: the row's chains split over this many threads, one per core at most (default:
+    torch's thread count, `torch.get_num_threads()`); the bounds agree with one thread's to
+    round-off.
     """
-    threads = engine_threads(threads)
+    threads = min(engine_threads(threads), available_cores())  # a thread pool per core at most
     a, seen, _, _, basis, null_dim = _row_problem(trace, layer, head, row, factors)
     aq, allowed, movable = row_problem(a[seen].numpy(), basis)
     chains = max(1, min(int(movable.sum()) // 16, 32))  # 32: fastest on 512 keys, m = 33 and 129
@@ -284,9 +285,10 @@ def interval_map(
         key_mask: `[n, n]` or `[L, n, n]` bool key sets (default: the trace's own
             `key_mask` if it has one, else causal or full).
         workers: processes (1: in this process). Heads run in parallel, and a head's
-            rows are cut into pieces when there are fewer heads than processes.
+            rows are cut into pieces when there are fewer heads than processes. At most
+            one process per core starts, and no more than the memory available holds.
         threads: with workers=1, the chains of each row set split over this many
-            threads of this process (default: torch's thread count,
+            threads of this process, at most one per core (default: torch's thread count,
             `torch.get_num_threads()`); worker processes run one thread each.
         time_budget: seconds; when one measured row says the map needs more,
             raise IdentifiableError saying how long it would take. The engine's one-time
@@ -298,8 +300,9 @@ def interval_map(
             one chain per key).
         progress: a bar of the rows solved on stderr (lines in a log); None: only when a
             person is watching (a terminal or Jupyter).
-    Raises: IdentifiableError for out-of-range indices, a corrupt trace (naming layer
-        and head) or a budget that is too small.
+    Raises: IdentifiableError for out-of-range, repeated or empty indices, counts that
+        are not whole numbers ≥ 1 (the CLI's rules for --workers, --threads, --row), a
+        corrupt trace (naming layer and head) or a budget that is too small.
     """
     layers, heads = check_selection(trace, layers, heads)
     workers, threads, row_list = _check_map_request(trace, workers, threads, rows,
@@ -351,7 +354,7 @@ def _check_map_request(
     """(workers, threads, rows) of `interval_map`, each checked by the rule the CLI uses
     for its flags (`identifiable.utils.checks`)."""
     workers = count(workers, "workers", "--workers")
-    threads = engine_threads(threads)  # type: ignore[arg-type]
+    threads = min(engine_threads(threads), available_cores())  # type: ignore[arg-type]
     if progress is not None:
         expect(progress, bool, "progress", "True, False or None (a bar when a person watches)")
     if time_budget is not None:
