@@ -461,11 +461,6 @@ def check_text(text: TextOrPair) -> tuple[str, ...]:
 _POSITION_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length")
 
 
-def max_positions(config: Any, tokenizer: Any, spec: ArchSpec) -> int:
-    """The longest sequence the model takes (see `position_limit`)."""
-    return position_limit(config, tokenizer, spec)[0]
-
-
 def position_limit(config: Any, tokenizer: Any, spec: ArchSpec) -> tuple[int, str]:
     """(the longest sequence the model takes, what sets it, for messages).
 

@@ -101,9 +101,8 @@ def reproduce(
     (only rank 0's `files` are listed). See `identifiable.experiments.distributed`.
     """
     t_start = time.perf_counter()
-    check_run_arguments(model, out, seed)
+    out = check_run_arguments(model, out, seed)
     plan = resolve_budget(budget)
-    out = Path(out)
     corpus = given_corpus(corpus, column, pair_fields)
     if isinstance(model, str | Path):
         from identifiable.models.devices import resolve_device
@@ -139,8 +138,9 @@ def reproduce(
     return Reproduction(out, files, summary, timings)
 
 
-def check_run_arguments(model: Any, out: Any, seed: Any) -> None:
-    """`reproduce`'s and `compare`'s model, output folder and seed, before any work."""
+def check_run_arguments(model: Any, out: Any, seed: Any) -> Path:
+    """`reproduce`'s and `compare`'s model, output folder and seed, before any work; the
+    folder as a Path."""
     import os
 
     from identifiable.models.arguments import check_model
@@ -148,6 +148,7 @@ def check_run_arguments(model: Any, out: Any, seed: Any) -> None:
     check_model(model, names=True)
     expect(out, (str, os.PathLike), "out", "a folder path")
     count(seed, "seed", "--seed", minimum=0, maximum=SEED_MAX)
+    return Path(out)
 
 
 def given_corpus(corpus: Any, column: str, pair_fields: tuple[str, str] | None) -> Any:
