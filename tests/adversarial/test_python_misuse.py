@@ -134,6 +134,15 @@ MISUSE: dict[str, list[Case]] = {
         lambda c: list(idf.iter_effective_attention(c.tr, layers=[])),
         lambda c: list(idf.iter_effective_attention(c.tr, variant=42)),
     ],
+    "sink_mass": [
+        lambda c: idf.sink_mass(None),
+        lambda c: idf.sink_mass(c.m),
+        lambda c: idf.sink_mass(c.tr, variant=42),
+        lambda c: idf.sink_mass(c.tr, layers=[]),
+        lambda c: idf.sink_mass(c.tr, heads=[99]),
+        lambda c: idf.sink_mass(c.tr, heads="0"),
+        lambda c: idf.sink_mass(c.tr, factors=42),
+    ],
     "constrained_attention": [
         lambda c: idf.constrained_attention(None, 0, 0),
         lambda c: idf.constrained_attention(c.m, 0, 0),
