@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers.cli import SCRIPT
 from identifiable.utils.pools import available_cores, worker_count
@@ -173,3 +174,20 @@ def test_interval_map_threads_are_bounded_by_the_cores(monkeypatch, tiny_model) 
     assert intervals._check_map_request(trace, 1, 2, *request)[1] == 2
     with pytest.raises(IdentifiableError, match=r"^threads="):
         intervals._check_map_request(trace, 1, 0, *request)
+
+
+def test_probe_fits_run_at_most_one_layer_per_core(monkeypatch) -> None:
+    """The probe stage's thread pool (`fit_workers`) is bounded like the process pools, and
+    its `workers` is checked by the same rule."""
+    import identifiable.tokens.evaluate as evaluate
+    from identifiable.errors import IdentifiableError
+
+    monkeypatch.setattr(evaluate, "available_cores", lambda: 2)
+    cpu = torch.device("cpu")
+    assert evaluate.fit_workers(100_000, cpu, 12) == 2
+    assert evaluate.fit_workers(100_000, cpu, 1) == 1
+    assert evaluate.fit_workers(None, torch.device("meta"), 12) == 1  # an accelerator: one
+    with pytest.raises(IdentifiableError, match=r"^workers=0 must be at least 1$"):
+        evaluate.fit_workers(0, cpu, 12)
+    with pytest.raises(IdentifiableError, match=r"^workers="):
+        evaluate.fit_workers(1.5, cpu, 12)
