@@ -305,8 +305,9 @@ def interval_map(
         corrupt trace (naming layer and head) or a budget that is too small.
     """
     layers, heads = check_selection(trace, layers, heads)
-    workers, threads, row_list = _check_map_request(trace, workers, threads, rows,
-                                                    time_budget, chains_per_row, progress)  # fmt: skip
+    workers, threads, row_list = _check_map_request(
+        trace, workers, threads, rows, time_budget, chains_per_row, progress
+    )
     if time_budget is not None:  # the budget counts the work, not the one-time compiler
         from identifiable.attention.lockstep import ensure_compiled
 
@@ -315,8 +316,12 @@ def interval_map(
     heads = list(range(trace.n_heads)) if heads is None else heads
     jobs = [(lyr, h) for lyr in layers for h in heads]
     # never more processes than cores, or than the memory left holds (issue: one per head)
-    workers = worker_count(workers, jobs=len(jobs) * len(row_list),
-                           per_worker=_worker_bytes(trace), available=available_memory())  # fmt: skip
+    workers = worker_count(
+        workers,
+        jobs=len(jobs) * len(row_list),
+        per_worker=_worker_bytes(trace),
+        available=available_memory(),
+    )
     plan = pool_plan(workers, len(jobs), len(row_list))
     if plan[0] > 1:  # worker processes run one thread each
         threads = 1

@@ -107,8 +107,12 @@ def attention_flow(
     jobs = [(layer, i) for layer in graphs for i in range(n)]
     # at most one process per job and per core, and as many as the memory left holds
     graph_bytes = sum(g.data.nbytes + g.indices.nbytes + g.indptr.nbytes for g in graphs.values())
-    workers = worker_count(workers, jobs=len(jobs), per_worker=_WORKER_BASE + 2 * graph_bytes,
-                           available=available_memory())  # fmt: skip
+    workers = worker_count(
+        workers,
+        jobs=len(jobs),
+        per_worker=_WORKER_BASE + 2 * graph_bytes,
+        available=available_memory(),
+    )
     if workers == 1:
         results = [_solve(graphs, n, causal, job) for job in jobs]
     else:
@@ -120,8 +124,12 @@ def attention_flow(
         # travel once per worker, the jobs are (layer, token) pairs; workers ignore Ctrl-C
         fork = "fork" in multiprocessing.get_all_start_methods()
         chunk = max(1, len(jobs) // (4 * workers))
-        with process_pool(workers, method="fork" if fork else "spawn", initializer=_use_graphs,
-                          initargs=(graphs, n, causal)) as pool:  # fmt: skip
+        with process_pool(
+            workers,
+            method="fork" if fork else "spawn",
+            initializer=_use_graphs,
+            initargs=(graphs, n, causal),
+        ) as pool:
             results = list(pool.map(_sink_flows, jobs, chunksize=chunk))
     for (layer, i), values in zip(jobs, results, strict=True):
         out[layer, i, : len(values)] = values / resolution

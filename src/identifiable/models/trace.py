@@ -24,8 +24,17 @@ from identifiable.utils.checks import expect, shown
 from identifiable.utils.precision import float32_matmul_precision, float32_matmuls_exact
 
 # the tensor fields every Trace has (key_mask and key_input_ids may be None)
-_TENSORS = ("input_ids", "attentions", "values", "value_bias", "out_proj", "out_bias",
-            "hidden_states", "attn_outputs", "kv_head_of")  # fmt: skip
+_TENSORS = (
+    "input_ids",
+    "attentions",
+    "values",
+    "value_bias",
+    "out_proj",
+    "out_bias",
+    "hidden_states",
+    "attn_outputs",
+    "kv_head_of",
+)
 
 
 @dataclass
