@@ -3,20 +3,23 @@ contract every refusal must meet.
 
 A refusal exits with status 2, prints no traceback and at most three lines on stderr, and
 changes nothing on disk: the test's whole workspace (where the output would go, its parent,
-the inputs) is snapshot before and after and must be identical.
+the inputs) is snapshot before and after and must be identical. Whatever a case runs, when it
+ends no command of it has printed a traceback and no weight file in its workspace holds NaN
+or inf (the suite's count: 0 tracebacks, 0 non-finite files).
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from helpers.cli import SCRIPT, Outcome, assert_refused, snapshot
+from helpers.training import nonfinite_files
 from identifiable.cli import main
 
 
@@ -45,6 +48,7 @@ class Workspace:
 
     def __init__(self, root: Path, capsys: pytest.CaptureFixture[str], inputs: list[Path]) -> None:
         self.root, self.capsys, self.inputs = root, capsys, inputs
+        self.outcomes: list[Outcome] = []
 
     def _state(self) -> dict[str, Any]:
         return {"workspace": snapshot(self.root), **{str(p): snapshot(p) for p in self.inputs}}
@@ -58,7 +62,8 @@ class Workspace:
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         captured = self.capsys.readouterr()
-        return Outcome(code, captured.out, captured.err)
+        self.outcomes.append(Outcome(code, captured.out, captured.err))
+        return self.outcomes[-1]
 
     def script(self, args: list[str], **kwargs: Any) -> Outcome:
         """As a user runs it: the installed `identifiable` script in a subprocess."""
@@ -66,11 +71,14 @@ class Workspace:
         proc = subprocess.run(
             [str(SCRIPT), *args], capture_output=True, cwd=self.root, env=env, timeout=300, **kwargs
         )
-        return Outcome(
-            proc.returncode,
-            proc.stdout.decode("utf-8", "replace"),
-            proc.stderr.decode("utf-8", "replace"),
+        self.outcomes.append(
+            Outcome(
+                proc.returncode,
+                proc.stdout.decode("utf-8", "replace"),
+                proc.stderr.decode("utf-8", "replace"),
+            )
         )
+        return self.outcomes[-1]
 
     def refused(
         self, args: list[str], expect: str | None = None, *, script: bool = False
@@ -89,10 +97,14 @@ def ws(
     capsys: pytest.CaptureFixture[str],
     model_dir: Path,
     no_tokenizer_dir: Path,
-) -> Workspace:
+) -> Iterator[Workspace]:
     root = tmp_path / "ws"
     root.mkdir()
     monkeypatch.chdir(root)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     (tmp_path / "home").mkdir()
-    return Workspace(root, capsys, [model_dir, no_tokenizer_dir])
+    space = Workspace(root, capsys, [model_dir, no_tokenizer_dir])
+    yield space
+    printed = [o.err + o.out for o in space.outcomes]
+    assert not [text for text in printed if "Traceback" in text], "a command printed a traceback"
+    assert nonfinite_files(root) == [], "a weight file holds NaN or inf"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from identifiable.store.files import is_temporary
-from identifiable.utils.seeds import SEED_MAX, layer_seed
+from identifiable.utils.seeds import SEED_MAX, layer_seed, offset_seed
 
 CORPUS = "\n".join(
     f"Sentence number {i} tells of a {w} that crossed the old river at dawn."
@@ -63,6 +63,14 @@ def test_layer_seeds_stay_in_range_and_keep_the_old_values() -> None:
     import torch
 
     torch.Generator().manual_seed(layer_seed(SEED_MAX, 12) + 17)  # the offsets fitting adds
+
+
+def test_sequence_seeds_stay_in_range_and_keep_the_old_values() -> None:
+    """The probe seed of sequence s (`seed + s`) at the top of the range: wrapped into
+    0..SEED_MAX, which HTA accepts (it was refused as 2**63 on a resumed reproduction)."""
+    assert offset_seed(7, 3) == 10 and offset_seed(SEED_MAX - 1, 1) == SEED_MAX
+    seeds = {offset_seed(SEED_MAX, s) for s in range(50)}
+    assert len(seeds) == 50 and all(0 <= s <= SEED_MAX for s in seeds)
 
 
 @pytest.mark.parametrize("seed", [20_000_000_000_000, SEED_MAX])

@@ -425,12 +425,12 @@ def test_layers_and_heads_select_what_is_computed(causal):
     df = part.to_pandas("effective")
     assert set(df["layer"]) == {0, 2} and set(df["head"]) == {1, 3}
     cases = [
-        ({"heads": [4]}, r"head 4 is out of range: valid heads are 0\.\.3"),
-        ({"layers": [3]}, r"layer 3 is out of range: valid layers are 0\.\.2"),
+        ({"heads": [4]}, r"heads= holds 4, out of range: valid heads are 0\.\.3"),
+        ({"layers": [3]}, r"layers= holds 3, out of range: valid layers are 0\.\.2"),
         ({"heads": [1, 1]}, r"heads= repeats an index"),
         ({"layers": []}, r"layers= is empty"),
-        ({"heads": 2}, r"heads= must be a list of integers"),
-        ({"heads": [1.5]}, r"heads= must hold integers"),
+        ({"heads": 2}, r"heads= takes a list of integers"),
+        ({"heads": [1.5]}, r"heads= holds integers"),
     ]
     for kwargs, message in cases:
         for fn in (effective_attention, null_space):

@@ -59,13 +59,16 @@ def test_equal_row_counts_would_not_balance_the_work():
 
 
 def test_pool_plan_splits_a_head_only_when_heads_are_too_few(monkeypatch):
-    monkeypatch.setattr(mapwork.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(mapwork, "available_cores", lambda: 8)
     assert mapwork.pool_plan(8, 1, 512) == (8, 16)  # one head: 8 processes, 16 pieces
     assert mapwork.pool_plan(8, 16, 512) == (8, 1)  # heads enough: whole heads
     assert mapwork.pool_plan(8, 1, 8) == (1, 1)  # too few rows to cut
     assert mapwork.pool_plan(1, 1, 512) == (1, 1)
     assert mapwork.pool_plan(64, 1, 512) == (8, 16)  # no more than the cores for one head
     assert mapwork.pool_plan(3, 2, 512) == (3, 6)
+    assert mapwork.pool_plan(100_000, 72, 6) == (8, 1)  # never one process per head
+    monkeypatch.setattr(mapwork, "available_cores", lambda: 2)
+    assert mapwork.pool_plan(100_000, 72, 6) == (2, 1)  # the issue's case, on 2 cores
 
 
 def test_one_causal_head_in_two_processes_equals_one_process_and_plain_lps():
@@ -73,7 +76,7 @@ def test_one_causal_head_in_two_processes_equals_one_process_and_plain_lps():
     bounds as in one process (certified optima, so equal to round-off) and as scipy's
     per-key LP on sampled rows."""
     trace = synthetic_trace(n=64, d_v=4, d=10, causal=True, seed=2, dtype=torch.float64)
-    assert mapwork.pool_plan(2, 1, 64)[1] > 1 or (mapwork.os.cpu_count() or 1) < 2
+    assert mapwork.pool_plan(2, 1, 64)[1] > 1 or mapwork.available_cores() < 2
     one = interval_map(trace, layers=[1], heads=[0])
     two = interval_map(trace, layers=[1], heads=[0], workers=2)
     assert torch.allclose(one.lower, two.lower, atol=1e-9, rtol=0)

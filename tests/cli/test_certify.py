@@ -57,8 +57,8 @@ def test_head_map_parquet_and_summary(monkeypatch, capsys, tiny_model, tmp_path)
             ["--time-budget", "0.000001"],
             r"needs about (?!0 s)[\d.e-]+ s .*more than the time budget",
         ),
-        (["--time-budget", "nan"], r"--time-budget nan must be a positive number of seconds"),
-        (["--time-budget", "-1"], r"--time-budget -1 must be a positive number of seconds"),
+        (["--time-budget", "nan"], r"--time-budget nan must be a finite number above 0"),
+        (["--time-budget", "-1"], r"--time-budget -1 must be a finite number above 0"),
         (["--out", "x.csv"], r"must end in \.parquet"),
     ],
 )

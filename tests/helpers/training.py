@@ -23,3 +23,28 @@ def batch_for(model, texts, *, left: bool = False):
     if model.inputs.accepts_token_types:
         keep.add("token_type_ids")
     return {k: v for k, v in enc.items() if k in keep}
+
+
+def nonfinite_files(root) -> list[str]:
+    """The weight files under `root` (safetensors, torch state files) holding NaN or inf:
+    what "nothing non-finite is ever saved" counts."""
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import load_file
+
+    found = []
+    for path in Path(root).rglob("*"):
+        if path.suffix == ".safetensors":
+            tensors = list(load_file(path).values())
+        elif path.suffix == ".pt" or path.name.endswith(".pt.tmp") or ".pt." in path.name:
+            try:
+                state = torch.load(path, weights_only=True)
+            except Exception:  # a half-written temporary: counted by the temporaries check
+                continue
+            tensors = [t for part in ("model",) for t in state.get(part, {}).values()]
+        else:
+            continue
+        if any(t.is_floating_point() and not bool(t.isfinite().all()) for t in tensors):
+            found.append(str(path))
+    return found

@@ -155,7 +155,7 @@ def test_flow_with_worker_processes_gives_the_same_values(causal):
     two = attention_flow(caps, causal=causal, workers=2)
     assert torch.equal(one, two)
     assert one[2:].abs().sum() > 0  # the solver layers really ran
-    with pytest.raises(IdentifiableError, match="positive integer"):
+    with pytest.raises(IdentifiableError, match="workers=0 must be at least 1"):
         attention_flow(caps, workers=0)
 
 

@@ -94,8 +94,8 @@ def test_nothing_outside_the_selection_is_computed(models, monkeypatch):
     [
         ({"heads": []}, "heads= is empty"),
         ({"heads": [0, 0]}, "heads= repeats an index"),
-        ({"heads": [4]}, r"heads= holds 4, out of range: valid indices are 0\.\.3"),
-        ({"layers": [2]}, r"layers= holds 2, out of range: valid indices are 0\.\.1"),
+        ({"heads": [4]}, r"heads= holds 4, out of range: valid heads are 0\.\.3"),
+        ({"layers": [2]}, r"layers= holds 2, out of range: valid layers are 0\.\.1"),
         ({"layers": [-1]}, "layers= holds -1, out of range"),
         ({"heads": 0}, "heads= takes a list of integers"),
         ({"heads": [True]}, "heads= holds integers"),
@@ -130,7 +130,9 @@ def test_cli_trace_layers_and_heads(models, tmp_path, capsys, bert_tokenizer):
     assert rc == 0, err
     assert "1,3" in out and "passed" in out
     rc, out, err = run(["trace", TEXT, "--model", str(folder), "--heads", "7"], capsys)
-    assert rc == 2 and "--heads holds 7, out of range" in err and "heads=" not in err
+    assert (
+        rc == 2 and "--heads 7 is out of range: valid heads are 0..3" in err and "heads=" not in err
+    )
 
 
 @needs_recompute  # eager's plan for this tiny model fits in 1 MiB; sdpa's chunk buffer does not

@@ -157,12 +157,15 @@ def test_register_spec_replaces_a_table_entry_only_when_asked(registry, bert_tok
 @pytest.mark.parametrize(
     "bad, match",
     [
-        ("bert", "register_spec takes an ArchSpec"),
-        (ArchSpec("x", (), "h", "v", "o"), "model_types must be a non-empty tuple"),
-        (ArchSpec("x", "gptj", "h", "v", "o"), "model_types must be a non-empty tuple"),  # type: ignore[arg-type]
+        (lambda: "bert", "register_spec takes an ArchSpec"),
+        (lambda: ArchSpec("x", (), "h", "v", "o"), "model_types must be a non-empty tuple"),
+        (lambda: ArchSpec("x", "gptj", "h", "v", "o"), "model_types must be a non-empty tuple"),
+        (lambda: ArchSpec("", ("x",), "h", "v", "o"), "name must be"),
+        (lambda: ArchSpec("x", ("x",), None, "v", "o"), "layers must be"),
     ],
 )
 def test_register_spec_refuses_bad_input_in_one_line(registry, bad, match):
+    """A spec of the wrong kind is refused when it is made (ArchSpec) or registered."""
     with pytest.raises(IdentifiableError, match=match) as exc:
-        register_spec(bad)
+        register_spec(bad())
     assert "\n" not in str(exc.value) and specs._REGISTERED == []

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from identifiable.errors import IdentifiableError
 from identifiable.viewer.options import ViewerOptions, ViewerPage
 from identifiable.viewer.page import read_viewer_data, viewer_html
 from viewer.test_viewer_browser import synthetic_args
@@ -41,5 +42,5 @@ def test_options_of_normalises_sequences_and_row() -> None:
     assert o.rows == (4, 5) and o.mixing == ("rollout",)
     assert ViewerOptions.of(o, {"row": None}).rows == ()
     assert ViewerOptions.of(None, {"row": 2}).rows == (2,)
-    with pytest.raises(TypeError):
+    with pytest.raises(IdentifiableError, match="unknown viewer option no_such_option="):
         ViewerOptions.of(None, {"no_such_option": 1})

@@ -8,7 +8,25 @@ import torch
 from torch import Tensor
 
 from identifiable.errors import IdentifiableError
-from identifiable.models.trace import Trace
+from identifiable.models.trace import Seq2SeqTrace, Trace
+from identifiable.utils.checks import expect
+from identifiable.utils.checks import indices as _checked_indices
+
+
+def check_trace(trace: object) -> None:
+    """One line for an argument that is not a `Trace`: a model, an encoder–decoder trace,
+    None or anything else, saying how to get a trace."""
+    if isinstance(trace, Seq2SeqTrace):
+        raise IdentifiableError(
+            "trace= takes one attention's Trace; an encoder–decoder trace holds three: pass "
+            "its .encoder, .decoder or .cross"
+        )
+    if hasattr(trace, "hf_model") and callable(getattr(trace, "trace", None)):
+        raise IdentifiableError(
+            f"trace= takes a Trace, got a {type(trace).__name__}: trace a text first "
+            "(trace = model.trace(text)) and pass the trace"
+        )
+    expect(trace, Trace, "trace", "a Trace (model.trace(text))")
 
 
 def check_shapes(trace: Trace) -> None:
@@ -47,9 +65,15 @@ def check_finite(
         return  # finite values whose sum overflowed
     idx = bad.any(-1).nonzero()[0].tolist()
     where = f"layer {idx[0]}, head {idx[1]}" if per_layer_head else f"layer {layer}, head {idx[0]}"
+    if "W_O" in what:  # a weight itself, not an activation: no dtype makes it finite
+        raise IdentifiableError(
+            f"NaN or inf in the {what} at {where}: the model's weights are not finite (a "
+            "damaged checkpoint or a fine-tune that diverged); load finite weights"
+        )
     raise IdentifiableError(
-        f"NaN or inf in the {what} at {where}: the model produced non-finite numbers "
-        "(often fp16 overflow); trace it in float32 (dtype=torch.float32) and try again"
+        f"NaN or inf in the {what} at {where}: either the model's weights hold NaN or inf "
+        "(`identifiable trace` names them), or a float16/bfloat16 forward pass overflowed "
+        "(then load it with dtype=torch.float32)"
     )
 
 
@@ -81,37 +105,13 @@ def check_selection(
     One line for an index out of range, a repeated index or an empty selection, naming
     the argument; nothing outside the selection is read afterwards.
     """
-    chosen_layers = list(range(trace.n_layers)) if layers is None else _indices(layers, "layers")
-    for layer in chosen_layers:
-        trace.check_layer(layer)
+    check_trace(trace)
+    chosen_layers = (
+        list(range(trace.n_layers))
+        if layers is None
+        else _checked_indices(layers, trace.n_layers, "layers", "--layer")
+    )
     if heads is None:
         return chosen_layers, None
-    chosen_heads = _indices(heads, "heads")
-    for head in chosen_heads:
-        trace.check_head(head)
+    chosen_heads = _checked_indices(heads, trace.n_heads, "heads", "--head")
     return chosen_layers, None if chosen_heads == list(range(trace.n_heads)) else chosen_heads
-
-
-def _indices(values: Sequence[int], name: str) -> list[int]:
-    if isinstance(values, int | str) or not hasattr(values, "__iter__"):
-        raise IdentifiableError(f"{name}= must be a list of integers, got {values!r}")
-    out = list(values)
-    if not out:
-        raise IdentifiableError(f"{name}= is empty: give at least one index, or None for all")
-    ints = [_as_int(v, name) for v in out]
-    if len(set(ints)) != len(ints):
-        raise IdentifiableError(f"{name}= repeats an index: {ints}")
-    return ints
-
-
-def _as_int(value: object, name: str) -> int:
-    import operator
-
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise IdentifiableError(
-            f"{name}= must hold integers, got {type(value).__name__} {value!r}"
-        ) from None

@@ -52,9 +52,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from identifiable.attention.checks import check_trace
 from identifiable.errors import IdentifiableError
 from identifiable.models.trace import Trace
 from identifiable.results import Result
+from identifiable.utils.checks import indices
 
 REFERENCES: tuple[str, ...] = ("uniform", "entropy")
 _TOL = 1e-10
@@ -227,13 +229,15 @@ def constrained_attention(
     """
     from identifiable.attention.mapwork import head_rows
 
-    if reference not in REFERENCES:
+    check_trace(trace)
+    if not isinstance(reference, str) or reference not in REFERENCES:
         raise IdentifiableError(
             f"unknown reference {reference!r}: use one of {', '.join(REFERENCES)}"
         )
-    sets = head_rows(trace, layer, head, rows, key_mask=key_mask)
     n = trace.n_tokens
-    order = list(range(n)) if rows is None else [int(r) for r in rows]
+    # the rule of interval_map's rows= and the CLI's --row
+    order = list(range(n)) if rows is None else indices(rows, n, "rows", "--row")
+    sets = head_rows(trace, layer, head, None if rows is None else order, key_mask=key_mask)
     where = {r: i for i, r in enumerate(order)}
     raw = np.zeros((len(order), n))
     eff, out, res = np.zeros_like(raw), np.zeros_like(raw), np.zeros(len(order))

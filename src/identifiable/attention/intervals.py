@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
@@ -16,13 +15,15 @@ from identifiable.attention.certificates import (
     row_problem,
     witness_lp,
 )
-from identifiable.attention.checks import check_finite, check_selection
+from identifiable.attention.checks import check_finite, check_selection, check_trace
 from identifiable.attention.effective import HeadFactors
 from identifiable.attention.linalg import add_ones, column_basis, head_factors, row_ids
 from identifiable.attention.mapwork import check_budget, pool_plan, solve_jobs
-from identifiable.errors import IdentifiableError
+from identifiable.models.budget import available_memory
 from identifiable.models.trace import Trace
 from identifiable.results import Result
+from identifiable.utils.checks import count, expect, indices, number
+from identifiable.utils.pools import available_cores, worker_count
 from identifiable.utils.progress import task_bar, watching
 from identifiable.utils.threads import engine_threads
 
@@ -98,6 +99,7 @@ class AttentionIntervals(
 
 
 def _row_problem(trace: Trace, layer: int, head: int, row: int, factors: HeadFactors | None):
+    check_trace(trace)
     trace.check_layer(layer)
     trace.check_head(head)
     trace.check_row(row)
@@ -169,10 +171,11 @@ def attention_intervals(
     of keys warm-started across objectives, each bound certified); an LP it cannot
     certify goes to HiGHS. `lp_solved` counts both.
 
-    threads: the row's chains split over this many threads (default: torch's thread
-    count, `torch.get_num_threads()`); the bounds agree with one thread's to round-off.
+    threads: the row's chains split over this many threads, one per core at most (default:
+    torch's thread count, `torch.get_num_threads()`); the bounds agree with one thread's to
+    round-off.
     """
-    threads = engine_threads(threads)
+    threads = min(engine_threads(threads), available_cores())  # a thread pool per core at most
     a, seen, _, _, basis, null_dim = _row_problem(trace, layer, head, row, factors)
     aq, allowed, movable = row_problem(a[seen].numpy(), basis)
     chains = max(1, min(int(movable.sum()) // 16, 32))  # 32: fastest on 512 keys, m = 33 and 129
@@ -282,9 +285,10 @@ def interval_map(
         key_mask: `[n, n]` or `[L, n, n]` bool key sets (default: the trace's own
             `key_mask` if it has one, else causal or full).
         workers: processes (1: in this process). Heads run in parallel, and a head's
-            rows are cut into pieces when there are fewer heads than processes.
+            rows are cut into pieces when there are fewer heads than processes. At most
+            one process per core starts, and no more than the memory available holds.
         threads: with workers=1, the chains of each row set split over this many
-            threads of this process (default: torch's thread count,
+            threads of this process, at most one per core (default: torch's thread count,
             `torch.get_num_threads()`); worker processes run one thread each.
         time_budget: seconds; when one measured row says the map needs more,
             raise IdentifiableError saying how long it would take. The engine's one-time
@@ -296,30 +300,32 @@ def interval_map(
             one chain per key).
         progress: a bar of the rows solved on stderr (lines in a log); None: only when a
             person is watching (a terminal or Jupyter).
-    Raises: IdentifiableError for out-of-range indices, a corrupt trace (naming layer
-        and head) or a budget that is too small.
+    Raises: IdentifiableError for out-of-range, repeated or empty indices, counts that
+        are not whole numbers ≥ 1 (the CLI's rules for --workers, --threads, --row), a
+        corrupt trace (naming layer and head) or a budget that is too small.
     """
-    if time_budget is not None and not time_budget > 0:  # NaN too: it would refuse nothing
-        raise IdentifiableError(
-            f"time_budget must be a positive number of seconds, got {time_budget!r}"
-        )
+    layers, heads = check_selection(trace, layers, heads)
+    workers, threads, row_list = _check_map_request(
+        trace, workers, threads, rows, time_budget, chains_per_row, progress
+    )
     if time_budget is not None:  # the budget counts the work, not the one-time compiler
         from identifiable.attention.lockstep import ensure_compiled
 
         ensure_compiled()
-    threads = engine_threads(threads)
     start = time.time()
-    layers, heads = check_selection(trace, layers, heads)
     heads = list(range(trace.n_heads)) if heads is None else heads
-    row_list = list(range(trace.n_tokens)) if rows is None else [int(r) for r in rows]
-    for r in row_list:
-        trace.check_row(r)
     jobs = [(lyr, h) for lyr in layers for h in heads]
+    # never more processes than cores, or than the memory left holds (issue: one per head)
+    workers = worker_count(
+        workers,
+        jobs=len(jobs) * len(row_list),
+        per_worker=_worker_bytes(trace),
+        available=available_memory(),
+    )
     plan = pool_plan(workers, len(jobs), len(row_list))
     if plan[0] > 1:  # worker processes run one thread each
         threads = 1
-    # The budget check assumes no more processes than the machine's cores.
-    parallel = min(plan[0], os.cpu_count() or 1)
+    parallel = plan[0]
     deadline = None if time_budget is None else start + 1.05 * time_budget
     if time_budget is not None:
         check_budget(trace, jobs[0], row_list, key_mask, len(jobs) * len(row_list), parallel,
@@ -329,6 +335,43 @@ def interval_map(
         solved = solve_jobs(trace, jobs, row_list, key_mask, chains_per_row, plan, deadline,
                             time_budget, start, bar, threads)  # fmt: skip
     return _assemble(trace, layers, heads, row_list, jobs, solved, start)
+
+
+# A spawned worker's resident memory once it has imported torch, numba and scipy (VmHWM of
+# a worker of this pool, 396 MB, rounded up), before the rows it is given.
+_WORKER_IMPORTS = 512 << 20
+
+
+def _worker_bytes(trace: Trace) -> int:
+    """Memory one worker process needs: its imports and one head's float64 row problems."""
+    return _WORKER_IMPORTS + 16 * 8 * trace.n_tokens * trace.n_keys
+
+
+def _check_map_request(
+    trace: Trace,
+    workers: object,
+    threads: object,
+    rows: object,
+    time_budget: object,
+    chains_per_row: object,
+    progress: object,
+) -> tuple[int, int, list[int]]:
+    """(workers, threads, rows) of `interval_map`, each checked by the rule the CLI uses
+    for its flags (`identifiable.utils.checks`)."""
+    workers = count(workers, "workers", "--workers")
+    threads = min(engine_threads(threads), available_cores())  # type: ignore[arg-type]
+    if progress is not None:
+        expect(progress, bool, "progress", "True, False or None (a bar when a person watches)")
+    if time_budget is not None:
+        number(time_budget, "time_budget", "--time-budget", low_open=True)
+    if chains_per_row is not None:
+        count(chains_per_row, "chains_per_row")
+    row_list = (
+        list(range(trace.n_tokens))
+        if rows is None
+        else indices(rows, trace.n_tokens, "rows", "--row")
+    )
+    return workers, threads, row_list
 
 
 def _assemble(trace, layers, heads, row_list, jobs, solved, start) -> IntervalMap:

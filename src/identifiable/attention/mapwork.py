@@ -11,7 +11,6 @@ head can use every process, not one.
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ from identifiable.attention.linalg import add_ones, column_basis, head_factors, 
 from identifiable.attention.nested import nested_rows
 from identifiable.errors import IdentifiableError, seconds
 from identifiable.models.trace import Trace
+from identifiable.utils.pools import available_cores
 from identifiable.utils.threads import one_thread_per_process
 
 
@@ -247,9 +247,9 @@ def pool_plan(workers: int, n_jobs: int, n_rows: int) -> tuple[int, int]:
     would idle, and more pieces than the machine's cores would not help one head.
     """
     workers = max(int(workers), 1)
-    cores = os.cpu_count() or 1
+    cores = available_cores()
     splits = min(workers, cores, n_rows // _MIN_PIECE) if n_jobs < 2 * min(workers, cores) else 1
-    pool_size = min(workers, max(n_jobs, splits))
+    pool_size = min(workers, cores, max(n_jobs, splits))  # never more processes than cores
     return pool_size, (2 * splits if splits > 1 else 1)
 
 
@@ -269,16 +269,13 @@ def solve_jobs(trace, jobs, row_list, key_mask, chains, plan, deadline, budget, 
 
     try:
         if pool_size > 1:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
             from identifiable.attention.lockstep import ensure_compiled
+            from identifiable.utils.pools import process_pool
 
             ensure_compiled()  # here, once: the workers then load it from the disk cache
 
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=pool_size, mp_context=ctx,
-                                     initializer=one_thread_per_process) as pool:  # fmt: skip
+            # workers ignore Ctrl-C; the parent terminates them and re-raises
+            with process_pool(pool_size, initializer=one_thread_per_process) as pool:
                 futures = []
                 for job in jobs:
                     for sets, extra in tasks(job):
@@ -343,6 +340,19 @@ def _row_weight(mask: np.ndarray, d_v: int) -> float:
     return share / 2.8 if bool((mask == mask[:1]).all()) else _OWN_KEYS_FACTOR * share
 
 
+def _narrower(heads: int, rows: int) -> tuple[str, str]:
+    """The end of a time-budget refusal: a smaller choice than the caller's, if any
+    (Python arguments, CLI flags)."""
+    if heads > 1:
+        return (
+            " or choose one head (layers=, heads=)",
+            " or choose one head with --layer and --head",
+        )
+    if rows > 1:
+        return " or choose fewer rows (rows=)", " or choose one row with --row"
+    return "", ""
+
+
 def check_budget(trace, job, rows, key_mask, n_rows, workers, budget, start, threads=1) -> None:
     """Time one row (the one with the most keys) and refuse a map that cannot fit. The
     probe runs on the map's `threads`, as its rows will.
@@ -366,10 +376,11 @@ def check_budget(trace, job, rows, key_mask, n_rows, workers, budget, start, thr
     estimate = (time.time() - start) + per_row * weight
     if cut or estimate > budget:
         took = f"over {seconds(per_row)}, stopped there" if cut else seconds(per_row)
-        raise IdentifiableError(
+        head = (
             f"the interval map of {n_rows} rows needs about {seconds(estimate)}"
             f"{' or more' if cut else ''} (one row, {int(mask.sum(1).max())} keys, took "
-            f"{took}), more than the time budget of {budget:g} s: raise the budget "
-            "(time_budget=, CLI --time-budget) or choose one head with --layer and --head "
-            "(layers=, heads=)"
+            f"{took}), more than the time budget of {budget:g} s: raise "
         )
+        # advise only a narrower choice than the caller made (one head: fewer rows)
+        python, cli = _narrower(round(heads), len(rows))
+        raise IdentifiableError(head + "time_budget=" + python, cli=head + "--time-budget" + cli)

@@ -19,6 +19,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from identifiable.attention.checks import check_finite, check_trace_shapes
 from identifiable.attention.linalg import certified_well_conditioned, head_factors
+from identifiable.errors import IdentifiableError
 from identifiable.models.trace import Trace
 
 
@@ -105,6 +106,11 @@ class OutProj:
         self, trace: Trace, factors: HeadFactors | None, heads: Sequence[int] | None = None
     ) -> None:
         check_trace_shapes(trace)  # also when the factors are given or cached
+        if factors is not None and not isinstance(factors, HeadFactors):
+            raise IdentifiableError(
+                "factors= takes the HeadFactors of this trace (compute_head_factors(trace)) or "
+                f"None, got {type(factors).__name__}"
+            )
         self._trace = trace
         self._heads = None if heads is None else list(heads)
         cached = _cached(_FACTOR_CACHE, trace.out_proj)

@@ -17,9 +17,12 @@ import torch
 from identifiable.attribution.contributions import contribution_stderr, contributions
 from identifiable.attribution.jacobian import ProgressFn, jacobian_sq_norms
 from identifiable.attribution.memory import DEFAULT_MEMORY_BUDGET, ModelDims, plan_chunk_size
+from identifiable.models.arguments import check_model
 from identifiable.models.protocol import TracedModel
 from identifiable.results import Result
+from identifiable.utils.checks import count
 from identifiable.utils.progress import task_bar, watching
+from identifiable.utils.seeds import SEED_MAX
 
 TextOrPair = str | tuple[str, str]
 
@@ -200,6 +203,11 @@ def hidden_token_attribution(
             function with (done, total). None (the default): a bar for exact mode (n·d
             JVPs, seconds to minutes) in an interactive session (a terminal or Jupyter).
     """
+    check_model(model)
+    count(seed, "seed", "--seed", minimum=0, maximum=SEED_MAX)
+    count(memory_budget, "memory_budget")
+    if chunk_size is not None:
+        count(chunk_size, "chunk_size")
     enc = model.encode(text, truncate=truncate)
     input_ids = enc.input_ids
     _check_plan(model, len(input_ids), probes, memory_budget, chunk_size)

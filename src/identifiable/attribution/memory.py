@@ -66,6 +66,11 @@ def fixed_bytes(n: int, dims: ModelDims, itemsize: int) -> int:
     return bytes_per_tangent(n, dims, itemsize) + 2 * (dims.n_layers + 1) * n * n * 8
 
 
+def _which(budget: int) -> str:
+    """The budget as a refusal names it: the default is called the default."""
+    return "default memory budget" if budget == DEFAULT_MEMORY_BUDGET else "memory budget"
+
+
 def plan_chunk_size(
     n: int,
     dims: ModelDims,
@@ -91,7 +96,7 @@ def plan_chunk_size(
         need = fixed + per
         head = (
             f"{what} of this {n}-token sequence needs at least {need / MIB:.0f} MiB even one "
-            f"JVP at a time, more than the memory budget of {budget / MIB:.0f} MiB. "
+            f"JVP at a time, more than the {_which(budget)} of {budget / MIB:.0f} MiB. "
         )
         tail = f"; at this length exact mode would also run n·d = {n * dims.hidden_size} JVPs"
         raise IdentifiableError(
@@ -107,7 +112,7 @@ def plan_chunk_size(
         if requested > fits:
             raise IdentifiableError(
                 f"chunk_size={requested} needs about {(fixed + requested * per) / MIB:.0f} MiB, "
-                f"over the memory budget of {budget / MIB:.0f} MiB; use at most {fits} "
+                f"over the {_which(budget)} of {budget / MIB:.0f} MiB; use at most {fits} "
                 "or raise memory_budget=."
             )
         return min(requested, total_tangents)

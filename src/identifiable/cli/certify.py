@@ -9,7 +9,6 @@ import typer
 from rich.table import Table
 
 from identifiable.cli.common import (
-    check_ranges,
     check_writable,
     console,
     load,
@@ -77,7 +76,8 @@ def certify(
     _check_flags(out, workers, threads, time_budget, force)
     m = load(model)
     tr = m.trace((text, pair) if pair is not None else text, truncate=not no_truncate)
-    check_ranges(tr, layer, head, row)
+    # --layer, --head and --row are checked by interval_map, by the rule of layers=, heads=
+    # and rows= (identifiable.utils.checks)
     layers = [layer] if layer is not None else None
     heads = [head] if head is not None else None
     rows = [row] if row is not None else None
@@ -137,14 +137,14 @@ def _check_flags(
     """One line for a flag that cannot work, before the model loads."""
     if out is not None and out.suffix != ".parquet":
         raise IdentifiableError(f"--out '{out}' must end in .parquet")
-    if workers < 1:
-        raise IdentifiableError(f"--workers {workers} must be at least 1")
-    if threads is not None and threads < 1:
-        raise IdentifiableError(f"--threads {threads} must be at least 1")
-    if time_budget is not None and not time_budget > 0:  # NaN too: it would refuse nothing
-        raise IdentifiableError(
-            f"--time-budget {time_budget:g} must be a positive number of seconds"
-        )
+    from identifiable.utils.checks import count, number
+
+    # the rules interval_map applies to workers=, threads= and time_budget=
+    count(workers, "workers", "--workers")
+    if threads is not None:
+        count(threads, "threads", "--threads")
+    if time_budget is not None:
+        number(time_budget, "time_budget", "--time-budget", low_open=True)
     check_writable(out, "--out", force=force)
 
 

@@ -10,12 +10,33 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 
 from identifiable.errors import IdentifiableError
 from identifiable.utils.seeds import SEED_MAX
 
-console = Console()
+FILE_WIDTH = 4096
+"""The width of stdout when it is a file or a pipe: wide enough that no table is cropped."""
+
+
+class _Output(Console):
+    """stdout: a terminal's own width, but a file or pipe (`> out.txt`, `| less`) gets whole
+    tables and unwrapped lines: rich would otherwise crop to 80 columns (or to the width
+    of the terminal that stderr still shows) and cut headers to "ident…"."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size  # COLUMNS too: it describes a terminal, not a file
+        if not self.is_terminal:
+            return ConsoleDimensions(max(size.width, FILE_WIDTH), size.height)
+        return size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        self._width, self._height = new_size
+
+
+console = _Output()
 err_console = Console(stderr=True)
 
 
@@ -107,25 +128,41 @@ class Interrupted(Exception):
 
 @contextmanager
 def resumable() -> Iterator[None]:
-    """Ctrl-C inside a run that writes a folder it can continue: say so (exit 130)."""
+    """Ctrl-C inside a run that writes a folder it can continue: say so (exit 130). A
+    SIGTERM (`kill PID`) is taken as Ctrl-C, so that the file being written is removed,
+    not left behind half-written, and the run says how to resume."""
+    import signal
+    import threading
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, terminated) if main else None
     try:
         yield
     except KeyboardInterrupt:
         raise Interrupted("interrupted; rerun with --resume") from None
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def check_ranges(tr: Any, layer: int | None, head: int | None, row: int | None) -> None:
-    """Refuse a CLI --layer (0..L-1), --head (0..H-1) or --row (0..n-1) outside the trace."""
-    checks = (
-        ("layer", layer, 0, tr.n_layers - 1),
-        ("head", head, 0, tr.n_heads - 1),
-        ("row", row, 0, tr.n_tokens - 1),
-    )
-    for name, value, lo, hi in checks:
-        if value is not None and not lo <= value <= hi:
-            raise IdentifiableError(
-                f"--{name} {value} is out of range: valid {name}s are {lo}..{hi}"
-            )
+    """Refuse a CLI --layer (0..L-1), --head (0..H-1) or --row (0..n-1) outside the trace,
+    by the rule of the API's layers=, heads= and rows= (`identifiable.utils.checks`)."""
+    from identifiable.utils.checks import indices
+
+    for name, value, size in (
+        ("layer", layer, tr.n_layers),
+        ("head", head, tr.n_heads),
+        ("row", row, tr.n_tokens),
+    ):
+        if value is not None:
+            try:
+                indices([value], size, f"{name}s", f"--{name}")
+            except IdentifiableError as exc:
+                raise IdentifiableError(exc.for_cli()) from None
 
 
 def check_model_name(model: str) -> None:

@@ -13,14 +13,15 @@ from identifiable.errors import IdentifiableError
 
 
 def _weights(value: str) -> list[float]:
-    from identifiable.training.loop import check_weight
+    from identifiable.training.loop import PENALTY_MAX, check_weight
 
     parts = [p.strip() for p in value.split(",")]
     if not value.strip() or any(not p for p in parts):
         raise IdentifiableError(
-            f"--penalty takes weights ≥ 0 such as 0.1 or 0,0.01,0.1,1; got {value!r}"
+            f"--penalty takes weights between 0 and {PENALTY_MAX:g} such as 0.1 or "
+            f"0,0.01,0.1,1; got {value!r}"
         )
-    return [check_weight(p, "--penalty") for p in parts]
+    return [check_weight(p) for p in parts]
 
 
 def finetune(
@@ -44,6 +45,9 @@ def finetune(
     batch_size: Annotated[int, typer.Option("--batch-size", help="Pairs per step.")] = 8,
     lr: Annotated[float, typer.Option("--lr", help="AdamW learning rate.")] = 5e-5,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Longest training pair.")] = 72,
+    min_tokens: Annotated[
+        int, typer.Option("--min-tokens", help="Shortest training pair (above the head width).")
+    ] = 40,
     save_every: Annotated[
         int, typer.Option("--save-every", help="Steps between resume points.")
     ] = 25,
@@ -58,6 +62,9 @@ def finetune(
     force: Annotated[
         bool, typer.Option("--force", help="Replace a previous run of ours in --out.")
     ] = False,
+    time_budget: Annotated[
+        float | None, typer.Option("--time-budget", help="Seconds training may take (checked).")
+    ] = None,
 ) -> None:
     """Fine-tune with the null-attention penalty (self-distillation, no labels); write a
     Hugging Face checkpoint and a held-out report (OUT/index.html)."""
@@ -72,6 +79,7 @@ def finetune(
         batch_size=batch_size,
         lr=lr,
         max_tokens=max_tokens,
+        min_tokens=min_tokens,
         save_every=save_every,
         variant=variant,
         seed=seed,
@@ -87,6 +95,7 @@ def finetune(
             evaluate=not no_evaluate,
             resume=resume,
             force=force,
+            time_budget=time_budget,
         )
     for w, path in result.checkpoints.items():
         console.print(f"checkpoint (penalty {w:g}): {path}")

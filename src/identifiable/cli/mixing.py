@@ -19,12 +19,16 @@ from identifiable.errors import IdentifiableError
 
 _TextArg = Annotated[str, typer.Argument(help="The text to analyse.")]
 
+DEFAULT_METHOD = "rollout"
+
 _MethodArg = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--method",
         help="attention, rollout, flow, effective-rollout, norm, globenc, alti, "
-        "value-zeroing, grad-input, erasure or hta (see docs/mixing.md).",
+        f"value-zeroing, grad-input, erasure or hta (see docs/mixing.md). Default: "
+        f"{DEFAULT_METHOD}, named as such in the output.",
+        show_default=False,
     ),
 ]
 
@@ -53,7 +57,7 @@ _SecondNormArg = Annotated[
 
 def mixing(
     text: _TextArg,
-    method: _MethodArg = "rollout",
+    method: _MethodArg = None,
     pair: PairOption = None,
     model: ModelOption = "minilm",
     flow_budget: _FlowBudgetArg = None,
@@ -71,6 +75,8 @@ def mixing(
     """
     from identifiable.mixing import context_mixing, get_method
 
+    chosen = method is not None  # the default is said in the title, never silently taken
+    method = method if method is not None else DEFAULT_METHOD
     spec = get_method(method)  # unknown method: one line listing the known ones, no loading
     given = {
         "budget_s": flow_budget,
@@ -107,7 +113,8 @@ def mixing(
     shown = result.global_map
     kind = "rolled out" if result.rolled is not None else "per layer"
     table = Table(
-        title=f"{m.info.name}: {method} ({kind}), {result.n_tokens} tokens, {result.seconds:.2f} s"
+        title=f"{m.info.name}: {method}{'' if chosen else ' (the default; choose with --method)'} "
+        f"({kind}), {result.n_tokens} tokens, {result.seconds:.2f} s"
     )
     table.add_column("layer", justify="right")
     table.add_column("top source of each token (token ← source, share of its row)")

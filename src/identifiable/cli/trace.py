@@ -309,6 +309,11 @@ def trace(
             m, source, model, target, not no_truncate, layers, heads, memory_budget
         )
     errors = {part: t.reconstruction_errors() for part, t in parts[0].items()}
+    if not all(bool(e.isfinite().all()) for e in errors.values()):
+        from identifiable.utils.checks import check_finite_weights
+
+        # NaN errors: name the weights when they are the cause (no dtype would help)
+        check_finite_weights(m.task_model, f"'{model}'")
     passed = {part: bool((errors[part] <= t.tolerance).all()) for part, t in parts[0].items()}
     _print_checks(parts, errors, passed)
     if json_out is not None:

@@ -30,7 +30,9 @@ from identifiable.corpus.sources import (
     read_source,
 )
 from identifiable.errors import IdentifiableError
+from identifiable.utils.checks import count, expect
 from identifiable.utils.progress import status, watching
+from identifiable.utils.seeds import SEED_MAX
 
 __all__ = ["CORPUS_VERSION", "UNITS", "Corpus", "load_corpus", "load_documents", "resolve_corpus"]
 
@@ -59,6 +61,11 @@ class Corpus(Sequence[Item]):
     items: tuple[Item, ...] = field(repr=False)
     fingerprint: str
     options: Mapping[str, Any] = field(repr=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("name", "unit", "fingerprint"):
+            expect(getattr(self, name), str, name, "a string")
+        expect(self.items, tuple, "items", "a tuple of texts or (text, text) pairs")
 
     @property
     def is_pairs(self) -> bool:
@@ -279,6 +286,7 @@ def load_corpus(
         "buckets": buckets,
     }
     _check_options(unit, tokenizer, counted, per_bucket, pair_fields)
+    count(seed, "seed", "--seed", minimum=0, maximum=SEED_MAX)
     read = SourceOptions(
         fmt=format,
         field=column if column is not None else field,

@@ -23,6 +23,7 @@ from identifiable.corpus.fileio import ReadLimits, current_limits, file_digest, 
 from identifiable.corpus.sentences import split_sentences
 from identifiable.corpus.wikidump import parse_wiki_dump
 from identifiable.errors import IdentifiableError
+from identifiable.utils.checks import shown
 from identifiable.utils.unicode import check_unicode
 
 __all__ = [
@@ -387,6 +388,11 @@ def read_source(source: Any, options: SourceOptions = SourceOptions()) -> Source
     if isinstance(source, str) and source.startswith("hf:"):
         return _read_hf(
             source[3:], field=field, pair_fields=fields, split=options.split, config=options.config
+        )
+    if not isinstance(source, str | Path):
+        raise IdentifiableError(
+            f"the corpus source takes a name, a file path, a list of texts or a datasets."
+            f"Dataset, got {shown(source)}; pass {_KNOWN}"
         )
     path = wikipedia_sample_path() if source == WIKIPEDIA_SAMPLE else Path(source).expanduser()
     if not path.exists():

@@ -52,6 +52,7 @@ from identifiable.experiments.attribution_summaries import (
 from identifiable.experiments.pipeline import Advance, Item
 from identifiable.models.protocol import TracedModel
 from identifiable.utils.progress import track
+from identifiable.utils.seeds import offset_seed
 
 DISTANCE_NORMALISATION = (
     "per token: summed contribution of the group's positions / number of those positions; "
@@ -275,7 +276,8 @@ def run_attribution_experiment(
     max_offset: int = 60,
     progress: bool = False,
 ) -> AttributionTables:
-    """Hidden Token Attribution of every text (sequence s uses probe seed `seed + s`)."""
+    """Hidden Token Attribution of every text (sequence s uses probe seed `seed + s`,
+    `utils.seeds.offset_seed`)."""
     texts_list = (
         list(texts) if limit is None else [t for _, t in zip(range(limit), texts, strict=False)]
     )
@@ -283,7 +285,12 @@ def run_attribution_experiment(
     def results() -> Iterable[HTAResult]:
         for s, text in enumerate(texts_list):
             yield hidden_token_attribution(
-                model, text, probes, seed=seed + s, memory_budget=memory_budget, progress=False
+                model,
+                text,
+                probes,
+                seed=offset_seed(seed, s),
+                memory_budget=memory_budget,
+                progress=False,
             )
 
     stream: Iterable[HTAResult] = results()
@@ -367,7 +374,8 @@ def attribution_shard_tables(
     reduced by `attribution_rows`."""
     rows: dict[str, list[tuple]] = {name: [] for name in ATTRIBUTION_COLUMNS}
     for k, item in enumerate(shard):
-        res = hidden_token_attribution(model, item, probes, seed=seed + first + k, progress=False)
+        seq_seed = offset_seed(seed, first + k)
+        res = hidden_token_attribution(model, item, probes, seed=seq_seed, progress=False)
         rows_k = attribution_rows(first + k, res.contributions, res.special, res.stderr)
         for name, new in rows_k.items():
             rows[name] += new

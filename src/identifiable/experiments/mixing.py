@@ -23,6 +23,7 @@ from scipy.stats import rankdata
 
 from identifiable.errors import IdentifiableError
 from identifiable.models.protocol import TracedModel
+from identifiable.utils.seeds import offset_seed
 
 Item = str | tuple[str, str]
 Advance = Callable[[int], None]
@@ -98,7 +99,7 @@ def mixing_tables(
         seq = first + k
         refs = {
             "hta": context_mixing(
-                model, item, "hta", probes=probes, seed=seed + seq, progress=False
+                model, item, "hta", probes=probes, seed=offset_seed(seed, seq), progress=False
             ),
             "erasure": context_mixing(model, item, "erasure", progress=False),
         }

@@ -23,11 +23,13 @@ import torch
 from identifiable.corpus import resolve_corpus
 from identifiable.errors import IdentifiableError
 from identifiable.experiments.pipeline import Advance, Item
+from identifiable.models.arguments import check_model
 from identifiable.results import Result
 from identifiable.tokens.cache import cache_paths, corpus_fingerprint, load_pairs, save_pairs
 from identifiable.tokens.evaluate import Candidates, Kind, evaluate_pairs
 from identifiable.tokens.extract import STORAGE_DTYPES, TokenPairs, collect_token_pairs
 from identifiable.tokens.probes import OBJECTIVES, PROBE_KINDS, ProbeConfig
+from identifiable.utils.checks import choices, count
 from identifiable.utils.progress import task_bar
 
 DEFAULT_MAX_TOKENS = 8192
@@ -122,10 +124,10 @@ class TokenIdentifiabilityResult(
 
 
 def _resolve_model(model: Any) -> Any:
-    if isinstance(model, str):
+    if isinstance(model, str | Path):
         from identifiable.models import load_model
 
-        return load_model(model)
+        return load_model(str(model))
     return model
 
 
@@ -280,6 +282,11 @@ def token_identifiability(
         batch_size: sequences per forward pass; storage: "float32" or "float16".
         progress: show progress bars.
     """
+    check_model(model, names=True)  # one line before any work for a wrong argument
+    count(max_tokens, "max_tokens", "--max-tokens")
+    count(batch_size, "batch_size", "--batch-size")
+    choices(probe_kinds, PROBE_KINDS, "probe_kinds")
+    choices(objectives, OBJECTIVES, "objectives")
     model = _resolve_model(model)
     # The paper's segments of ≤ 128 tokens, shuffled under `seed` so that a token cap
     # samples many articles instead of the first few.

@@ -29,6 +29,7 @@ from identifiable.mixing.rollout import (
     row_normalise,
     with_residual,
 )
+from identifiable.models.arguments import check_model
 from identifiable.models.protocol import TracedModel
 from identifiable.utils.progress import status, watching
 
@@ -72,7 +73,7 @@ def method_names() -> list[str]:
 
 def get_method(name: str) -> Method:
     """The registered method, or a one-line error listing the known ones."""
-    if name not in METHODS:
+    if not isinstance(name, str) or name not in METHODS:
         raise IdentifiableError(f"unknown mixing method {name!r}; known: {', '.join(METHODS)}")
     return METHODS[name]
 
@@ -184,6 +185,7 @@ def context_mixing(
     Returns:
         a `MixingResult` with `layerwise` and (where defined) `rolled`, `[L, n, n]` float64.
     """
+    check_model(model)
     spec = get_method(method)
     unknown = sorted(set(options) - set(spec.defaults))
     if unknown:

@@ -23,6 +23,9 @@ import torch
 from torch import Tensor
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.budget import available_memory
+from identifiable.utils.checks import count
+from identifiable.utils.pools import worker_count
 
 DEFAULT_RESOLUTION = 1_000_000
 SECONDS_PER_EDGE = 5e-8
@@ -59,8 +62,7 @@ def max_tokens(n_layers: int, budget_s: float) -> int:
 
 def check_workers(workers: object) -> None:
     """One line unless `workers` is a positive integer (bool is not a count)."""
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise IdentifiableError(f"flow workers must be a positive integer, got {workers!r}")
+    count(workers, "workers", "--workers")  # the rule of interval_map and the CLI
 
 
 def attention_flow(
@@ -103,20 +105,28 @@ def attention_flow(
         size = (layer + 2) * n
         graphs[layer] = csr_matrix((data.astype(np.int32), (rows, cols)), shape=(size, size))
     jobs = [(layer, i) for layer in graphs for i in range(n)]
-    if workers == 1 or len(jobs) < 2:
+    # at most one process per job and per core, and as many as the memory left holds
+    graph_bytes = sum(g.data.nbytes + g.indices.nbytes + g.indptr.nbytes for g in graphs.values())
+    workers = worker_count(
+        workers,
+        jobs=len(jobs),
+        per_worker=_WORKER_BASE + 2 * graph_bytes,
+        available=available_memory(),
+    )
+    if workers == 1:
         results = [_solve(graphs, n, causal, job) for job in jobs]
     else:
         import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+
+        from identifiable.utils.pools import process_pool
 
         # fork where the platform has it (no re-import of torch in each worker); the graphs
-        # travel once per worker, the jobs are (layer, token) pairs
-        methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        # travel once per worker, the jobs are (layer, token) pairs; workers ignore Ctrl-C
+        fork = "fork" in multiprocessing.get_all_start_methods()
         chunk = max(1, len(jobs) // (4 * workers))
-        with ProcessPoolExecutor(
-            min(workers, len(jobs)),
-            mp_context=context,
+        with process_pool(
+            workers,
+            method="fork" if fork else "spawn",
             initializer=_use_graphs,
             initargs=(graphs, n, causal),
         ) as pool:
@@ -124,6 +134,11 @@ def attention_flow(
     for (layer, i), values in zip(jobs, results, strict=True):
         out[layer, i, : len(values)] = values / resolution
     return torch.from_numpy(out)
+
+
+# An allowance (not measured) for a forked worker's own pages besides the graphs it is
+# sent: its solver's buffers and the parent's pages it writes to after the fork.
+_WORKER_BASE = 64 << 20
 
 
 # In a worker process: the graphs of the `attention_flow` call it serves (`_use_graphs`).

@@ -134,10 +134,11 @@ def gpu_forward(shape: Shape, n: int, n_keys: int, *, eager: bool, masked: bool)
     return max(mlp, attention)
 
 
-def check(need: TracePlan, budget: int | None, what: str) -> None:
+def check(need: TracePlan, budget: int | None, what: str, *, default: bool = False) -> None:
     """Refuse, in one line naming `memory_budget=` (CLI: `--memory-budget`), a plan over
-    `budget` bytes (None: no limit known). A plan whose forward part is 0 (it runs on a
-    GPU, checked by `check_device`) is the result alone, held in host memory."""
+    `budget` bytes (None: no limit known; `default`: the user set none, so `budget` is the
+    memory available and is named as the default). A plan whose forward part is 0 (it runs
+    on a GPU, checked by `check_device`) is the result alone, held in host memory."""
     if budget is None or need.total <= budget:
         return
     parts = (
@@ -145,9 +146,11 @@ def check(need: TracePlan, budget: int | None, what: str) -> None:
         if need.forward
         else "of results in host memory; the forward pass runs on the GPU"
     )
+    of = "memory available now (the default {})" if default else "{}"
     text = (
-        f"{what} needs about {_gb(need.total)} ({parts}; formula in docs/families.md, 'Memory and streaming'), over "
-        f"the {_gb(budget)} of {{}}; choose fewer layers or heads ({{}}), stream layers "
+        f"{what} needs about {_gb(need.total)} ({parts}; formula in docs/families.md, "
+        f"'Memory and streaming'), over the {_gb(budget)} of {of}; choose fewer layers or "
+        "heads ({}), stream layers "
         "with iter_layers, shorten the input or raise the budget"
     )
     raise IdentifiableError(
@@ -215,9 +218,10 @@ def check_trace(
         at = f"{what} ({size})"
         check_device(need.forward, room, at, str(device), suggest_sdpa=suggest_sdpa, batch=batch)
         need = TracePlan(need.result, 0)
+    default = memory_budget is None
     if memory_budget is None:
         memory_budget = available_memory()
-    check(need, memory_budget, f"{what} ({size})")
+    check(need, memory_budget, f"{what} ({size})", default=default)
 
 
 def _gb(n: int) -> str:

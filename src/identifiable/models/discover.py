@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.arguments import check_hf_model
 from identifiable.models.blocks import norm_params
 from identifiable.models.capture import TraceMeta, trace_batch
 from identifiable.models.encoding import InputEncoder, input_encoder, pair
@@ -169,6 +170,7 @@ _probe_ids = probe_ids  # the name `identifiable.cli` imports
 
 def discover_spec(base: nn.Module, tokenizer: Any = None) -> Discovery:
     """Find and prove a spec for `base` (a Hugging Face base model), or raise one line."""
+    check_hf_model(base, tokenizer)
     model_type = str(getattr(base.config, "model_type", None) or type(base).__name__)
     how = (
         "write an ArchSpec (docs/families.md, 'Adding an architecture') and pass it as "

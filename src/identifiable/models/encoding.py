@@ -18,8 +18,10 @@ from typing import Any
 import torch
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.arguments import check_fields
 from identifiable.models.compat import dtype_of
 from identifiable.models.specs import ArchSpec
+from identifiable.utils.checks import whole
 from identifiable.utils.progress import track, watching
 from identifiable.utils.unicode import check_unicode
 
@@ -44,6 +46,10 @@ class Encoding:
     token_type_ids: torch.Tensor | None = None  # [n], for models with segment embeddings
     pixel_values: torch.Tensor | None = None  # [C, H, W], image models (input_ids: positions)
 
+    def __post_init__(self) -> None:
+        check_fields(self, ("input_ids",), ("token_type_ids", "pixel_values"))
+        whole(self.n_dropped, "n_dropped")
+
     def __iter__(self) -> Iterator[Any]:
         return iter((self.input_ids, self.tokens, self.n_dropped))
 
@@ -58,6 +64,8 @@ class InputEncoder:
         tokenizer: the model's tokenizer, or None (token ids and images need none).
         image_processor: image models: the processor for PIL images, or None.
         max_positions: the longest sequence the model takes (longer ones are cut or refused).
+        limit_source: what sets it, as messages name it (the model's positions or a
+            stricter tokenizer).
     """
 
     def __init__(
@@ -70,11 +78,13 @@ class InputEncoder:
         max_positions: int,
         accepts_token_types: bool,
         image_processor: Any = None,
+        limit_source: str = "",
     ) -> None:
         self.spec, self.config, self.name = spec, config, name
         self.tokenizer = tokenizer
         self.image_processor = image_processor
         self.max_positions = max_positions
+        self.limit_source = limit_source or f"the model's maximum of {max_positions}"
         self.accepts_token_types = accepts_token_types
         # the image of the last `encode_image`, for `embed(input_ids)` of those positions
         self.last_image: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -99,13 +109,13 @@ class InputEncoder:
         if n_full > max_len:
             if not truncate:
                 raise IdentifiableError(
-                    f"text has {n_full} tokens but the model takes at most {max_len}; "
-                    "shorten it or allow truncation (drop --no-truncate)."
+                    f"text has {n_full} tokens but the model takes at most {max_len} "
+                    f"({self.limit_source}); shorten it or allow truncation (drop --no-truncate)."
                 )
             enc = tokenizer(*parts, add_special_tokens=True, truncation=True, max_length=max_len)
             warnings.warn(
-                f"text has {n_full} tokens; dropped {n_full - len(enc['input_ids'])} to fit the "
-                f"model's maximum of {max_len}",
+                f"text has {n_full} tokens; dropped {n_full - len(enc['input_ids'])} to fit "
+                f"{self.limit_source}",
                 TruncationWarning,
                 stacklevel=3,
             )
@@ -140,14 +150,14 @@ class InputEncoder:
         if n_full > max_len:
             if not truncate:
                 raise IdentifiableError(
-                    f"{n_full} token ids but the model takes at most {max_len}; shorten them "
-                    "or allow truncation"
+                    f"{n_full} token ids but the model takes at most {max_len} "
+                    f"({self.limit_source}); shorten them or allow truncation"
                 )
             ids = ids[:max_len]
             tti = None if tti is None else tti[:max_len]
             warnings.warn(
-                f"{n_full} token ids; dropped the last {n_full - max_len} to fit the model's "
-                f"maximum of {max_len}",
+                f"{n_full} token ids; dropped the last {n_full - max_len} to fit "
+                f"{self.limit_source}",
                 TruncationWarning,
                 stacklevel=3,
             )
@@ -248,7 +258,11 @@ class InputEncoder:
     def token_strings(self, ids: torch.Tensor) -> list[str]:
         if self.tokenizer is None:
             return [f"<{i}>" for i in ids.tolist()]
-        return list(self.tokenizer.convert_ids_to_tokens(ids.tolist()))
+        # an id the tokenizer lacks (a model's vocabulary may be larger) gives None there
+        found = self.tokenizer.convert_ids_to_tokens(ids.tolist())
+        return [
+            t if isinstance(t, str) else f"<{i}>" for i, t in zip(ids.tolist(), found, strict=True)
+        ]
 
     def need_tokenizer(self, what: str) -> Any:
         if self.tokenizer is None:
@@ -313,7 +327,7 @@ def input_encoder(
     accepts = takes_types and (
         int(getattr(config, "type_vocab_size", 0) or 0) > 1 or spec.relative_segments
     )
-    limit = max_positions(config, tokenizer, spec)
+    limit, limited_by = position_limit(config, tokenizer, spec)
     if spec.modality == "image":
         given = image_processor if image_processor is not None else tokenizer
         image_processor, tokenizer = resolve_image_processor(source or base, given), None
@@ -325,6 +339,7 @@ def input_encoder(
         tokenizer=tokenizer,
         name=name,
         max_positions=limit,
+        limit_source=limited_by,
         accepts_token_types=accepts,
         image_processor=image_processor,
     )
@@ -441,18 +456,39 @@ def check_text(text: TextOrPair) -> tuple[str, ...]:
     return parts
 
 
-def max_positions(config: Any, tokenizer: Any, spec: ArchSpec) -> int:
-    """The longest sequence the model takes: its position table (less the spec's offset),
-    capped by the tokenizer's `model_max_length`."""
-    positions = getattr(config, "max_position_embeddings", None) or getattr(
-        config, "n_positions", None
-    )
-    # XLNet reports -1: relative positions, no limit of its own
-    limit = int(positions) - spec.position_offset if positions and positions > 0 else 10**9
-    tok_max = getattr(tokenizer, "model_max_length", None)
-    if tok_max and tok_max < 10**6:
-        limit = min(limit, int(tok_max))
-    return limit
+# Where families keep their context length: BERT, Llama, …; GPT-2, GPT-J; GPT-2's older
+# name; MPT; ChatGLM and Qwen-1.
+_POSITION_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length")
+
+
+def position_limit(config: Any, tokenizer: Any, spec: ArchSpec) -> tuple[int, str]:
+    """(the longest sequence the model takes, what sets it, for messages).
+
+    The model's own context length (its position table less the spec's offset, from the
+    family's config field), unless the tokenizer's `model_max_length` is stricter; a
+    model without one (relative positions: XLNet's −1, ALiBi) takes what its tokenizer
+    allows."""
+    field = next((f for f in _POSITION_FIELDS if _positive(getattr(config, f, None))), None)
+    model = int(getattr(config, field)) - spec.position_offset if field else None
+    field = _field_name(config, field) if field else None
+    tok_max: Any = getattr(tokenizer, "model_max_length", None)
+    tok = int(tok_max) if _positive(tok_max) and tok_max < 10**6 else None
+    if tok is not None and (model is None or tok < model):
+        besides = f", stricter than the model's {model} ({field})" if model else ""
+        return tok, f"the tokenizer's model_max_length of {tok}{besides}"
+    if model is None:
+        return 10**9, "no limit of the model's own"
+    return model, f"the model's maximum of {model} positions ({field})"
+
+
+def _field_name(config: Any, field: str) -> str:
+    """The config's own name of `field` (GPT-2 spells max_position_embeddings n_positions)."""
+    aliases = getattr(config, "attribute_map", None)
+    return str(aliases.get(field, field)) if isinstance(aliases, dict) else field
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def resolve_tokenizer(hf_model: torch.nn.Module, tokenizer: Any) -> Any:

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.arguments import check_dtype
 from identifiable.models.backends import AttentionChoice, EagerFallback, check_choice
 from identifiable.models.budget import available_memory
 from identifiable.models.gguf import tokenizer_error
@@ -96,10 +97,9 @@ def load_model(
         return _held(name_or_path, tokenizer, device, dtype, device_map, attention)
     name_or_path = _checked_name(name_or_path)
     check_choice(attention)
+    dtype = check_dtype(dtype)
     target = resolve_device(device if device is not None else "cpu")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
+    _no_progress_bars()
     source, local = _gguf(name_or_path, gguf_file, tokenizer) or _source(name_or_path)
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": True}
     config = _load_config(name_or_path, source, local, kwargs)
@@ -120,6 +120,13 @@ def load_model(
     if tokenizer is None:
         _without_tokenizer(model, name_or_path, refuse=given_tokenizer is None)
     return model
+
+
+def _no_progress_bars() -> None:
+    """transformers' own bars off (GGUF dequantizing, checkpoint shards): ours report."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def _gguf(name: str, gguf_file: str | None, tokenizer: Any) -> tuple[str, bool] | None:

@@ -22,6 +22,7 @@ from torch import nn
 
 from identifiable.errors import IdentifiableError
 from identifiable.models import backends, budget, functional
+from identifiable.models.arguments import check_hf_model
 from identifiable.models.backends import AttentionChoice, check_choice
 from identifiable.models.capture import TraceMeta, trace_batch
 from identifiable.models.decoder import decoder_ids, decoder_side, seq2seq_spec, trace_pair
@@ -96,11 +97,7 @@ class Model:
         attention: AttentionChoice = "auto",
     ) -> None:
         attention = check_choice(attention)
-        if type(hf_model).__name__ in ("TransformerBridge", "HookedTransformer"):
-            raise IdentifiableError(
-                "a TransformerLens model is not a Hugging Face model: trace it with "
-                "identifiable.integrations.lens.trace_from_lens(bridge, tokens)"
-            )
+        check_hf_model(hf_model, tokenizer)  # one line for None, a Model, TransformerLens
         config: Any = hf_model.config
         name = name or str(getattr(config, "_name_or_path", "") or type(hf_model).__name__)
         self.task_model = hf_model
@@ -186,6 +183,7 @@ class Model:
         Pass `spec` to trace a family with your own `ArchSpec`. Encoder–decoder
         models (T5, BART, …) give a `Seq2SeqModel`.
         """
+        check_hf_model(hf_model, tokenizer)
         if spec is None and getattr(hf_model.config, "is_encoder_decoder", False):
             return Seq2SeqModel(hf_model, tokenizer, name=name)
         return cls(
@@ -534,6 +532,7 @@ class Seq2SeqModel:
         name: str = "",
         spec: Seq2SeqSpec | None = None,
     ) -> None:
+        check_hf_model(hf_model, tokenizer)
         config: Any = hf_model.config
         spec = spec or seq2seq_spec(str(config.model_type))
         # keeps its implementation and mode: each pass is eager, then back

@@ -6,11 +6,11 @@ get one line for an index out of range, a repeat, an empty or a non-integer sele
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from identifiable.errors import IdentifiableError
+from identifiable.utils.checks import indices as checked_indices
 
 
 def _fail(python: str, cli: str, what: str) -> IdentifiableError:
@@ -21,28 +21,7 @@ def indices(values: Iterable[int] | None, count: int, name: str) -> list[int] | 
     """The chosen indices in 0..count−1, as a list (None: all of them)."""
     if values is None:
         return None
-    python, cli = f"{name}=", f"--{name}"
-    if isinstance(values, int | str | bytes) or not hasattr(values, "__iter__"):
-        raise _fail(python, cli, "{} takes a list of integers, got " + repr(values)[:60])
-    out: list[int] = []
-    for v in values:
-        try:
-            if isinstance(v, bool):
-                raise TypeError
-            out.append(operator.index(v))
-        except TypeError:
-            raise _fail(
-                python, cli, "{} holds integers, got " + f"{type(v).__name__} {v!r}"[:60]
-            ) from None
-    if not out:
-        raise _fail(python, cli, "{} is empty: give at least one index, or leave it out for all")
-    if len(set(out)) != len(out):
-        raise _fail(python, cli, "{} repeats an index: " + str(out)[:80])
-    bad = [i for i in out if not 0 <= i < count]
-    if bad:
-        raise _fail(
-            python, cli, "{} " + f"holds {bad[0]}, out of range: valid indices are 0..{count - 1}"
-        )
+    out = checked_indices(values, count, name)  # the one rule of the API and the CLI
     return None if sorted(out) == list(range(count)) and name == "layers" else out
 
 

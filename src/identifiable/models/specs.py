@@ -172,6 +172,22 @@ class ArchSpec:
     tf4_paths: tuple[str, str, str] | None = None
     tf4_windows: tuple[str, str] | None = None
 
+    def __post_init__(self) -> None:
+        """One line for a spec of the wrong kind, when it is made (not at its first trace)."""
+        types = self.model_types
+        if not isinstance(types, tuple) or not types or not all(isinstance(t, str) for t in types):
+            raise IdentifiableError(
+                f"spec '{self.name}': model_types must be a non-empty tuple of config.model_type "
+                f"strings, got {types!r:.80}"
+            )
+        for field in ("name", "layers", "value", "out_proj"):
+            value = getattr(self, field)
+            if not isinstance(value, str) or (field == "name" and not value):
+                raise IdentifiableError(
+                    f"ArchSpec {field} must be a non-empty string (a module path such as "
+                    f"'encoder.layer' for layers), got {value!r:.60}"
+                )
+
 
 @dataclass(frozen=True)
 class Seq2SeqSpec:

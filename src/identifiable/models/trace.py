@@ -13,12 +13,28 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.arguments import check_fields
 from identifiable.results import Result
+from identifiable.utils.checks import expect, shown
 from identifiable.utils.precision import float32_matmul_precision, float32_matmuls_exact
+
+# the tensor fields every Trace has (key_mask and key_input_ids may be None)
+_TENSORS = (
+    "input_ids",
+    "attentions",
+    "values",
+    "value_bias",
+    "out_proj",
+    "out_bias",
+    "hidden_states",
+    "attn_outputs",
+    "kv_head_of",
+)
 
 
 @dataclass
@@ -110,6 +126,9 @@ class Trace(
     heads: list[int] | None = None
     dequantized_from: str = ""
 
+    def __post_init__(self) -> None:
+        check_fields(self, _TENSORS, ("key_mask", "key_input_ids"))
+
     @classmethod
     def from_tensors(
         cls,
@@ -136,20 +155,9 @@ class Trace(
         apply: these tensors are taken as they are.
         """
 
-        def lead(x: torch.Tensor, rank: int, what: str) -> torch.Tensor:
-            x = torch.as_tensor(x)
-            while x.dim() < rank:
-                x = x.unsqueeze(0)
-            if x.dim() != rank:
-                raise IdentifiableError(
-                    f"{what} has {x.dim()} dimensions; expected {rank} (or fewer, without "
-                    "the leading layer and head dimensions)"
-                )
-            return x.detach().cpu()
-
-        a = lead(attentions, 4, "attentions [L, H, n, n_k]")
-        v = lead(values, 4, "values [L, H, n_k, d_v]")
-        w = lead(out_proj, 4, "out_proj [L, H, d_v, d]")
+        a = _lead(attentions, 4, "attentions [L, H, n, n_k]")
+        v = _lead(values, 4, "values [L, H, n_k, d_v]")
+        w = _lead(out_proj, 4, "out_proj [L, H, d_v, d]")
         n_l, n_h, n, n_k = a.shape
         if tuple(v.shape[:3]) != (n_l, n_h, n_k) or tuple(w.shape[:3]) != (n_l, n_h, v.shape[-1]):
             raise IdentifiableError(
@@ -356,6 +364,24 @@ def _check_integer(name: str, value: object) -> None:
         ) from None
 
 
+def _lead(x: Any, rank: int, what: str) -> torch.Tensor:
+    """`x` as a CPU tensor of `rank` dimensions (missing leading ones added), or one line."""
+    try:
+        x = torch.as_tensor(x)
+    except (TypeError, ValueError, RuntimeError):
+        raise IdentifiableError(f"{what} takes a tensor, got {shown(x)}") from None
+    if not x.is_floating_point():
+        raise IdentifiableError(f"{what} takes floating-point numbers, got {x.dtype}")
+    while x.dim() < rank:
+        x = x.unsqueeze(0)
+    if x.dim() != rank:
+        raise IdentifiableError(
+            f"{what} has {x.dim()} dimensions; expected {rank} (or fewer, without "
+            "the leading layer and head dimensions)"
+        )
+    return x.detach().cpu()
+
+
 def _eps(dtype_name: str) -> float:
     """Machine epsilon of a dtype named like "bfloat16" (float32's for unknown names)."""
     dtype = getattr(torch, dtype_name, None)
@@ -378,6 +404,10 @@ class Seq2SeqTrace:
     encoder: Trace
     decoder: Trace
     cross: Trace
+
+    def __post_init__(self) -> None:
+        for part in ("encoder", "decoder", "cross"):
+            expect(getattr(self, part), Trace, part, "a Trace")
 
     def verify(self, rtol: float | None = None) -> dict[str, torch.Tensor]:
         """Prove all three captures (see `Trace.verify`); the per-layer errors of each."""

@@ -99,8 +99,12 @@ class Result(Display, Views, Figures):
         is not ours, holds another result class, or is damaged or edited (see
         `identifiable.results.files`); never unpickles anything or imports a module the
         file names."""
+        import os
+
         from identifiable.results import files as rf
 
+        if not isinstance(path, str | os.PathLike) or not str(path):
+            raise IdentifiableError(f"path= takes a result file's path, got {path!r:.60}")
         header, tensors = rf.read(path)
         stored = rf.current_name(header["class"])
         if cls is not Result and stored != rf.class_name(cls):

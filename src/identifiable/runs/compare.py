@@ -10,6 +10,7 @@ rules; `resume=True` continues an interrupted comparison model by model, shard b
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from identifiable.runs.finetune import load_attention_model
 from identifiable.store.cache import CACHE_DIR, RunCache
 from identifiable.store.files import atomic_write_text
 from identifiable.store.outdir import OutputFolder, nested_runs
+from identifiable.utils.checks import check_finite_weights, collection, expect
 
 
 @dataclass
@@ -63,9 +65,13 @@ def compare(
     corpus: a corpus name or path, a list of texts or (text, text) pairs, or a
     `datasets.Dataset` (its `column`, or `pair_fields=(a, b)`), as for `reproduce`.
     """
-    from identifiable.runs.reproduce import given_corpus, reproduce
+    from identifiable.runs.reproduce import check_run_arguments, given_corpus, reproduce
 
     t0 = time.perf_counter()
+    models = collection(models, "models", "two or more models: names, folders or hub ids")
+    for m in models:  # names: each model is loaded here, then reproduced
+        expect(m, (str, os.PathLike), "models", "model names, folders or hub ids")
+    check_run_arguments(models[0], out, seed)
     corpus = given_corpus(corpus, column, pair_fields)
     if len(models) < 2:
         raise IdentifiableError("compare takes two or more models")
@@ -76,6 +82,7 @@ def compare(
     loaded = {label: load_attention_model(str(m)) for label, m in zip(labels, models, strict=True)}
     for label, m in loaded.items():
         cmp.check_comparable(m, label)
+        check_finite_weights(m.hf_model, f"'{label}'")  # before any folder is written
     first = next(iter(loaded.values()))
     items, corpus_info = corpus_items(corpus, first, plan, seed)
     texts, counts = cmp.align_texts(loaded, items, plan)

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 from identifiable.corpus import load_documents
-from identifiable.errors import IdentifiableError
+from identifiable.errors import IdentifiableError, seconds
 from identifiable.experiments import sweep
 from identifiable.report.sweep_section import write_sweep_report
 from identifiable.store.cache import CACHE_DIR, RunCache
@@ -30,6 +33,7 @@ from identifiable.store.files import atomic_write_text, write_table
 from identifiable.store.outdir import OutputFolder
 from identifiable.training import loop as ft
 from identifiable.training.capture import check_supported
+from identifiable.utils.checks import check_finite_weights, count, expect, number
 
 
 @dataclass
@@ -66,11 +70,18 @@ def checkpoint_dir(out: Path, weights: Sequence[float], w: float) -> Path:
 
 def _weights(penalty: float | Sequence[float]) -> list[float]:
     """The penalty weights, checked: one, or several different ones."""
-    weights = [
-        ft.check_weight(w) for w in (penalty if isinstance(penalty, Sequence) else [penalty])
-    ]
+    if isinstance(penalty, str | bytes):
+        raise IdentifiableError(
+            f"penalty= takes a number or a list of numbers, got {type(penalty).__name__} "
+            f"{penalty!r:.40}"
+        )
+    many = isinstance(penalty, Sequence)
+    weights = [ft.check_weight(w) for w in (penalty if many else [penalty])]  # type: ignore[union-attr]
     if not weights or len(set(weights)) != len(weights):
-        raise IdentifiableError("give one penalty weight or several different ones")
+        raise IdentifiableError(
+            "give one penalty weight or several different ones",
+            cli="--penalty takes one weight or several different ones",
+        )
     return weights
 
 
@@ -87,6 +98,7 @@ def finetune(
     held_out_options: dict[str, Any] | None = None,
     resume: bool = False,
     force: bool = False,
+    time_budget: float | None = None,
     log: Callable[[str], None] | None = None,
     on_step: Callable[[int], None] | None = None,
 ) -> FinetuneResult:
@@ -101,20 +113,25 @@ def finetune(
         held_out_sentences: how many held-out sentences it reads.
         held_out_options: the `experiments.sweep.HeldOut` budgets, e.g. token_max_tokens,
             probe_steps, hta_pairs.
+        time_budget: seconds the training may take: refused before the first weight when
+            one measured step says it needs more (the disk is checked too; see `preflight`).
     """
     t0 = time.perf_counter()
     weights = _weights(penalty)
     s = settings or ft.TrainSettings()
     ft.check_settings(s)
-    out = Path(out)
+    held_out = (held_out_pairs, held_out_sentences, held_out_options)
+    model, out, corpus = _check_arguments(model, out, corpus, time_budget, *held_out)
     folder = OutputFolder(out, resume=resume, force=force)
     folder.check()
     base = load_attention_model(model)
+    check_finite_weights(base.hf_model, f"'{model}'")
     source = str(getattr(base.hf_model.config, "_name_or_path", "") or "")
     check_supported(base)  # one line now for a model the penalty cannot read
     documents = load_documents(corpus)
     train_docs, held_docs = ft.split_documents(documents, s.held_out_every)
     items = ft.training_pairs(base, train_docs, s)
+    preflight(base, items, weights, s, folder, time_budget, log or _stderr)
     run_settings = {
         "model": model,
         "model_fingerprint": base.fingerprint,
@@ -135,24 +152,127 @@ def finetune(
         pareto = pd.DataFrame()
         if evaluate:
             t_e = time.perf_counter()
-            pareto = _evaluate(
-                base,
-                model,
-                weights,
-                work,
-                held_docs,
-                held_out_pairs,
-                held_out_sentences,
-                s.seed,
-                log_df,
-                len(items),
-            )
+            held = (held_docs, held_out_pairs, held_out_sentences)
+            pareto = _evaluate(base, model, weights, work, *held, s.seed, log_df, len(items))
             timings["evaluate_s"] = time.perf_counter() - t_e
         else:
             write_table(log_df, work / "tables" / "training_log")
         timings["total_s"] = time.perf_counter() - t0
         atomic_write_text(work / CACHE_DIR / "timings.json", json.dumps(timings, indent=2))
     return FinetuneResult(out, checkpoints, pareto, log_df, timings)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _check_arguments(
+    model: Any,
+    out: Any,
+    corpus: Any,
+    time_budget: Any,
+    pairs: Any,
+    sentences: Any,
+    options: Any,
+) -> tuple[str, Path, str]:
+    """(model, out, corpus) of `finetune`, each checked; one line for the first bad one."""
+    places = (str, os.PathLike)
+    expect(model, places, "model", "a model name: 'minilm', a folder or a hub id")
+    expect(out, places, "out", "a folder path")
+    expect(corpus, places, "corpus", "'wikipedia-sample' or a text/MediaWiki file")
+    if time_budget is not None:
+        number(time_budget, "time_budget", "--time-budget", low_open=True)
+    count(pairs, "held_out_pairs")
+    count(sentences, "held_out_sentences")
+    if options is not None:
+        expect(options, dict, "held_out_options", "a dict of HeldOut budgets")
+    return str(model), Path(out), str(corpus)
+
+
+# Beside the weights a checkpoint holds its tokenizer and sentence-transformers files: an
+# allowance (MiniLM's take 0.9 MB; Llama 3's tokenizer.json alone 9 MB).
+_CHECKPOINT_EXTRA = 16 << 20
+
+
+def preflight(
+    base: Any,
+    items: Sequence[Any],
+    weights: Sequence[float],
+    s: ft.TrainSettings,
+    folder: OutputFolder,
+    time_budget: float | None,
+    log: Callable[[str], None],
+) -> None:
+    """Before the first weight: refuse a run the disk cannot hold (a checkpoint per weight
+    still to train, and one resume point of weights and AdamW moments), or, with a
+    `time_budget`, one that one measured training step says will take longer."""
+    todo = [w for w in weights if not _finished(folder, weights, w)]
+    if not todo:
+        return
+    params = sum(p.numel() * p.element_size() for p in base.hf_model.parameters())
+    need = len(todo) * (params + _CHECKPOINT_EXTRA) + 3 * params
+    where = _existing(folder.out.absolute())
+    free = shutil.disk_usage(where).free
+    what = f"{len(todo)} penalty weight{'s' if len(todo) > 1 else ''} × {s.steps} steps"
+    if need > free:
+        head = (
+            f"{what} need about {_size(need)} on disk ({_size(params + _CHECKPOINT_EXTRA)} a "
+            f"checkpoint, {_size(3 * params)} for resume points), more than the {_size(free)} "
+            f"free at {where}: "
+        )
+        raise IdentifiableError(
+            head + "choose fewer weights (penalty=) or another out=, or free space",
+            cli=head + "choose fewer --penalty weights or another --out, or free space",
+        )
+    step = _seconds_per_step(base, items, s)
+    # each step trains every weight and runs the teacher once (about a third of a step)
+    train = step * s.steps * (len(todo) + 1 / 3)
+    log(
+        f"finetune: {what}: about {seconds(train)} of training ({step:.2g} s a step, measured "
+        f"here) and {_size(need)} on disk ({_size(free)} free)"
+    )
+    if time_budget is not None and train > time_budget:
+        head = f"{what} need about {seconds(train)} of training ({step:.2g} s a step here), over "
+        raise IdentifiableError(
+            head + f"time_budget={time_budget:g} s: choose fewer weights or steps (penalty=, "
+            "settings.steps) or raise time_budget=",
+            cli=head + f"--time-budget {time_budget:g}: choose fewer --penalty weights or "
+            "--steps, or raise --time-budget",
+        )
+
+
+def _finished(folder: OutputFolder, weights: Sequence[float], w: float) -> bool:
+    return folder.resume and ft.finished_log(checkpoint_dir(folder.partial, weights, w)) is not None
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _size(n: float) -> str:
+    return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+def _seconds_per_step(base: Any, items: Sequence[Any], s: ft.TrainSettings) -> float:
+    """Seconds of one training step's forward and backward pass on the first batch (the
+    faster of two, so that the first call's one-time costs are not counted); the model's
+    gradients are cleared after."""
+    from identifiable.training import null_attention_penalty
+
+    hf = base.hf_model
+    inputs = ft.encode_batch(base, [items[i] for i in ft.batch_items(len(items), s, 0)])
+    times = []
+    try:
+        for _ in range(2):
+            t0 = time.perf_counter()
+            r = null_attention_penalty(base, inputs, variant=s.variant, return_outputs=True)
+            (r.penalty + r.outputs.last_hidden_state.float().square().mean()).backward()
+            times.append(time.perf_counter() - t0)
+    finally:
+        hf.zero_grad(set_to_none=True)
+    return min(times)
 
 
 def _train_all(

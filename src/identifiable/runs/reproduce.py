@@ -42,6 +42,8 @@ from identifiable.report.document import write_report
 from identifiable.store.cache import CACHE_DIR, RunCache, settings_key
 from identifiable.store.files import atomic_write_text
 from identifiable.store.outdir import OutputFolder
+from identifiable.utils.checks import check_finite_weights, count, expect
+from identifiable.utils.seeds import SEED_MAX
 
 
 @dataclass
@@ -99,8 +101,8 @@ def reproduce(
     (only rank 0's `files` are listed). See `identifiable.experiments.distributed`.
     """
     t_start = time.perf_counter()
+    out = check_run_arguments(model, out, seed)
     plan = resolve_budget(budget)
-    out = Path(out)
     corpus = given_corpus(corpus, column, pair_fields)
     if isinstance(model, str | Path):
         from identifiable.models.devices import resolve_device
@@ -136,11 +138,30 @@ def reproduce(
     return Reproduction(out, files, summary, timings)
 
 
+def check_run_arguments(model: Any, out: Any, seed: Any) -> Path:
+    """`reproduce`'s and `compare`'s model, output folder and seed, before any work; the
+    folder as a Path."""
+    import os
+
+    from identifiable.models.arguments import check_model
+
+    check_model(model, names=True)
+    expect(out, (str, os.PathLike), "out", "a folder path")
+    count(seed, "seed", "--seed", minimum=0, maximum=SEED_MAX)
+    return Path(out)
+
+
 def given_corpus(corpus: Any, column: str, pair_fields: tuple[str, str] | None) -> Any:
     """A `datasets.Dataset` as its list of texts (or pairs); anything else as it is."""
+    import os
+
     from identifiable.corpus.sources import dataset_items, is_dataset
 
-    return dataset_items(corpus, column, pair_fields) if is_dataset(corpus) else corpus
+    if is_dataset(corpus):
+        return dataset_items(corpus, column, pair_fields)
+    what = "a corpus name or file, a list of texts or (text, text) pairs, or a datasets.Dataset"
+    expect(corpus, (str, os.PathLike, list, tuple), "corpus", what)
+    return corpus
 
 
 def _announce_cost(model: Any, plan: Budget, announce: Callable[[str], None] | None) -> None:
@@ -181,6 +202,7 @@ def _prepare(
     """(the model, the run's items, the settings that key the run's cache)."""
     task = bars.add_task("loading model and corpus", total=None)
     m = resolve_model(model, local_device(device))
+    check_finite_weights(m.hf_model, f"'{m.info.name}'")  # before any folder is written
     items, corpus_info = corpus_items(corpus, m, plan, seed)
     bars.update(task, total=1, completed=1)
     settings = {

@@ -47,6 +47,8 @@ from identifiable.tokens.probes import (
     ProbeKind,
 )
 from identifiable.tokens.split import SequenceSplit, min_tokens_for, split_by_sequence
+from identifiable.utils.checks import count
+from identifiable.utils.pools import available_cores
 from identifiable.utils.seeds import layer_seed as derived_layer_seed
 from identifiable.utils.threads import one_thread
 
@@ -251,12 +253,11 @@ def plan_evaluation(
 def fit_workers(workers: int | None, device: torch.device, n_layers: int) -> int:
     """Layers fitted at once: `workers`, or by default one per intra-op thread torch may use
     (each layer's fits run on one thread, `utils.threads.one_thread`) on a CPU, one on a GPU
-    (whose kernels are already parallel), never more than there are layers."""
+    (whose kernels are already parallel), never more than there are layers or cores.
+    Checked by the rule of every other `workers` (`utils.checks.count`)."""
     if workers is None:
         workers = 1 if device.type != "cpu" else torch.get_num_threads()
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise IdentifiableError(f"workers must be a whole number of at least 1, got {workers!r}")
-    return max(1, min(workers, n_layers))
+    return max(1, min(count(workers, "workers"), n_layers, available_cores()))
 
 
 @dataclass

@@ -13,6 +13,9 @@ from typing import Literal
 
 import torch
 
+from identifiable.errors import IdentifiableError
+from identifiable.utils.checks import collection, count, number
+
 ProbeKind = Literal["naive", "linear", "mlp"]
 Objective = Literal["l2", "cos"]
 PROBE_KINDS: tuple[ProbeKind, ...] = ("naive", "linear", "mlp")
@@ -106,6 +109,22 @@ class ProbeConfig:
     lr_decays: int = 2
     fit_tokens: int | None = None
     val_tokens: int = 2048
+
+    def __post_init__(self) -> None:
+        """One line for a setting no fit can use (checked when the config is made)."""
+        if self.ridge != "auto":
+            number(self.ridge, "ridge")
+        for grid in ("ridge_grid", "lr_grid", "weight_decay_grid"):
+            for value in collection(getattr(self, grid), grid, "a tuple of numbers ≥ 0"):
+                number(value, grid)
+        for name in ("lbfgs_every", "lbfgs_history", "max_steps", "batch_size", "eval_every"):
+            count(getattr(self, name), name)
+        for name in ("cos_steps", "select_steps", "patience", "lr_decays"):
+            count(getattr(self, name), name, minimum=0)
+        if self.mlp_width != "auto":
+            count(self.mlp_width, "mlp_width")
+        if self.mlp_init not in ("linear", "random"):
+            raise IdentifiableError(f"mlp_init= takes 'linear' or 'random', got {self.mlp_init!r}")
 
     def adam_grid(self) -> list[tuple[float, float]]:
         """(learning rate, weight decay) pairs an Adam fit chooses from."""

@@ -41,7 +41,7 @@ class NullAttentionTrainer(Trainer):
         penalty_variant: str = "paper",
         **kwargs: Any,
     ) -> None:
-        self.penalty_weight = check_weight(penalty_weight, "penalty_weight")
+        self.penalty_weight = check_weight(penalty_weight, "penalty_weight", None)
         if penalty_variant not in VARIANTS:
             from identifiable.errors import IdentifiableError
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import io
 import json
-import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -34,9 +33,11 @@ import torch
 from torch import Tensor, nn
 
 from identifiable.errors import IdentifiableError
-from identifiable.store.files import atomic_write_bytes, atomic_write_text
+from identifiable.store.files import atomic_write_bytes, atomic_write_text, remove_temporaries
 from identifiable.training.capture import as_model
 from identifiable.training.penalty import VARIANTS, null_attention_penalty
+from identifiable.utils.checks import check_finite_weights, count, expect, number
+from identifiable.utils.seeds import SEED_MAX
 
 # Files beside the weights that make a sentence-transformers model of a checkpoint.
 _SENTENCE_FILES = (
@@ -75,33 +76,63 @@ class TrainSettings:
     seed: int = 0
 
 
-def check_weight(weight: Any, name: str = "penalty") -> float:
-    """A penalty weight: a finite number ≥ 0 (one line otherwise)."""
-    try:
-        w = float(weight)
-    except (TypeError, ValueError):
-        raise IdentifiableError(f"{name} must be a number ≥ 0, got {weight!r}") from None
-    if not math.isfinite(w) or w < 0:
-        raise IdentifiableError(f"{name} must be a finite number ≥ 0, got {weight!r}")
-    return w
+PENALTY_MAX = 1000.0
+"""The largest penalty weight. The penalty is at most 1 and the fidelity loss at most 4, so
+from here on fidelity is under 0.4 % of the loss and the student no longer follows the
+teacher; far larger weights (1e308) overflow the loss to inf and the weights to NaN."""
+
+# TrainSettings fields → the `identifiable finetune` flags that set them (None: no flag)
+_FLAGS = {
+    "steps": "--steps",
+    "batch_size": "--batch-size",
+    "lr": "--lr",
+    "warmup": None,
+    "max_tokens": "--max-tokens",
+    "min_tokens": "--min-tokens",
+    "held_out_every": None,
+    "save_every": "--save-every",
+    "variant": "--variant",
+    "seed": "--seed",
+}
+
+
+def check_weight(weight: Any, name: str = "penalty", flag: str | None = "--penalty") -> float:
+    """A penalty weight: a finite number in 0..PENALTY_MAX (one line otherwise, naming
+    `penalty=` to Python callers and `--penalty` to the CLI, which passes its text)."""
+    if isinstance(weight, str):
+        try:
+            value: Any = float(weight)
+        except ValueError:
+            raise IdentifiableError(
+                f"{name}= takes numbers, got {weight!r}",
+                cli=f"{flag} takes weights such as 0.1 or 0,0.01,0.1,1; got {weight!r}",
+            ) from None
+    else:
+        value = weight
+    return number(value, name, flag, high=PENALTY_MAX)
 
 
 def check_settings(s: TrainSettings) -> None:
-    """One line for settings no run can use."""
-    ints = ("steps", "batch_size", "max_tokens", "min_tokens", "held_out_every", "save_every")
-    for name in ints:
-        if int(getattr(s, name)) < 1:
-            raise IdentifiableError(f"{name} must be ≥ 1, got {getattr(s, name)}")
-    if s.warmup < 0:
-        raise IdentifiableError(f"warmup must be ≥ 0, got {s.warmup}")
-    if not (math.isfinite(s.lr) and s.lr > 0):
-        raise IdentifiableError(f"lr must be a positive number, got {s.lr}")
+    """One line for settings no run can use, naming the field (`save_every=`) to Python
+    callers and the flag (`--save-every`) to the CLI."""
+    expect(s, TrainSettings, "settings", "a TrainSettings")
+    for name in ("steps", "batch_size", "max_tokens", "min_tokens", "save_every"):
+        count(getattr(s, name), name, _FLAGS[name])
+    count(s.held_out_every, "held_out_every", minimum=2)  # every k-th document is held out
+    count(s.warmup, "warmup", minimum=0)
+    count(s.seed, "seed", "--seed", minimum=0, maximum=SEED_MAX)
+    number(s.lr, "lr", "--lr", high=1.0, low_open=True)
     if s.min_tokens > s.max_tokens:
-        raise IdentifiableError(f"min_tokens {s.min_tokens} exceeds max_tokens {s.max_tokens}")
-    if s.held_out_every < 2:
-        raise IdentifiableError("held_out_every must be ≥ 2 (every k-th document is held out)")
+        raise IdentifiableError(
+            f"min_tokens={s.min_tokens} exceeds max_tokens={s.max_tokens}",
+            cli=f"--min-tokens {s.min_tokens} exceeds --max-tokens {s.max_tokens}: lower "
+            "--min-tokens or raise --max-tokens",
+        )
     if s.variant not in VARIANTS:
-        raise IdentifiableError(f"variant must be one of {', '.join(VARIANTS)}, got {s.variant!r}")
+        raise IdentifiableError(
+            f"variant= must be one of {', '.join(VARIANTS)}, got {s.variant!r}",
+            cli=f"--variant must be one of {', '.join(VARIANTS)}, got {s.variant!r}",
+        )
 
 
 def split_documents(documents: Sequence[Any], every: int) -> tuple[list[Any], list[Any]]:
@@ -124,9 +155,12 @@ def training_pairs(model: Any, documents: Sequence[Any], s: TrainSettings) -> li
         documents, model.tokenizer, max_tokens=s.max_tokens, min_tokens=s.min_tokens, seed=s.seed
     )
     if len(pairs) < s.batch_size:
+        found = f"only {len(pairs)} training pairs of {s.min_tokens}-{s.max_tokens} tokens"
         raise IdentifiableError(
-            f"only {len(pairs)} training pairs of {s.min_tokens}-{s.max_tokens} tokens; lower "
-            "--min-tokens or give a larger corpus"
+            f"{found}, fewer than batch_size={s.batch_size}: lower min_tokens= or batch_size=, "
+            "or give a larger corpus",
+            cli=f"{found}, fewer than --batch-size {s.batch_size}: lower --min-tokens or "
+            "--batch-size, or give a larger --corpus",
         )
     return pairs
 
@@ -223,8 +257,12 @@ def train_step(
     r = null_attention_penalty(model, inputs, variant=s.variant, return_outputs=True)
     pooled, tokens = fidelity_loss(r.outputs.last_hidden_state, target, inputs["attention_mask"])
     loss = pooled + tokens + weight * r.penalty
+    _stop_unless_finite(loss, "loss", weight, step)
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    params = [p for group in opt.param_groups for p in group["params"] if p.grad is not None]
+    # the update of a non-finite gradient would make every weight NaN: stop before it
+    _stop_unless_finite(nn.utils.get_total_norm([p.grad for p in params]), "gradient", weight, step)
     opt.step()
     return {
         "step": step + 1,
@@ -235,6 +273,23 @@ def train_step(
         "null_fraction": float(r.penalty.detach()),
         "lr": opt.param_groups[0]["lr"],
     }
+
+
+def _stop_unless_finite(value: Tensor, what: str, weight: float, step: int) -> None:
+    """One line, before anything is saved, when a step's loss or gradient is NaN or inf."""
+    value = value.detach()
+    if not bool(torch.isfinite(value)):
+        head = (
+            f"finetune w={weight:g}: the {what} is {float(value):g} at step {step + 1}, so the "
+            "weights would not be finite; no checkpoint was written: lower "
+        )
+        raise IdentifiableError(
+            head + "the penalty weight or the learning rate (penalty=, lr=)",
+            cli=head + "--penalty or --lr",
+        )
+
+
+_NOT_SAVED = "nothing was saved: lower the penalty weight or the learning rate"
 
 
 def train_weight(
@@ -263,6 +318,7 @@ def train_weight(
     opt = torch.optim.AdamW(hf.parameters(), lr=s.lr, weight_decay=0.0, eps=1e-6)
     rows: list[dict[str, float]] = []
     start = 0
+    remove_temporaries(folder)  # half-written states of a killed run: never kept or read
     if (folder / STATE).is_file():
         state = torch.load(folder / STATE, map_location=m.device, weights_only=True)
         hf.load_state_dict(state["model"])
@@ -291,6 +347,7 @@ def train_weight(
 
 
 def _save_state(folder: Path, hf: nn.Module, opt: Any, rows: list, step: int) -> None:
+    check_finite_weights(hf, f"the model at step {step}", _NOT_SAVED)
     buf = io.BytesIO()
     torch.save(
         {"model": hf.state_dict(), "optimizer": opt.state_dict(), "log": rows, "step": step}, buf
@@ -302,6 +359,7 @@ def save_checkpoint(model: Any, folder: Path, source: str | None, rows: list[dic
     """A Hugging Face checkpoint in `folder` (safetensors, tokenizer, sentence-transformers
     files of `source` where it has them), then done.json (the log) last."""
     m = as_model(model)
+    check_finite_weights(m.hf_model, "the fine-tuned model", _NOT_SAVED)
     m.hf_model.save_pretrained(folder, safe_serialization=True)
     if m.tokenizer is not None:
         m.tokenizer.save_pretrained(folder)

@@ -95,6 +95,15 @@ def model_inputs(model: Any, batch: Any) -> dict[str, Any]:
             raise IdentifiableError(
                 "batch must hold 'input_ids' (a tokenizer's BatchEncoding) or be a list of texts"
             )
+        tensors = ("input_ids", "attention_mask", "token_type_ids", "inputs_embeds")
+        bad = next(
+            (k for k in tensors if k in batch and not isinstance(batch[k], torch.Tensor)), None
+        )
+        if bad is not None:  # the model's forward would fail deep inside on a list or a number
+            raise IdentifiableError(
+                f"batch[{bad!r}] must be a tensor (return_tensors='pt'), got "
+                f"{type(batch[bad]).__name__}"
+            )
         return dict(batch)
     if isinstance(batch, list | tuple) and batch and all(isinstance(t, str) for t in batch):
         tok = model.tokenizer

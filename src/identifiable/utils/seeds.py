@@ -25,3 +25,9 @@ def layer_seed(seed: int, layer: int) -> int:
         return linear
     digest = hashlib.sha256(f"{seed}:{layer}".encode()).digest()
     return int.from_bytes(digest[:8], "big") & SEED_MAX
+
+
+def offset_seed(seed: int, offset: int) -> int:
+    """`seed + offset` (a sequence's probe seed), wrapped into 0..SEED_MAX: unchanged where
+    it fits, and distinct for distinct offsets at any seed of the documented range."""
+    return (int(seed) + int(offset)) % (SEED_MAX + 1)

@@ -15,7 +15,7 @@ from typing import ParamSpec, TypeVar
 
 import torch
 
-from identifiable.errors import IdentifiableError
+from identifiable.utils.checks import count
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -129,6 +129,4 @@ def engine_threads(threads: int | None) -> int:
     """
     if threads is None:
         return max(1, torch.get_num_threads())
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise IdentifiableError(f"threads must be a whole number of at least 1, got {threads!r}")
-    return threads
+    return count(threads, "threads", "--threads")  # the rule of the CLI's --threads too

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.arguments import check_model
 from identifiable.models.protocol import TracedModel
 from identifiable.viewer.encoding import (
     IDENTIFIABLE_BELOW,
@@ -61,6 +62,7 @@ def build_viewer(
     maps the page offers in place of raw, effective and null attention.
     certify, interval_seconds, identifiable_below: see `viewer_html_for_trace`.
     """
+    check_model(model)
     opts = ViewerOptions.of(options, changes)
     maps = mixing_maps(model, text, opts.mixing)
     trace: Trace = model.trace(text)

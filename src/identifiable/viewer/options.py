@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from identifiable.errors import IdentifiableError
 from identifiable.viewer.encoding import (
     IDENTIFIABLE_BELOW,
     CertifiedHead,
@@ -54,6 +55,16 @@ class ViewerOptions:
     def of(cls, options: ViewerOptions | None, changes: dict[str, Any]) -> ViewerOptions:
         """`options` (default: the defaults) with `changes` applied; `rows` and `mixing`
         may be any sequence (or None), `row` is `rows=(row,)`."""
+        if options is not None and not isinstance(options, ViewerOptions):
+            raise IdentifiableError(
+                f"options= takes a ViewerOptions or None, got {type(options).__name__}"
+            )
+        known = {f.name for f in dataclasses.fields(cls)} | {"row"}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise IdentifiableError(
+                f"unknown viewer option {unknown[0]}=; the options are {', '.join(sorted(known))}"
+            )
         if "row" in changes:
             row = changes.pop("row")
             changes.setdefault("rows", () if row is None else (row,))
@@ -106,8 +117,24 @@ class ViewerPage:
         """`page`, or one made of keyword `fields`: ViewerPage's own plus ViewerOptions'
         (layer=, head=, row=, variant=, max_bytes=, ...), as `viewer_html` takes them."""
         if page is not None:
+            if not isinstance(page, ViewerPage):
+                raise IdentifiableError(
+                    f"page= takes a ViewerPage (or its fields as keywords), got "
+                    f"{type(page).__name__}"
+                )
             return page
         names = {f.name for f in dataclasses.fields(cls)}
         own = {k: v for k, v in fields.items() if k in names}
         changes = {k: v for k, v in fields.items() if k not in names}
-        return cls(**own | {"options": ViewerOptions.of(own.get("options"), changes)})
+        options = ViewerOptions.of(own.get("options"), changes)
+        needed = ("tokens", "raw", "effective", "null_dims", "head_dim")
+        missing = [name for name in needed if name not in own]
+        if missing:
+            raise IdentifiableError(
+                f"the viewer needs {', '.join(n + '=' for n in missing)} (or a ViewerPage); "
+                "build_viewer(model, text) makes them from a model"
+            )
+        for name in ("raw", "effective", "null_dims"):
+            if not isinstance(own[name], torch.Tensor):
+                raise IdentifiableError(f"{name}= takes a tensor, got {type(own[name]).__name__}")
+        return cls(**own | {"options": options})

@@ -27,6 +27,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from identifiable.errors import IdentifiableError
 from identifiable.report.html import (
     Markup,
     h,
@@ -38,6 +39,7 @@ from identifiable.report.html import (
 from identifiable.report.html import page as html_page
 from identifiable.report.html import raw as raw_markup
 from identifiable.results.colormap import SCALE_RULE, page_colormap
+from identifiable.utils.checks import count, expect
 from identifiable.viewer.encoding import (
     IDENTIFIABLE_BELOW,
     CertifiedHead,
@@ -127,8 +129,13 @@ def viewer_iframe(page_html: str, *, height: int = 1000, title: str = "Attention
     `<meta>` applies inside the frame. Use this form in notebooks (`IPython.display.HTML`).
     height: the frame's height in CSS pixels (the page scrolls inside it).
     """
+    expect(page_html, str, "page_html", "a complete HTML page, such as viewer_html returns")
+    expect(title, str, "title", "the frame's title")
+    count(height, "height")
     if not page_html.lstrip().lower().startswith("<!doctype html"):
-        raise ValueError("viewer_iframe takes a complete HTML page, such as viewer_html returns")
+        raise IdentifiableError(
+            "viewer_iframe takes a complete HTML page, such as viewer_html returns"
+        )
     return str(
         h(
             "iframe",
@@ -162,32 +169,32 @@ _instances = itertools.count(1)
 
 
 def _check_page(p: ViewerPage) -> None:
-    """Shapes and options that disagree: ValueError naming them."""
+    """Shapes and options that disagree: one line naming them."""
     raw, o = p.raw, p.options
     n_layers, n_heads, n = int(raw.shape[0]), int(raw.shape[1]), int(raw.shape[2])
     if raw.shape != p.effective.shape or raw.shape[2] != raw.shape[3] or len(p.tokens) != n:
-        raise ValueError(
+        raise IdentifiableError(
             f"shapes disagree: raw {tuple(raw.shape)}, effective {tuple(p.effective.shape)}, "
             f"{len(p.tokens)} tokens"
         )
     if tuple(p.null_dims.shape) != (n_layers, n_heads):
-        raise ValueError(
+        raise IdentifiableError(
             f"null_dims must be [L, H] = [{n_layers}, {n_heads}], got {tuple(p.null_dims.shape)}"
         )
     if p.head_distance is not None and tuple(p.head_distance.shape) != (n_layers, n_heads):
-        raise ValueError(
+        raise IdentifiableError(
             f"head_distance must be [L, H] = [{n_layers}, {n_heads}], "
             f"got {tuple(p.head_distance.shape)}"
         )
     row = o.rows[0] if o.rows else None
     if row is not None and not 0 <= row < n:
-        raise ValueError(f"row {row} is out of range: valid rows are 0..{n - 1}")
+        raise IdentifiableError(f"row {row} is out of range: valid rows are 0..{n - 1}")
     names = [m.name for m in p.mixing]
     if len(set(names)) != len(names):
-        raise ValueError(f"mixing methods must have distinct names, got {names}")
+        raise IdentifiableError(f"mixing methods must have distinct names, got {names}")
     for m in p.mixing:
         if tuple(m.maps.shape) != (n_layers, n, n):
-            raise ValueError(
+            raise IdentifiableError(
                 f"mixing maps of {m.name!r} must be [L, n, n] = [{n_layers}, {n}, {n}], "
                 f"got {tuple(m.maps.shape)}"
             )
@@ -522,19 +529,19 @@ def _patch_section(patches: PatchGrid, tokens: Sequence[str], image: Markup | No
 def _check_patches(p: PatchGrid, n: int) -> None:
     cells = [*p.patches, *p.special]
     if p.rows < 1 or p.cols < 1 or len(p.patches) != p.rows * p.cols:
-        raise ValueError(
+        raise IdentifiableError(
             f"the patch grid must list rows × cols = {p.rows} × {p.cols} patch tokens, "
             f"got {len(p.patches)}"
         )
     if sorted(int(k) for k in cells) != list(range(n)):
-        raise ValueError(
+        raise IdentifiableError(
             f"the patch grid's patches and special tokens must be the {n} tokens, each once"
         )
 
 
 def _check_certified(c: CertifiedHead, n_layers: int, n_heads: int, n: int) -> None:
     if not (0 <= c.layer < n_layers and 0 <= c.head < n_heads):
-        raise ValueError(
+        raise IdentifiableError(
             f"certified head (layer {c.layer}, head {c.head}) is outside the model's "
             f"{n_layers} layers × {n_heads} heads"
         )
@@ -542,13 +549,15 @@ def _check_certified(c: CertifiedHead, n_layers: int, n_heads: int, n: int) -> N
     for name, arr in (("raw", c.raw), ("lower", c.lower), ("upper", c.upper),
                       ("keys", c.keys), ("constrained", c.constrained)):  # fmt: skip
         if arr is not None and tuple(arr.shape) != (r, n):
-            raise ValueError(f"certified {name} must be [R, n] = [{r}, {n}], got {arr.shape}")
+            raise IdentifiableError(
+                f"certified {name} must be [R, n] = [{r}, {n}], got {arr.shape}"
+            )
     if c.constrained_rows is not None and tuple(c.constrained_rows.shape) != (r,):
-        raise ValueError(f"certified constrained_rows must be [R] = [{r}]")
+        raise IdentifiableError(f"certified constrained_rows must be [R] = [{r}]")
     if r and (c.rows.min() < 0 or c.rows.max() >= n or len(set(c.rows.tolist())) != r):
-        raise ValueError(f"certified rows must be distinct rows in 0..{n - 1}")
+        raise IdentifiableError(f"certified rows must be distinct rows in 0..{n - 1}")
     if not 0 < c.threshold < 1:
-        raise ValueError(f"the identifiable threshold must be in (0, 1), got {c.threshold}")
+        raise IdentifiableError(f"the identifiable threshold must be in (0, 1), got {c.threshold}")
 
 
 def _ranges(rows: Sequence[int]) -> str:

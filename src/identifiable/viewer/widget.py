@@ -26,6 +26,7 @@ import re
 from typing import Any
 
 from identifiable.errors import IdentifiableError
+from identifiable.utils.checks import count, expect
 from identifiable.viewer.page import read_viewer_data
 
 __all__ = ["BRIDGE", "ESM", "bridged_page", "viewer_widget"]  # and ViewerWidget, built on use
@@ -202,10 +203,12 @@ def viewer_widget(
             "viewer_widget takes a model and a text (viewer_widget(model, text)) or page_html= "
             "(a page from build_viewer or viewer_html), not both"
         )
+    count(height, "height")
     if page_html is None:
         if text is None:
             raise IdentifiableError("viewer_widget(model, text) needs the text to show")
         from identifiable.viewer.build import build_viewer
 
         page_html = build_viewer(model, text, **options)
+    expect(page_html, str, "page_html", "a viewer page (build_viewer, viewer_html)")
     return _widget_class()(page_html, height=height)
