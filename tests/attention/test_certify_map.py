@@ -24,7 +24,7 @@ def test_simplex_matches_plain_linprog(n, d_v, rows, chains, order, block, seed)
     aq, a, movable, v = shared_rows(n, d_v, rows, seed)
     if aq.shape[1] >= n:
         return
-    sol = interval_simplex(aq, a, np.ones((rows, n), bool), movable,
+    sol = interval_simplex(aq, a, np.ones((rows, n), bool), movable, verify="all",
                            chains_per_row=chains, keep_vertices=True, order=order,
                            block=block)  # fmt: skip
     assert_certified(sol, a, v, resid=1e-9 * max(1.0, np.abs(v).max()))  # and every witness
@@ -38,14 +38,14 @@ def test_dual_warm_start_across_rows_saves_pivots():
     `kernel.pool_next`; on MiniLM heads the ratio is ~2.4)."""
     aq, a, movable, _ = shared_rows(40, 6, 30, seed=1)
     keys = np.ones(a.shape, bool)
-    by_key = interval_simplex(aq, a, keys, movable, order="key")
-    by_row = interval_simplex(aq, a, keys, movable, order="row")
+    by_key = interval_simplex(aq, a, keys, movable, verify="all", order="key")
+    by_row = interval_simplex(aq, a, keys, movable, verify="all", order="row")
     np.testing.assert_allclose(by_key.lower, by_row.lower, atol=1e-12, rtol=0)
     np.testing.assert_allclose(by_key.upper, by_row.upper, atol=1e-12, rtol=0)
     assert by_key.fallbacks.sum() == by_row.fallbacks.sum() == 0
     assert by_key.pivots.sum() < 0.9 * by_row.pivots.sum()
     with pytest.raises(ValueError, match="share A"):
-        interval_simplex(np.repeat(aq, 30, 0), a, keys, movable, order="key")
+        interval_simplex(np.repeat(aq, 30, 0), a, keys, movable, verify="all", order="key")
 
 
 def _chain(aq: np.ndarray, a: np.ndarray, basis: np.ndarray, steep: bool):
@@ -294,7 +294,7 @@ def test_optima_certified_on_refined_values_match_fresh_factorisations(monkeypat
     for refine in (True, False):
         monkeypatch.setattr(simplex, "_REFINE", refine)
         for order in ("key", "row"):
-            sols[refine, order] = interval_simplex(aq, a, keys, movable, order=order)
+            sols[refine, order] = interval_simplex(aq, a, keys, movable, verify="all", order=order)
     for order in ("key", "row"):
         new, old = sols[True, order], sols[False, order]
         np.testing.assert_allclose(new.lower, old.lower, atol=1e-12, rtol=0)
@@ -357,10 +357,12 @@ def test_row_chains_draw_from_one_pool_basic_keys_first(monkeypatch):
     by_rule, by_index = 0, 0
     for seed in range(3):
         aq, a, keys, movable = _one_row(300, 40, seed)
-        sol = interval_simplex(aq, a, keys, movable, chains_per_row=8, order="row")
+        sol = interval_simplex(aq, a, keys, movable, verify="all", chains_per_row=8, order="row")
         with monkeypatch.context() as m:
             m.setattr(simplex, "_POOL_RULE", 2)
-            ref = interval_simplex(aq, a, keys, movable, chains_per_row=8, order="row")
+            ref = interval_simplex(
+                aq, a, keys, movable, verify="all", chains_per_row=8, order="row"
+            )
         np.testing.assert_allclose(sol.upper, ref.upper, atol=1e-12, rtol=0)
         np.testing.assert_allclose(sol.lower, ref.lower, atol=1e-12, rtol=0)
         by_rule, by_index = by_rule + int(sol.pivots.sum()), by_index + int(ref.pivots.sum())

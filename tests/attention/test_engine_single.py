@@ -37,11 +37,11 @@ def test_single_precision_products_keep_the_bounds(monkeypatch, order):
     aq, a, movable, v = shared_rows(n=120, d_v=12, rows=4, seed=11, twins=True)
     allowed = np.ones(a.shape, bool)
     seen = _spy_single(monkeypatch)
-    double = interval_simplex(aq, a, allowed, movable, chains_per_row=4, order=order)
+    double = interval_simplex(aq, a, allowed, movable, verify="all", chains_per_row=4, order=order)
     assert seen and not any(seen)  # 120 keys: below the threshold, double precision
     seen.clear()
     monkeypatch.setattr(simplex, "_SINGLE_MIN_KEYS", 0)
-    single = interval_simplex(aq, a, allowed, movable, chains_per_row=4, order=order,
+    single = interval_simplex(aq, a, allowed, movable, verify="all", chains_per_row=4, order=order,
                               keep_vertices=True)  # fmt: skip
     assert seen and all(seen)
     np.testing.assert_allclose(single.lower, double.lower, atol=1e-9)
@@ -99,7 +99,9 @@ def test_nested_rows_price_their_own_keys(monkeypatch, twins):
     keys = rows + 1  # row r has r + 1 keys
     assert keys.min() < 40 < keys.max()
     seen = _spy_single(monkeypatch)
-    double = interval_simplex(aq, a, allowed, movable, order="row", keep_vertices=True)
+    double = interval_simplex(
+        aq, a, allowed, movable, verify="all", order="row", keep_vertices=True
+    )
     assert seen and not any(seen)
     for i, r in enumerate(rows.tolist()):
         assert not double.upper[i, r + 1 :].any()
@@ -115,7 +117,7 @@ def test_nested_rows_price_their_own_keys(monkeypatch, twins):
         assert x[j] == pytest.approx((double.upper if s > 0 else double.lower)[i, j], abs=1e-12)
     seen.clear()
     monkeypatch.setattr(simplex, "_SINGLE_MIN_KEYS", 40)
-    single = interval_simplex(aq, a, allowed, movable, order="row")
+    single = interval_simplex(aq, a, allowed, movable, verify="all", order="row")
     assert seen and all(seen)
     np.testing.assert_allclose(single.lower, double.lower, atol=1e-9)
     np.testing.assert_allclose(single.upper, double.upper, atol=1e-9)

@@ -43,10 +43,10 @@ def _spy_groups(monkeypatch) -> list:
 def test_threads_give_the_bounds_of_one_thread_and_of_per_key_lps(monkeypatch, order, threads):
     aq, a, allowed, movable, v = _problem(n=40, d_v=5, rows=6, seed=3)
     calls = _spy_groups(monkeypatch)
-    one = interval_simplex(aq, a, allowed, movable, chains_per_row=8, order=order)
+    one = interval_simplex(aq, a, allowed, movable, verify="all", chains_per_row=8, order=order)
     (_, chains, _), *_ = calls
     calls.clear()
-    many = interval_simplex(aq, a, allowed, movable, chains_per_row=8, order=order,
+    many = interval_simplex(aq, a, allowed, movable, verify="all", chains_per_row=8, order=order,
                             threads=threads, keep_vertices=True)  # fmt: skip
     maxima = [c for c in calls if c[2] > 0]
     assert len(maxima) == threads  # the maxima ran as `threads` groups, in pool threads
@@ -62,7 +62,7 @@ def test_threads_are_deterministic():
     """Each thread's chains and their order are fixed by the split, so a rerun repeats
     every count and every bound bit for bit."""
     aq, a, allowed, movable, _ = _problem(n=40, d_v=5, rows=6, seed=4)
-    runs = [interval_simplex(aq, a, allowed, movable, chains_per_row=8, order="row", threads=2)
+    runs = [interval_simplex(aq, a, allowed, movable, verify="all", chains_per_row=8, order="row", threads=2)
             for _ in range(2)]  # fmt: skip
     assert np.array_equal(runs[0].upper, runs[1].upper)
     assert np.array_equal(runs[0].lower, runs[1].lower)
@@ -72,7 +72,9 @@ def test_threads_are_deterministic():
 def test_too_few_chains_stay_in_the_calling_thread(monkeypatch):
     aq, a, allowed, movable, _ = _problem(n=20, d_v=4, rows=1, seed=5)
     calls = _spy_groups(monkeypatch)
-    interval_simplex(aq, a, allowed, movable, chains_per_row=4, order="row", threads=4)
+    interval_simplex(
+        aq, a, allowed, movable, verify="all", chains_per_row=4, order="row", threads=4
+    )
     assert {c[0] for c in calls} == {threading.get_ident()} and len(calls) == 1
 
 
@@ -135,14 +137,16 @@ def test_a_failing_thread_stops_the_others(monkeypatch):
 
     monkeypatch.setattr(simplex, "_run_group", group)
     with pytest.raises(IdentifiableError, match="made up"):
-        interval_simplex(aq, a, allowed, movable, chains_per_row=8, order="row", threads=2)
+        interval_simplex(
+            aq, a, allowed, movable, verify="all", chains_per_row=8, order="row", threads=2
+        )
     assert outcome == {"stopped": True}
 
 
 def test_threads_honour_the_deadline():
     aq, a, allowed, movable, _ = _problem(n=60, d_v=6, rows=4, seed=7)
     with pytest.raises(OutOfTime):
-        interval_simplex(aq, a, allowed, movable, chains_per_row=8, order="row", threads=2,
+        interval_simplex(aq, a, allowed, movable, verify="all", chains_per_row=8, order="row", threads=2,
                          deadline=time.time() - 1.0)  # fmt: skip
 
 
@@ -181,7 +185,9 @@ def test_threads_are_capped_by_the_memory_of_their_copies(monkeypatch):
     one_copy = 6 * 40 * 9 + 6 * aq.shape[1] * 8
     monkeypatch.setattr(simplex, "_THREAD_COPY_BYTES", 2 * one_copy)
     calls = _spy_groups(monkeypatch)
-    interval_simplex(aq, a, allowed, movable, chains_per_row=8, order="row", threads=4)
+    interval_simplex(
+        aq, a, allowed, movable, verify="all", chains_per_row=8, order="row", threads=4
+    )
     assert len([c for c in calls if c[2] > 0]) == 2
 
 

@@ -55,7 +55,9 @@ def test_nested_rows_equal_plain_lps_on_every_row(monkeypatch, repeat):
     vf = (trace.values[1, 2].double() @ head_factors(trace.out_proj[1, 2].double())[0]).numpy()
     rs = nested[0]
     # Key order on the same set: chains walk down the rows (catch-up, then dual pivots).
-    by_key = interval_simplex(rs.aq, rs.raw, rs.keys, rs.movable, order="key", block=7)
+    by_key = interval_simplex(
+        rs.aq, rs.raw, rs.keys, rs.movable, verify="all", order="key", block=7
+    )
     assert by_key.fallbacks.sum() == 0
     for r in range(30):
         a = trace.attentions[1, 2, r, : r + 1].double().numpy()
@@ -111,4 +113,4 @@ def test_key_order_refuses_shrinking_key_sets():
     a /= a.sum(1, keepdims=True)
     movable = np.repeat(movable_keys(basis)[None], 2, 0) & allowed
     with pytest.raises(ValueError, match="grow"):
-        interval_simplex(basis.T[None], a, allowed, movable, order="key")
+        interval_simplex(basis.T[None], a, allowed, movable, verify="all", order="key")

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from identifiable.attention.lp import solve_lp
+from identifiable.attention.lp.highs import solve_lp
 
 # `witness_lp` moves a key whose ‖component in LN([T, 1])‖² exceeds this (a visible move);
 # bounds never use it (`movable_keys`)

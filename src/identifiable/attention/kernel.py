@@ -425,7 +425,8 @@ def refined(a, a_t, b, ch):
 def settle(allowed, bnd, ch, vert, nvert, value):
     """The current LP is optimal with `value` at the chain's (feasible) vertex: record the
     bound and what the vertex proves (its non-basic keys are 0; its basic values are seen),
-    and the vertex itself as a witness when `vert` has room (nvert[0]: used)."""
+    and the vertex itself as a witness and certificate (its basis) for every nvert[2]-th
+    LP settled (nvert[1] counts them) while `vert` has room (nvert[0]: used)."""
     lower, upper, zero_seen, seen_max, _, start, solved, _ = bnd
     basis, pos, xb, st = ch[0], ch[1], ch[4], ch[7]
     q, j = st[ROW], st[J]
@@ -442,11 +443,12 @@ def settle(allowed, bnd, ch, vert, nvert, value):
     start[q] = basis
     vrow, vkey, vsense, vbasis, vx = vert
     t = nvert[0]
-    if t < vrow.size:
+    if t < vrow.size and nvert[1] % nvert[2] == 0:  # every nvert[2]-th LP, while room lasts
         vrow[t], vkey[t], vsense[t] = q, j, st[S]
         vbasis[t] = basis
         vx[t] = xb
         nvert[0] = t + 1
+    nvert[1] += 1
     st[PTR] += 1
     st[STEPS] = 0
     st[DEGEN] = 0

@@ -395,7 +395,7 @@ def _compile(stamp: str):
         pivots `[R]`); slots: the chain states (see `kernel`), each `[C, …]`; tasks: (first
         row, sense `[N]` and task offsets `[N + 1]` per chain, rows and keys `[T]` of the
         tasks, pool `[R, n]`: row order's open keys); vert: (rows, keys, senses `[V]`, bases,
-        values `[V, m]`) witnesses, nvert `[1]` of them used; cfg: see `kernel`; nxt `[1]`:
+        values `[V, m]`) witnesses, nvert `[3]`: used, LPs settled, stride (`kernel.settle`); cfg: see `kernel`; nxt `[1]`:
         the next chain to start.
         """
         if len(stamp) == 0:  # never: keeps the sources' hash in the cache key (above)
@@ -466,7 +466,7 @@ def ensure_compiled() -> None:
     vert = (ints[:0], ints[:0], ints[:0], np.zeros((0, m), dtype=np.int64), np.zeros((0, m)))
     cfg = np.zeros(6, dtype=np.int64)
     with status("compiling the interval engine (once; cached on disk)", enabled=cold):
-        run_chains(prob, bnd, slots, tasks, vert, ints.copy(), cfg, ints.copy(), 1)
+        run_chains(prob, bnd, slots, tasks, vert, np.ones(3, dtype=np.int64), cfg, ints.copy(), 1)
         crossover._walker()(prob[0], np.ones((1, n)), prob[3], ints.reshape(1, 1), ints[:0])
     _ready.append(True)
 

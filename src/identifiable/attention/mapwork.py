@@ -151,7 +151,8 @@ _NESTED_BLOCK = 16
 
 def _solve_head(args: tuple) -> list[tuple]:
     """Row sets through `interval_simplex` (module-level: process pools)."""
-    sets, chains, what, deadline, threads = args
+    sets, chains, what, deadline, threads, *rest = args
+    backend = rest[0] if rest else "engine"
     out = []
     for rs in sets:
         n_rows = rs.rows.size
@@ -170,7 +171,7 @@ def _solve_head(args: tuple) -> list[tuple]:
         block = _NESTED_BLOCK if order == "key" else None
         sol = interval_simplex(rs.aq, rs.raw, rs.keys, movable, chains_per_row=k, what=what,
                                deadline=deadline, order=order, block=block,
-                               threads=threads)  # fmt: skip
+                               threads=threads, backend=backend)  # fmt: skip
         out.append(
             (rs.rows, sol.lower, sol.upper, sol.lp_solved, sol.pivots, int(sol.fallbacks.sum()))
         )

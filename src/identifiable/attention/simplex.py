@@ -11,12 +11,13 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from identifiable.attention.crossover import crossover
-from identifiable.attention.lp import solve_lp
+from identifiable.attention.lp.options import OutOfTime
+from identifiable.attention.lp.verify import Certificates, failures
 from identifiable.errors import IdentifiableError
 from identifiable.utils.threads import one_blas_thread
 
@@ -110,6 +111,9 @@ _THREAD_COPY_BYTES = 2**28  # the threads' own copies of the shared state, in al
 # refined values (True) or each on a fresh factorisation (False).
 _POOL_RULE = 1
 _REFINE = True
+# verify="sample": the independent check (`lp.verify`) takes about this many LPs of each
+# lock step group, spread over its tasks (cost measured in benchmarks/records/engine.md)
+_VERIFY_SAMPLE = 8
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,9 @@ class IntervalSolution:
         fallbacks: `[R]` LPs handed to HiGHS because the simplex could not certify them.
         vertices: if requested, (row, key, sense) → the vertex `[n]` attaining that
             bound (sense +1 upper, −1 lower), for every bound settled by an LP.
+        certificates: the final bases of the LPs the verifier checked (`lp.verify`):
+            every LP the simplex settled with verify="all" or keep_vertices, a sample
+            with verify="sample", none with "off".
     """
 
     lower: np.ndarray
@@ -133,6 +140,7 @@ class IntervalSolution:
     pivots: np.ndarray
     fallbacks: np.ndarray
     vertices: dict[tuple[int, int, int], np.ndarray] | None = None
+    certificates: Certificates | None = None
 
 
 def interval_simplex(
@@ -148,27 +156,14 @@ def interval_simplex(
     block: int | None = None,
     deadline: float | None = None,
     threads: int = 1,
+    verify: str = "sample",
+    backend: str = "engine",
 ) -> IntervalSolution:
     """Min and max of every movable x_j over each row's P, by warm-started simplex chains.
 
-    Exact shortcuts, each proved by a feasible point already visited (P ⊂ [0, Σa]ⁿ):
-    a key with x_j = 0 at any point of P visited (every key that left the basis in a
-    primal pivot, every non-basic key of a vertex) has minimum 0; a key reaching Σa
-    has maximum Σa. Keys the null space cannot move keep a_j. Every other bound is an
-    LP certified optimal (see OPT_TOL) at a vertex, which is also its witness; an LP
-    the simplex cannot certify is handed to HiGHS (`fallbacks`).
-
-    All maxima are solved first (phase 1), then the minima no vertex has settled
-    (phase 2): a maximising vertex has at most m non-zero keys, so it settles most
-    minima at 0. Tasks are laid out in one of two orders:
-    - "key" (rows sharing A, i.e. `aq` is `[1, m, n]`, with the same or growing key
-      sets: bidirectional or nested causal rows): one chain per key and sense (and per
-      block of `block` rows), walking down the rows; each LP starts from the previous
-      row's optimal basis, which stays dual feasible over the previous row's keys (dual
-      simplex; keys a row adds join at once, first at the old b, then primal simplex);
-    - "row": `chains_per_row` chains per row, drawing keys from one pool of the row's
-      open keys; each LP starts from the chain's previous optimal vertex (primal simplex).
-    "auto" takes "key" when the rows share A and there are at least 8 of them.
+    Exact shortcuts, proofs and layouts: docs/certified_attention.md ("How the bounds
+    are computed"). An LP the simplex cannot certify is handed to HiGHS (`fallbacks`).
+    "auto" order takes "key" when the rows share A and there are at least 8 of them.
 
     Args:
         aq: `[R, m, n]` (or `[1, m, n]`, shared by all rows) Qᵀ per row, Q an orthonormal
@@ -187,7 +182,14 @@ def interval_simplex(
         threads: the chains are split into up to this many groups, each run by its own
             lock step in its own thread (see `_run`); the bounds are the same certified
             optima, the pivots and witnesses those of the split.
+        verify: "sample" (a few LPs of each group), "all" or "off": the bounds and the
+            final bases of those LPs are checked by `lp.verify`, which shares no code with
+            the pivots; a failure raises IdentifiableError.
+        backend: "engine" (the compiled lock step) or "highs" (`lp.hot`: one HiGHS model
+            per row, hot starts between keys; scipy's linprog without highspy).
     """
+    if verify not in ("sample", "all", "off"):
+        raise ValueError(f"verify must be 'sample', 'all' or 'off', not {verify!r}")
     n_rows = a.shape[0]
     rows_live = np.flatnonzero(movable.any(1))
     shared = aq.shape[0] == 1
@@ -197,7 +199,10 @@ def interval_simplex(
         raise ValueError("key order needs rows that share A (aq of shape [1, m, n])")
     if order == "key" and (allowed[:-1] & ~allowed[1:]).any():  # see `kernel.advance`
         raise ValueError("key order needs key sets that grow (or stay) from row to row")
+    if backend == "highs":
+        return _highs(aq, a, allowed, movable, keep_vertices, what, deadline, verify, threads)
     b = _start(aq, a, allowed, rows_live, keep_vertices, threads)
+    b.sample = 0 if verify == "off" else -1 if verify == "all" or keep_vertices else _VERIFY_SAMPLE
     prob = _problem(aq, a, allowed)
     for sense in (1, -1):
         todo, size = movable, block or n_rows
@@ -209,10 +214,51 @@ def interval_simplex(
         tasks = _layout(todo, sense, size, order, max(1, int(chains_per_row)))
         if tasks:
             _run(prob, b, tasks, order == "row", what, deadline, threads)
-    return IntervalSolution(
-        np.minimum(b.lower, a), np.maximum(b.upper, a), b.solved, b.pivots, b.fallbacks,
-        b.vertices,
-    )  # fmt: skip
+    lower, upper = np.minimum(b.lower, a), np.maximum(b.upper, a)
+    certs = _certificates(b.certs, aq.shape[1])
+    if verify != "off":
+        _check(prob[0], b.raw, prob[3], lower, upper, certs, what)
+    return IntervalSolution(lower, upper, b.solved, b.pivots, b.fallbacks, b.vertices, certs)
+
+
+def _highs(
+    aq, a, allowed, movable, keep_vertices, what, deadline, verify, threads
+) -> IntervalSolution:
+    """`interval_simplex` by HiGHS (`lp.hot.highs_bounds`), checked as the engine is."""
+    from identifiable.attention.lp.hot import highs_bounds
+
+    vertices: dict | None = {} if keep_vertices else None
+    aq = np.require(aq, np.float64, ["C"])
+    a = np.ascontiguousarray(a, dtype=np.float64)
+    lower, upper, solved, certs = highs_bounds(aq, a, allowed, movable, what=what,
+                                               deadline=deadline, vertices=vertices,
+                                               threads=threads)  # fmt: skip
+    if verify == "sample" and len(certs) > 2 * _VERIFY_SAMPLE:
+        pick = np.linspace(0, len(certs) - 1, 2 * _VERIFY_SAMPLE).astype(np.int64)
+        certs = Certificates(certs.rows[pick], certs.keys[pick], certs.senses[pick],
+                             certs.bases[pick])  # fmt: skip
+    if verify != "off":
+        _check(aq, a, allowed, lower, upper, certs, what)
+    zeros = np.zeros(a.shape[0], dtype=np.int64)
+    return IntervalSolution(lower, upper, solved, zeros, zeros.copy(), vertices, certs)
+
+
+def _certificates(parts: list, m: int) -> Certificates:
+    """The certificates the groups recorded, in one record."""
+    if not parts:
+        return Certificates.empty(m)
+    return Certificates(*(np.concatenate([p[i] for p in parts]) for i in range(4)))
+
+
+def _check(aq, raw, allowed, lower, upper, certs: Certificates, what: str) -> None:
+    """Refuse bounds that fail the independent check (`lp.verify`), in one line."""
+    bad = failures(aq, raw, allowed, lower, upper, certs)
+    if bad:
+        raise IdentifiableError(
+            f"{what or 'interval map'}: a bound of the simplex engine failed its independent "
+            f"check ({bad[0]}; {len(bad)} in all); this is a bug: please report it, and bound "
+            "these rows with backend='highs'"
+        )
 
 
 def _problem(aq, a, allowed) -> tuple:
@@ -284,6 +330,8 @@ class _Bounds:
         start: `[R, m]` a feasible basis per row (the start of every chain).
         vertices: (row, key, sense) → the vertex that settled that bound, if kept.
         solved, pivots, fallbacks: `[R]` int64 counts (see `IntervalSolution`).
+        certs: (rows, keys, senses, bases) of the LPs kept for the verifier, per group.
+        sample: LPs a group keeps for the verifier (−1: all of them).
     """
 
     raw: np.ndarray
@@ -297,10 +345,8 @@ class _Bounds:
     solved: np.ndarray
     pivots: np.ndarray
     fallbacks: np.ndarray
-
-
-class OutOfTime(Exception):
-    """Raised by `interval_simplex` when its `deadline` (wall clock, `time.time()`) has passed."""
+    certs: list = field(default_factory=list)
+    sample: int = 0
 
 
 def _run(prob, b: _Bounds, tasks: list, row_order: bool, what: str, deadline, threads: int) -> None:
@@ -355,7 +401,7 @@ def _copy(b: _Bounds) -> _Bounds:
     the counts), so that no thread's path depends on another's timing."""
     return _Bounds(b.raw, b.lower, b.upper, b.zero_seen.copy(), b.seen_max.copy(), b.total,
                    b.start.copy(), None if b.vertices is None else {}, b.solved.copy(),
-                   b.pivots.copy(), b.fallbacks.copy())  # fmt: skip
+                   b.pivots.copy(), b.fallbacks.copy(), [], b.sample)  # fmt: skip
 
 
 def _copy_bytes(b: _Bounds) -> int:
@@ -380,6 +426,7 @@ def _merge(b: _Bounds, parts: list[_Bounds]) -> None:
         b.start[moved] = p.start[moved]
         if b.vertices is not None and p.vertices is not None:
             b.vertices.update(p.vertices)
+        b.certs += p.certs
 
 
 def _run_group(prob, b: _Bounds, tasks: list, row_order: bool, what: str, deadline,
@@ -406,16 +453,17 @@ def _run_group(prob, b: _Bounds, tasks: list, row_order: bool, what: str, deadli
     cfg = np.array([max(_PIVOTS_PER_LP, _PIVOTS_PER_M * m), max(_REFACTOR_EVERY, _REFACTOR_PER_M * m),
                     row_order, _POOL_RULE if row_order else 0, _REFINE, _SINGLE_MIN_KEYS],
                    dtype=np.int64)  # fmt: skip
-    room = rows.size if b.vertices is not None else 0
+    room = rows.size if b.sample < 0 else b.sample
     vert = (np.zeros(room, dtype=np.int64), np.zeros(room, dtype=np.int64),
             np.zeros(room, dtype=np.int64), np.zeros((room, m), dtype=np.int64),
             np.zeros((room, m)))  # fmt: skip
-    counters = np.zeros(2, dtype=np.int64)  # witnesses kept, next chain to start
+    # witnesses kept, LPs settled, every how many LPs one is kept, next chain to start
+    counters = np.array([0, 0, max(1, rows.size // room) if room else 1, 0], dtype=np.int64)
     bnd = (b.lower, b.upper, b.zero_seen, b.seen_max, b.total, b.start, b.solved, b.pivots)
     work = (first, senses, offsets, rows, keys, pool)
     while True:
-        code = lockstep.run_chains(prob, bnd, slots, work, vert, counters[:1], cfg,
-                                   counters[1:], _STEPS_PER_CALL)  # fmt: skip
+        code = lockstep.run_chains(prob, bnd, slots, work, vert, counters[:3], cfg,
+                                   counters[3:], _STEPS_PER_CALL)  # fmt: skip
         if code == lockstep.DONE:
             break
         if code == lockstep.SINGULAR:  # never seen: pivots keep |α_rq| > PIVOT_TOL
@@ -430,8 +478,10 @@ def _run_group(prob, b: _Bounds, tasks: list, row_order: bool, what: str, deadli
             raise OutOfTime
         if stop is not None and stop.is_set():
             raise _Stopped
+    used = int(counters[0])
+    b.certs.append(tuple(v[:used].copy() for v in vert[:4]))
     if b.vertices is not None:
-        for t in range(int(counters[0])):
+        for t in range(used):
             x = np.zeros(n)
             x[vert[3][t]] = np.maximum(vert[4][t], 0.0)
             b.vertices[(int(vert[0][t]), int(vert[1][t]), int(vert[2][t]))] = x
@@ -440,17 +490,17 @@ def _run_group(prob, b: _Bounds, tasks: list, row_order: bool, what: str, deadli
 def _fallback(prob, b: _Bounds, st: np.ndarray, what: str) -> None:
     """The LP of a chain's state st goes to HiGHS; its bound and vertex are recorded."""
     from identifiable.attention import kernel
+    from identifiable.attention.lp.hot import row_model
 
     q, j, s = int(st[kernel.ROW]), int(st[kernel.J]), int(st[kernel.S])
     aq, allowed = prob[0], prob[3]
     b.fallbacks[q] += 1
-    rows = aq[0 if aq.shape[0] == 1 else q][:, allowed[q]]
-    sub_a = b.raw[q, allowed[q]]
-    idx = int(np.flatnonzero(np.flatnonzero(allowed[q]) == j)[0])
+    model = row_model(aq[0 if aq.shape[0] == 1 else q])
+    model.load(model.a @ b.raw[q], allowed[q])
     where = f"{what}: " if what else ""
-    x_sub = solve_lp(-s * np.eye(sub_a.size)[idx], rows.T, sub_a, f"{where}bounding key {j}")
-    x = np.zeros(allowed.shape[1])
-    x[allowed[q]] = x_sub
+    x, basic = model.solve(j, s, b.raw[q], f"{where}bounding key {j}")
+    if basic is not None and b.sample != 0:
+        b.certs.append((np.array([q]), np.array([j]), np.array([s]), basic[None]))
     b.zero_seen[q] |= (x <= 0.0) & allowed[q]
     np.maximum(b.seen_max[q], x, out=b.seen_max[q])
     (b.upper if s > 0 else b.lower)[q, j] = float(x[j])
