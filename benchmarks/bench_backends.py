@@ -131,9 +131,9 @@ def main() -> None:
     args = p.parse_args()
     parts = args.parts.split(",")
     torch.set_num_threads(args.threads)
-    from identifiable.attention import lockstep
+    from identifiable.attention.lp import ensure_compiled
 
-    lockstep.ensure_compiled()
+    ensure_compiled()
     out: dict = {"threads": args.threads}
     if "small" in parts:
         _small(args.small_n, args.threads, args.repeats, out)

@@ -11,8 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers.traces import assert_certified, shared_rows
-from identifiable.attention.certificates import interval_simplex
+from helpers.traces import assert_certified, engine, shared_rows
 
 
 @pytest.mark.parametrize("own_a", [False, True])
@@ -21,13 +20,13 @@ def test_highs_gives_the_engines_bounds_with_a_certificate_for_every_lp(own_a):
     allowed = np.ones(a.shape, bool)
     if own_a:  # each row its own copy of A: one model per row
         aq = np.repeat(aq, 3, 0)
-    engine = interval_simplex(aq, a, allowed, movable, chains_per_row=4, verify="all")
-    highs = interval_simplex(aq, a, allowed, movable, backend="highs", verify="all",
-                             keep_vertices=True, threads=2)  # fmt: skip
-    np.testing.assert_allclose(highs.lower, engine.lower, atol=1e-9, rtol=0)
-    np.testing.assert_allclose(highs.upper, engine.upper, atol=1e-9, rtol=0)
+    compiled = engine(aq, a, allowed, movable, chains_per_row=4, backend="engine")
+    highs = engine(aq, a, allowed, movable, backend="highs", keep_vertices=True, threads=2)
+    np.testing.assert_allclose(highs.lower, compiled.lower, atol=1e-9, rtol=0)
+    np.testing.assert_allclose(highs.upper, compiled.upper, atol=1e-9, rtol=0)
     assert_certified(highs, a, v)
     assert len(highs.certificates) == int(highs.lp_solved.sum()) > 0
+    assert (highs.backend, compiled.backend) == ("highs", "engine")
 
 
 def test_highs_on_nested_rows_opens_each_rows_keys():
@@ -40,13 +39,13 @@ def test_highs_on_nested_rows_opens_each_rows_keys():
     a = np.where(allowed, a, 0.0)
     a /= a.sum(1, keepdims=True)
     movable = allowed.copy()
-    sol = interval_simplex(aq, a, allowed, movable, backend="highs", verify="all")
+    sol = engine(aq, a, allowed, movable, backend="highs")
     assert not sol.upper[~allowed].any()
     for t in range(len(sol.certificates)):
         assert allowed[sol.certificates.rows[t], sol.certificates.bases[t]].all()
-    engine = interval_simplex(aq, a, allowed, movable, order="row", verify="all")
-    np.testing.assert_allclose(sol.lower, engine.lower, atol=1e-9, rtol=0)
-    np.testing.assert_allclose(sol.upper, engine.upper, atol=1e-9, rtol=0)
+    compiled = engine(aq, a, allowed, movable, order="row", backend="engine")
+    np.testing.assert_allclose(sol.lower, compiled.lower, atol=1e-9, rtol=0)
+    np.testing.assert_allclose(sol.upper, compiled.upper, atol=1e-9, rtol=0)
 
 
 def test_without_highspy_the_backend_runs_on_scipy():
@@ -56,11 +55,11 @@ def test_without_highspy_the_backend_runs_on_scipy():
         "import sys; sys.modules['highspy'] = None\n"
         "import numpy as np\n"
         "from helpers.traces import shared_rows\n"
-        "from identifiable.attention.certificates import interval_simplex\n"
+        "from helpers.traces import engine\n"
         "aq, a, movable, v = shared_rows(n=20, d_v=4, rows=2, seed=3)\n"
         "ok = np.ones(a.shape, bool)\n"
-        "h = interval_simplex(aq, a, ok, movable, backend='highs', verify='all')\n"
-        "e = interval_simplex(aq, a, ok, movable, verify='all')\n"
+        "h = engine(aq, a, ok, movable, backend='highs')\n"
+        "e = engine(aq, a, ok, movable, backend='engine')\n"
         "print(len(h.certificates), max(np.abs(h.lower - e.lower).max(),"
         " np.abs(h.upper - e.upper).max()))\n"
     )

@@ -1,4 +1,4 @@
-"""The independent check of the engine's bounds (`attention.lp.verify`): it accepts what the
+"""The independent check of the engine's bounds (`attention.lp.failures`): it accepts what the
 engine certifies, and refuses a basis one pivot away from it, a bound its vertex does not
 attain, and bounds outside what the raw row proves."""
 
@@ -7,34 +7,32 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.traces import shared_rows
-from identifiable.attention.certificates import interval_simplex
-from identifiable.attention.lp import verify
+from helpers.traces import engine, shared_rows
+from identifiable.attention.lp import Certificates, failures, outer_failures, vertex
 
 
 @pytest.fixture(scope="module")
 def solved():
     aq, a, movable, _ = shared_rows(n=30, d_v=5, rows=3, seed=21)
     allowed = np.ones(a.shape, bool)
-    sol = interval_simplex(aq, a, allowed, movable, chains_per_row=4, order="row",
-                           keep_vertices=True)  # fmt: skip
+    sol = engine(aq, a, allowed, movable, chains_per_row=4, order="row", keep_vertices=True)
     return aq, a, allowed, sol
 
 
-def _one(certs: verify.Certificates, t: int, basis: np.ndarray) -> verify.Certificates:
+def _one(certs: Certificates, t: int, basis: np.ndarray) -> Certificates:
     """Certificate t alone, with its basis replaced."""
     s = slice(t, t + 1)
-    return verify.Certificates(certs.rows[s], certs.keys[s], certs.senses[s], basis[None])
+    return Certificates(certs.rows[s], certs.keys[s], certs.senses[s], basis[None])
 
 
 def test_the_engines_bounds_pass(solved):
     aq, a, allowed, sol = solved
     certs = sol.certificates
     assert len(certs) == int(sol.lp_solved.sum()) > 20  # every LP the simplex settled
-    assert verify.failures(aq, a, allowed, sol.lower, sol.upper, certs) == []
+    assert failures(aq, a, allowed, sol.lower, sol.upper, certs) == []
     for t in range(len(certs)):  # each certificate's vertex is the witness kept
         q, j, s = int(certs.rows[t]), int(certs.keys[t]), int(certs.senses[t])
-        x = verify.vertex(a[q], aq[0], certs.bases[t])
+        x = vertex(a[q], aq[0], certs.bases[t])
         np.testing.assert_allclose(x, sol.vertices[(q, j, s)], atol=1e-12)
 
 
@@ -55,7 +53,7 @@ def test_one_flipped_pivot_is_refused(solved):
         p = int(np.flatnonzero(basis != certs.keys[t])[0])
         for k in out[:5]:
             basis[p] = k
-            bad = verify.failures(aq, a, allowed, sol.lower, sol.upper, _one(certs, t, basis))
+            bad = failures(aq, a, allowed, sol.lower, sol.upper, _one(certs, t, basis))
             refused += len(bad) == 1
     assert refused == 50
 
@@ -98,7 +96,7 @@ def test_a_feasible_neighbour_is_refused_by_its_reduced_costs(solved):
         upper[q, j] = max(value, a[q, j])
         if value < a[q, j]:
             continue  # the outer check alone would refuse it
-        bad = verify.failures(aq, a, allowed, sol.lower, upper, _one(certs, t, basis))
+        bad = failures(aq, a, allowed, sol.lower, upper, _one(certs, t, basis))
         assert len(bad) == 1 and "reduced cost" in bad[0], bad
         checked += 1
     assert checked >= 5
@@ -110,7 +108,7 @@ def test_a_bound_the_vertex_does_not_attain_is_refused(solved):
     q, j = int(sol.certificates.rows[t]), int(sol.certificates.keys[t])
     upper = sol.upper.copy()
     upper[q, j] += 1e-6
-    bad = verify.failures(aq, a, allowed, sol.lower, upper, _one(sol.certificates, t,
+    bad = failures(aq, a, allowed, sol.lower, upper, _one(sol.certificates, t,
                           sol.certificates.bases[t]))  # fmt: skip
     assert len(bad) == 1 and "not the reported" in bad[0]
 
@@ -128,5 +126,5 @@ def test_bounds_outside_what_the_raw_row_proves_are_refused(solved, what):
         upper[1, 3] = a[1].sum() + 1e-6
     else:
         allowed[1, 3] = False
-    bad = verify.outer_failures(a, allowed, lower, upper)
+    bad = outer_failures(a, allowed, lower, upper)
     assert len(bad) == 1 and bad[0].startswith("row 1: key 3")

@@ -1,7 +1,7 @@
 """One linear program over the polytope P = {ã ≥ 0 : (ã − a) Q = 0}, solved by HiGHS.
 
 Shared by the certificates (`certificates.witness_lp`, `interval_lp`) and by the
-warm-started simplex (`simplex`), which hands a chain's LP to HiGHS when it stalls.
+compiled engine (`groups.fallback`), which hands a chain's LP to HiGHS when it stalls.
 """
 
 from __future__ import annotations

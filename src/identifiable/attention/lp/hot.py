@@ -154,12 +154,12 @@ def highs_bounds(aq: np.ndarray, raw: np.ndarray, allowed: np.ndarray, movable: 
                  threads: int = 1) -> tuple:  # fmt: skip
     """Min and max of every movable x_j over each row's P, by HiGHS.
 
-    Args: as `simplex.interval_simplex` (aq `[R or 1, m, n]`, raw, allowed, movable
+    Args: as `BoundProblem` (aq `[R or 1, m, n]`, raw, allowed, movable
     `[R, n]`); vertices: where given, (row, key, sense) → the optimal point of each LP;
     threads: jobs (a row, or a part of its keys when rows are fewer than threads) run in
     up to this many threads, each with its own models (HiGHS runs without the GIL).
     Returns: (lower, upper `[R, n]`, LPs solved `[R]`, `Certificates`).
-    Raises: `simplex.OutOfTime` past `deadline` (checked between LPs).
+    Raises: `OutOfTime` past `deadline` (checked between LPs).
     """
     lower, upper = raw.astype(np.float64), raw.astype(np.float64)
     solved = np.zeros(raw.shape[0], dtype=np.int64)

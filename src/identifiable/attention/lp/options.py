@@ -93,8 +93,10 @@ class EngineOptions:
             key over many rows: short chains keep the lock step busy).
         single_min_keys: the shared second product (ρ and Aᵀv: they steer, never bound)
             runs in single precision from this many keys on (A packed once, `panels`).
-        drift_steps: updates of d from single-precision products before d is recomputed
-            in double.
+        drift_steps, drift_gain: d, updated from single-precision products (round-off ~1e-7
+            of ‖ρ‖), is recomputed in double after drift_steps updates and whenever the
+            best key gains less than drift_gain, so that round-off neither ends an LP nor
+            steers more than a few pivots.
         steps_per_call: lock steps between checks of the deadline.
         thread_chains: chains per thread at least (fewer make the products too small).
         thread_copy_bytes: the threads' own copies of what visited points prove, in all.
@@ -121,6 +123,7 @@ class EngineOptions:
     min_block: int = 16
     single_min_keys: int = 128
     drift_steps: int = 32
+    drift_gain: float = 1e-6
     steps_per_call: int = 16
     thread_chains: int = 8
     thread_copy_bytes: int = 2**28

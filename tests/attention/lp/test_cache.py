@@ -1,4 +1,4 @@
-"""The compiled simplex engine's disk cache (`attention/lockstep.py`): compiled once, said so,
+"""The compiled simplex engine's disk cache (`attention/lp/compiled.py`): compiled once, said so,
 loaded by later processes, and keyed by all three of its source files."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from identifiable.attention import kernel, lockstep, panels
+from identifiable.attention.lp import compiled, kernel
 
 _LOAD = (
     "import time\n"
-    "from identifiable.attention import lockstep\n"
+    "from identifiable.attention.lp import compiled\n"
     "t = time.perf_counter()\n"
-    "lockstep.ensure_compiled()\n"
+    "compiled.ensure_compiled()\n"
     "print(time.perf_counter() - t)\n"
 )
 
@@ -41,17 +41,18 @@ def test_a_fresh_cache_compiles_once_says_so_and_later_processes_load_it(tmp_pat
 
 def test_the_cache_key_covers_every_source_file():
     """numba keys a cached function by its own bytecode and file only; `run_chains` closes
-    over the hash of lockstep.py, kernel.py and panels.py, so that an edit to any of them
-    compiles anew."""
-    files = (lockstep.__file__, kernel.__file__, panels.__file__)
-    digest = hashlib.sha256(b"".join(Path(f).read_bytes() for f in files)).hexdigest()
-    assert lockstep._sources_hash() == digest
-    closure = lockstep.run_chains.py_func.__closure__ or ()
+    over the hash of every file compiled into it, so that an edit to any of them compiles
+    anew."""
+    names = {Path(f).name for f in compiled.SOURCES}
+    assert names == {"lockstep.py", "kernel.py", "panels.py", "state.py", "compiled.py"}
+    digest = hashlib.sha256(b"".join(Path(f).read_bytes() for f in compiled.SOURCES)).hexdigest()
+    assert compiled.sources_hash() == digest
+    closure = compiled.run_chains.py_func.__closure__ or ()
     assert digest in [cell.cell_contents for cell in closure]
 
 
 def test_the_python_side_states_the_compiled_tolerance():
-    """`simplex.OPT_TOL` (what the docs and `certificates` quote) is the kernel's own."""
-    from identifiable.attention import simplex
+    """`lp.OPT_TOL` (what the docs quote) is the kernel's own."""
+    from identifiable.attention.lp import OPT_TOL
 
-    assert simplex.OPT_TOL == kernel.OPT_TOL
+    assert OPT_TOL == kernel.OPT_TOL
