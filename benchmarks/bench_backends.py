@@ -12,13 +12,16 @@ models), in one process, alternating which side goes first (`--repeats`), median
   head would take hours), its whole-head time estimated by interpolating the sampled
   rows' seconds over every row's key count;
 - small: a bidirectional synthetic head of `--small-n` keys (m = 5), where the engine's
-  fixed costs count most.
+  fixed costs count most;
+- choices: the engine against itself with a plain alternative to each of its two risky
+  pieces, on the `--tail` widest rows of that head: BLAS's sgemm instead of A packed in
+  panels, numba's reference counts instead of borrowed arrays.
 Each part reports both times, the ratio HiGHS / engine, and the largest |difference|
 between the two sides' bounds (both are certified; target ≤ 1e-9). The engine's disk
 cache is loaded before any timing.
 
-Run: python benchmarks/bench_backends.py [--parts minilm,row,head,small] [--threads 2]
-     [--n 512] [--sample 6] [--repeats 3] [--json out.json]
+Run: python benchmarks/bench_backends.py [--parts minilm,row,head,small,choices]
+     [--threads 2] [--n 512] [--sample 6] [--tail 32] [--repeats 3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -44,12 +47,13 @@ def _sets(trace, layer: int, head: int, rows=None):
     return [s for sets in _head_sets(trace, layer, head, rows, None) for s in sets]
 
 
-def _solve(sets, threads: int, backend: str):
-    """(seconds, {row: (lower, upper)}) of the row sets, as `interval_map` solves them."""
+def _solve(sets, threads: int, backend: str, **override):
+    """(seconds, {row: (lower, upper)}) of the row sets, as `interval_map` solves them,
+    with `backend` and other EngineOptions fields overridden."""
     from identifiable.attention.mapwork import _solve_head
 
     t0 = time.perf_counter()
-    out = _solve_head((sets, None, "", None, threads, backend))
+    out = _solve_head((sets, None, "", None, threads, {"backend": backend, **override}))
     sec = time.perf_counter() - t0
     bounds = {}
     for rows, lo, up, *_ in out:
@@ -107,6 +111,33 @@ def _head(trace, threads: int, sample: int, out: dict) -> None:
           f"{out['head']['max_diff']:.1e}", flush=True)  # fmt: skip
 
 
+def _choices(trace, threads: int, repeats: int, tail: int, out: dict) -> None:
+    """The two risky pieces of the engine against plain alternatives, side by side on the
+    `tail` widest rows of the head (nested rows, shared A, single precision): A packed in
+    panels against BLAS's sgemm (packed_product=False), and borrowed arrays against
+    numba's reference counts (borrow=False)."""
+    n = trace.n_tokens
+    sets = _sets(trace, 1, 0, list(range(n - tail, n)))
+    sides = {"default": {}, "sgemm": {"packed_product": False}, "counted": {"borrow": False}}
+    for options in sides.values():
+        _solve(sets, threads, "engine", **options)  # compiled (or loaded) outside the timings
+    runs: dict = {name: [] for name in sides}
+    got: dict = {}
+    for r in range(repeats):
+        for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
+            sec, got[name] = _solve(sets, threads, "engine", **sides[name])
+            runs[name].append(sec)
+    med = {name: float(np.median(t)) for name, t in runs.items()}
+    out["choices"] = {"rows": tail, "runs_s": runs, "median_s": med, "load": load(),
+                      "sgemm_over_packed": med["sgemm"] / med["default"],
+                      "counted_over_borrowed": med["counted"] / med["default"],
+                      "max_diff": max(_diff(got["default"], got[k]) for k in ("sgemm", "counted"))}  # fmt: skip
+    print(f"{tail} widest rows: packed + borrowed {med['default']:.1f} s, sgemm "
+          f"{med['sgemm']:.1f} s ({med['sgemm'] / med['default']:.2f}x), reference counts "
+          f"{med['counted']:.1f} s ({med['counted'] / med['default']:.2f}x), "
+          f"max |difference| {out['choices']['max_diff']:.1e}, {load()}", flush=True)  # fmt: skip
+
+
 def _small(n: int, threads: int, repeats: int, out: dict) -> None:
     from identifiable.attention.mapwork import RowSet
 
@@ -126,6 +157,7 @@ def main() -> None:
     p.add_argument("--n", type=int, default=512)
     p.add_argument("--small-n", type=int, default=12)
     p.add_argument("--sample", type=int, default=6)
+    p.add_argument("--tail", type=int, default=32, help="choices: the widest rows of the head")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -146,7 +178,7 @@ def main() -> None:
         tr = next(t for t in (m.trace(item) for item in corpus) if t.n_tokens >= 120)
         _side_by_side(f"minilm head (n = {tr.n_tokens})", _sets(tr, 2, 0), args.threads,
                       args.repeats, out)  # fmt: skip
-    if "row" in parts or "head" in parts:
+    if "row" in parts or "head" in parts or "choices" in parts:
         _, model = build("llama")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -156,6 +188,8 @@ def main() -> None:
                           max(1, args.repeats // 2), out)  # fmt: skip
         if "head" in parts:
             _head(trace, args.threads, args.sample, out)
+        if "choices" in parts:
+            _choices(trace, args.threads, args.repeats, args.tail, out)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)

@@ -197,7 +197,7 @@ def main() -> None:
         # A compiled engine at --before is compiled (or loaded) outside the timings too; a
         # commit without lockstep.py (the numpy engine) has nothing to compile.
         for name in ("_oldattn.lp", "_oldattn.lockstep"):
-            with contextlib.suppress(subprocess.CalledProcessError, ImportError):
+            with contextlib.suppress(subprocess.CalledProcessError, ImportError, AttributeError):
                 importlib.import_module(name).ensure_compiled()
                 break
     if args.nested_key:

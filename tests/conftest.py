@@ -130,3 +130,12 @@ def medium_matmul_precision() -> Iterator[bool]:
         yield float(((a @ b).double() - exact).norm() / exact.norm()) > 1e-5
     finally:
         torch.set_float32_matmul_precision(previous)
+
+
+def pytest_sessionstart(session) -> None:
+    """The certificate engine loaded (or compiled, on a cold cache) before any test, so that
+    no test depends on whether a background compile has finished: on a cold cache the
+    library answers small problems with HiGHS meanwhile (docs/certified_attention.md)."""
+    from identifiable.attention.lp import ensure_compiled
+
+    ensure_compiled()

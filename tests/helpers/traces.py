@@ -118,8 +118,10 @@ def assert_certified(sol, a: np.ndarray, v: np.ndarray, resid: float = 1e-9) -> 
 def engine(aq, a, allowed, movable, **options):
     """`lp.bound_keys` on the rows (aq `[R or 1, m, n]`, a, allowed, movable `[R, n]`) with
     `EngineOptions(**options)`, every bound and every LP's final basis checked by the
-    independent verifier (verify="all", unless the caller says otherwise)."""
+    independent verifier (verify="all", unless the caller says otherwise), on the compiled
+    engine unless the caller names another backend."""
     from identifiable.attention.lp import BoundProblem, EngineOptions, bound_keys
 
     options.setdefault("verify", "all")
+    options.setdefault("backend", "engine")
     return bound_keys(BoundProblem(aq, a, allowed, movable), EngineOptions(**options))

@@ -10,6 +10,7 @@ head can use every process, not one.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import time
@@ -151,7 +152,8 @@ _NESTED_BLOCK = 16
 
 def _solve_head(args: tuple) -> list[tuple]:
     """Row sets through `lp.bound_keys` (module-level: process pools). args: (row sets,
-    chains per row or None, what, deadline, threads[, backend])."""
+    chains per row or None, what, deadline, threads[, EngineOptions fields to override,
+    as the benchmarks compare them])."""
     sets, chains, what, deadline, threads, *rest = args
     out = []
     for rs in sets:
@@ -170,7 +172,7 @@ def _problem(rs: RowSet, what: str) -> BoundProblem:
     return BoundProblem(rs.aq, rs.raw, rs.keys, movable, what)
 
 
-def _options(rs: RowSet, chains, deadline, threads, backend: str = "auto") -> EngineOptions:
+def _options(rs: RowSet, chains, deadline, threads, override: dict | None = None) -> EngineOptions:
     """The layout of a row set: nested causal rows in row order, one chain per row (32
     chains in all at most when rows are few): on a Llama-3-sized head 0.60x the pivots of
     key order and 0.56x the time at n = 256, 0.91x and 0.77x on the widest 32 rows at
@@ -181,8 +183,9 @@ def _options(rs: RowSet, chains, deadline, threads, backend: str = "auto") -> En
     n_rows = rs.rows.size
     k = chains or max(1, min(int(rs.keys.sum(1).max()) // 16, most // max(n_rows, 1)))
     block = _NESTED_BLOCK if order == "key" else None
-    return EngineOptions(backend=backend, threads=threads, order=order, chains_per_row=k,
-                         block=block, deadline=deadline)  # fmt: skip
+    options = EngineOptions(threads=threads, order=order, chains_per_row=k, block=block,
+                            deadline=deadline)  # fmt: skip
+    return dataclasses.replace(options, **(override or {}))
 
 
 def _head_sets(trace: Trace, layer: int, head: int, rows: list[int], key_mask, pieces: int = 1):

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 import numpy as np
 
+from identifiable.attention.lp import cache
 from identifiable.utils.threads import one_blas_thread
 
 PIVOT_TOL = 1e-9  # smallest pivot element accepted in a ratio test (here and in kernel.py)
@@ -128,7 +129,7 @@ def lower_key(a, k, binv, xb, xc, bc, pos, col):
         bc[r] = k
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy")
+@cache.cached(nogil=True, error_model="numpy")
 def walk(aq, x, allowed, basic, rows):
     """Walk each row c of `rows` from x[c] (overwritten) to a vertex; basic[c] holds
     the start basis and receives the vertex's."""

@@ -146,8 +146,8 @@ def run_group(prob, b: Bounds, tasks: list, row_order: bool, what: str,
     shared = Shared(b.lower, b.upper, b.zero_seen, b.seen_max, b.total, b.start, b.solved,
                     b.pivots)  # fmt: skip
     while True:
-        code = compiled.run_chains(prob, shared, slots, work, certs, counters, cfg,
-                                   options.steps_per_call)  # fmt: skip
+        code = compiled.entry(options.borrow)(prob, shared, slots, work, certs, counters, cfg,
+                                              options.steps_per_call)  # fmt: skip
         if code == lockstep.DONE:
             break
         if code == lockstep.SINGULAR:  # never seen: pivots keep |α_rq| > PIVOT_TOL

@@ -232,7 +232,7 @@ def queue_products(prob, ch, y, n_y, steep):
 
 @jit
 def product(y, a_t, buf, rows, cols):
-    """y[:rows] · Aᵀ[:cols]ᵀ (double precision, BLAS) into buf, as a C-contiguous
+    """y[:rows] · Aᵀ[:cols]ᵀ (BLAS, in y's precision) into buf, as a C-contiguous
     `[rows, cols]` array, so that a step allocates nothing."""
     out = buf[: rows * cols].reshape((rows, cols))
     np.dot(y[:rows], a_t[:cols].T, out)
@@ -314,8 +314,8 @@ def _phase2(prob, slots, cfg, buf, z1, single):
 
 @jit
 def _phase3(prob, shared, slots, cfg, buf, z2, single):
-    """Phase 3: every pivoting chain updates d, γ and its basis from the second product,
-    and refactors B⁻¹ every cfg.refactor pivots."""
+    """Phase 3: every pivoting chain updates d, γ and its basis from the second product z2
+    (single precision when `single`), and refactors B⁻¹ every cfg.refactor pivots."""
     is_shared, steep = prob.a.shape[0] == 1, cfg.steep != 0
     for c in range(slots.state.size):
         st = slots.state[c]
@@ -325,10 +325,8 @@ def _phase3(prob, shared, slots, cfg, buf, z2, single):
         if not is_shared:
             kernel.pivot_pricing(prob.allowed, ch, st.leave, st.enter, ch.col, ch.rho, ch.av,
                                  steep)  # fmt: skip
-        elif single:
-            finish_pivot(prob.allowed, ch, buf.z32, steep, 1)
         else:
-            finish_pivot(prob.allowed, ch, z2, steep, 0)
+            finish_pivot(prob.allowed, ch, z2, steep, 1 if single else 0)
         shared.pivots[st.row] += 1
         if st.since >= cfg.refactor:
             a, a_t = _matrix(prob, st.row)
@@ -350,9 +348,15 @@ def step(prob, shared, slots, tasks, certs, counters, cfg, buf):
     go = is_shared and n2 > 0
     # z1 is read in full before z2 is written, so both may use buf.z
     z2 = product(buf.y2, prob.at[0], buf.z, n2, s2) if go and not single else none
-    if go and single:
+    z32 = buf.z32
+    if go and single and cfg.packed:
         panels.times_panels(buf.y2s, prob.a32, buf.z32, n2, s2)
-    _phase3(prob, shared, slots, cfg, buf, z2, single)
+    elif go and single:
+        z32 = product(buf.y2s, prob.at32, buf.z32.reshape(-1), n2, s2)
+    if single:  # two dtypes: two compiled phases
+        _phase3(prob, shared, slots, cfg, buf, z32, single)
+    else:
+        _phase3(prob, shared, slots, cfg, buf, z2, single)
 
 
 @jit
@@ -410,6 +414,7 @@ def config(options, m: int, row_order: bool) -> Config:
         steep=int(row_order), pool=options.pool_rule if row_order else 0,
         refine=int(options.refine), single=options.single_min_keys,
         drift_steps=options.drift_steps, drift_gain=options.drift_gain,
+        packed=int(options.packed_product),
     )  # fmt: skip
 
 

@@ -105,6 +105,10 @@ class EngineOptions:
         refine: certify optima on refined values (else refactor at every optimum).
         chain_bytes: B⁻¹ bytes of one lock step (None: from the last-level cache,
             `batch_bytes`); a thread's group gets half of it.
+        packed_product: the single-precision product takes A packed once in panels
+            (`panels`, a register-tiled kernel) rather than BLAS's sgemm.
+        borrow: the compiled lock step drops numba's reference counts on the arrays it
+            is given for the call (`lockstep.borrowed`) rather than keeping them.
     """
 
     backend: str = "auto"
@@ -130,6 +134,8 @@ class EngineOptions:
     pool_rule: int = 1
     refine: bool = True
     chain_bytes: int | None = None
+    packed_product: bool = True
+    borrow: bool = True
 
     def __post_init__(self) -> None:
         choices = {"backend": ("auto", "engine", "highs"), "order": ("auto", "key", "row"),

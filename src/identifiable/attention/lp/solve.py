@@ -74,9 +74,22 @@ def bound_keys(problem: BoundProblem, options: EngineOptions | None = None) -> I
     """
     options = options or EngineOptions()
     _check_layout(problem, options)
-    if options.backend == "highs" or (options.backend == "auto" and not engine_available()):
+    if _backend(problem, options) == "highs":
         return _highs(problem, options)
     return _engine(problem, options)
+
+
+def _backend(problem: BoundProblem, options: EngineOptions) -> str:
+    """options.backend, or for "auto": HiGHS where numba is missing, else as
+    `compiled.route` says (the engine, or HiGHS for a small problem while a cold cache is
+    filled in the background)."""
+    if options.backend != "auto":
+        return options.backend
+    if not engine_available():
+        return "highs"
+    from identifiable.attention.lp import compiled
+
+    return compiled.route(problem.movable.sum(1), problem.aq.shape[1])
 
 
 def engine_available() -> bool:
@@ -185,9 +198,11 @@ def _arrays(problem: BoundProblem, options: EngineOptions) -> tuple:
     b = a @ aq[0].T if aq.shape[0] == 1 else np.einsum("rmn,rn->rm", aq, a)
     at = np.ascontiguousarray(aq.transpose(0, 2, 1))
     single = aq.shape[0] == 1 and aq.shape[2] >= options.single_min_keys
-    a32 = panels.pack(at[0]) if single else np.zeros((0, aq.shape[1], panels.WIDTH), np.float32)
+    m = aq.shape[1]
+    a32 = panels.pack(at[0]) if single else np.zeros((0, m, panels.WIDTH), np.float32)
+    at32 = at[0].astype(np.float32) if single else np.zeros((0, m), np.float32)
     allowed = np.require(problem.allowed, bool, ["C", "W"])
-    return Problem(aq, at, np.ascontiguousarray(b), allowed, a32)
+    return Problem(aq, at, np.ascontiguousarray(b), allowed, a32, at32)
 
 
 def _start(problem: BoundProblem, rows_live: np.ndarray, options: EngineOptions) -> Bounds:

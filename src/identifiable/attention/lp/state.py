@@ -59,8 +59,8 @@ Chain = namedtuple(
 )
 
 # A (`[1 or R, m, n]`), Aᵀ (`[1 or R, n, m]`), b `[R, m]`, allowed `[R, n]`, A in single
-# precision in panels `[P or 0, m, 16]` (`panels.pack`).
-Problem = namedtuple("Problem", "a at b allowed a32")
+# precision in panels `[P or 0, m, 16]` (`panels.pack`) and as Aᵀ `[n or 0, m]` (for BLAS).
+Problem = namedtuple("Problem", "a at b allowed a32 at32")
 # What the chains share: bounds lower, upper, what visited points prove zero_seen,
 # seen_max `[R, n]`, Σa total `[R]`, a feasible basis per row start `[R, m]`, and the
 # counts solved, pivots `[R]`.
@@ -78,8 +78,9 @@ COUNTERS = np.dtype(
 # The settings (`EngineOptions`): the pivot cap per LP, pivots between refactors,
 # steepest-edge pricing (else Dantzig's), row order's pool rule (0: key order), certify
 # on refined values, the span from which the shared second product is single precision,
-# d's updates in single precision before it is recomputed, and the gain under which it is.
-Config = namedtuple("Config", "cap refactor steep pool refine single drift_steps drift_gain")
+# d's updates in single precision before it is recomputed, the gain under which it is,
+# and whether the single-precision product takes the packed A (`panels`) or BLAS.
+Config = namedtuple("Config", "cap refactor steep pool refine single drift_steps drift_gain packed")
 # A lock step's buffers: an [m, m] work matrix, the shared products' left factors y1
 # `[C, m]`, y2 `[2C, m]` (and y2s in single precision, whole tiles), their outputs.
 Buffers = namedtuple("Buffers", "work y1 y2 y2s z z32")
