@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -91,10 +92,12 @@ class _GitAttention(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         src = src.replace("identifiable.attention.", "_oldattn.").replace(
             "from identifiable.attention import", "from _oldattn import"
         )
-        # A real file: the compiled engine hashes its own source and numba caches by file.
+        # A real file: the compiled engine hashes its own source and numba caches by file
+        # (keyed by its time stamp too: rewritten only when it differs, so that a second run
+        # loads the engine compiled by the first)
         path = os.path.join(_old_dir(self.commit), where.replace("/", "_"))
-        with open(path, "w") as fh:
-            fh.write(src)
+        if not os.path.exists(path) or Path(path).read_text() != src:
+            Path(path).write_text(src)
         module.__file__ = path
         exec(compile(src, path, "exec"), module.__dict__)
 

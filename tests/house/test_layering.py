@@ -240,6 +240,7 @@ def test_architecture_md_names_every_folder() -> None:
     missing = [f for f in folders if f"| `{f}/` |" not in text or f"{f}/" not in text]
     assert not missing, f"ARCHITECTURE.md does not describe: {missing}"
 
+
 ROOT = SRC.parents[1]
 ENGINE = "identifiable.attention.lp"
 # White-box tests of the engine's parts (the tiled product, the crossover's walk, the

@@ -9,6 +9,8 @@ are the compiled lock step (numba: `solve`, `groups`, `lockstep`, `kernel`, `pan
 (tests/house/test_layering.py): they are free to change behind this interface.
 """
 
+from pathlib import Path
+
 from identifiable.attention.lp.highs import polish, solve_lp
 from identifiable.attention.lp.options import (
     BoundProblem,
@@ -27,12 +29,20 @@ from identifiable.attention.lp.verify import (
 )
 
 
+def cache_folder() -> Path | None:
+    """The compiled engine's folder in the user cache (`store.usercache`), or None where it
+    cannot be written (the engine then compiles in memory)."""
+    from identifiable.attention.lp import cache
+
+    return cache.folder()
+
+
 def ensure_compiled() -> None:
     """Compile (or load from the disk cache) the compiled engine now, with a status line
     when it compiles; callers with a time budget call this first."""
-    from identifiable.attention.lp import compiled
+    from identifiable.attention.lp import loading
 
-    compiled.ensure_compiled()
+    loading.ensure_compiled()
 
 
 __all__ = [
@@ -45,6 +55,7 @@ __all__ = [
     "Tolerances",
     "batch_bytes",
     "bound_keys",
+    "cache_folder",
     "engine_available",
     "ensure_compiled",
     "failures",

@@ -1,44 +1,40 @@
 """Where the compiled engine is cached on disk, and what happens when that cache cannot be
-used: identifiable's own folder in the user's cache directory (never inside the installed
-package, and not moved by NUMBA_CACHE_DIR, which stays numba's setting for other code).
+used: the folder "engine" of identifiable's user cache (`store.usercache`:
+$IDENTIFIABLE_CACHE/engine, else $XDG_CACHE_HOME/identifiable/engine, else
+~/.cache/identifiable/engine), never inside the installed package, and not moved by
+NUMBA_CACHE_DIR, which stays numba's setting for other code.
 
-- `folder()`: $IDENTIFIABLE_CACHE_DIR/engine, else $XDG_CACHE_HOME/identifiable/engine,
-  else ~/.cache/identifiable/engine.
-- `cached(fn)`: numba.njit(cache=True) into that folder; where it cannot be written, the
-  engine compiles in memory for this process, after one warning line.
-- `READY`: a marker written once a compile in that folder has been loaded back; while it
-  is missing the cache is cold (`compiled.state`).
-- `clear()`: the engine's files go, after a damaged cache failed to load.
+- `folder()`: that folder, or None where it cannot be written (one warning line).
+- `cached(fn)`: numba.njit(cache=True) into that folder; without one, the function
+  compiles in memory for this process.
+- `loads(call)`: the first call of cached functions; False (after one warning line, the
+  folder's files cleared) where numba could not read them back.
+- `marker(stamp)`: a file written once a compile in that folder has been loaded back;
+  while it is missing the cache is cold (`loading.route`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
+from identifiable.errors import IdentifiableError
+from identifiable.store.usercache import user_cache_dir
+
+KIND = "engine"  # the engine's folder in the user cache
 _warned: list[str] = []
 
 
-def folder() -> Path:
-    """The engine's cache folder (see the module docstring); not created here."""
-    root = os.environ.get("IDENTIFIABLE_CACHE_DIR")
-    if root:
-        return Path(root).expanduser() / "engine"
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "identifiable" / "engine"
-
-
-def usable(path: Path) -> bool:
-    """Whether the folder exists or can be made, and takes a file."""
+def folder() -> Path | None:
+    """The engine's cache folder, created; None (after one warning line) where it cannot
+    be written."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=path).close()
-    except OSError:
-        return False
-    return True
+        return user_cache_dir(KIND)
+    except IdentifiableError as err:
+        warn_once(f"{err}; the interval engine compiles in memory for this process")
+        return None
 
 
 def warn_once(text: str) -> None:
@@ -49,14 +45,12 @@ def warn_once(text: str) -> None:
 
 
 def cached(**options):
-    """numba.njit(cache=True, **options) with the cache in `folder()`, or, where that
-    cannot be written, without a disk cache (one warning line)."""
+    """numba.njit(cache=True, **options) with the cache in `folder()`, or, where there is
+    none, numba.njit(**options)."""
     import numba
 
     where = folder()
-    if not usable(where):
-        warn_once(f"the engine's cache folder {where} cannot be written; compiling in memory "
-                  "for this process (set IDENTIFIABLE_CACHE_DIR to a writable folder)")  # fmt: skip
+    if where is None:
         return numba.njit(**options)
 
     def decorate(fn):
@@ -70,17 +64,35 @@ def cached(**options):
     return decorate
 
 
-def marker(stamp: str) -> Path:
-    """The file that says a compile of sources `stamp` was written and loaded back."""
+def loads(call: Callable[[], object]) -> bool:
+    """Run `call`, the first call of functions `cached` compiled: numba loads them from the
+    folder (or compiles them and writes them there). False where it could not read them
+    back (damaged files: random bytes, an empty index): they are cleared, after one
+    warning line, so that the next compile writes them anew."""
+    try:
+        call()
+    except Exception as err:  # numba's unpickling of its index and data files
+        warn_once(f"the engine's cache in {folder()} could not be read ({type(err).__name__}); "
+                  "rebuilding it")  # fmt: skip
+        clear()
+        return False
+    return True
+
+
+def marker(stamp: str) -> Path | None:
+    """The file that says a compile of sources `stamp` was written and loaded back (None
+    without a cache folder)."""
     import numba
 
-    return folder() / f"ready-{stamp[:16]}-numba{numba.__version__}"
+    where = folder()
+    return None if where is None else where / f"ready-{stamp[:16]}-numba{numba.__version__}"
 
 
 def clear() -> None:
     """Remove the engine's cache files (numba's index and data files, the markers), so
     that the next call compiles anew; files that cannot be removed are left."""
-    for path in folder().rglob("*"):
+    where = folder()
+    for path in where.rglob("*") if where is not None else ():
         if path.is_file() and (path.suffix in (".nbi", ".nbc") or path.name.startswith("ready-")):
             with contextlib.suppress(OSError):
                 path.unlink()

@@ -64,9 +64,9 @@ def run(prob, b: Bounds, tasks: list, row_order: bool, what: str, options: Engin
     takes at least options.thread_chains chains, and the copies take at most
     options.thread_copy_bytes in all.
     """
-    from identifiable.attention.lp import compiled
+    from identifiable.attention.lp.loading import ensure_compiled
 
-    compiled.ensure_compiled()
+    ensure_compiled()
     groups = max(1, min(int(options.threads), len(tasks) // options.thread_chains,
                         options.thread_copy_bytes // max(1, copy_bytes(b))))  # fmt: skip
     split = [tasks[g::groups] for g in range(groups)]

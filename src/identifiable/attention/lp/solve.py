@@ -1,7 +1,7 @@
 """`bound_keys`: the one entry of the certificate engine (docs/certified_attention.md).
 
 The compiled backend lays out every movable key of a batch of rows as LP tasks of simplex
-chains and runs them in the compiled lock step (`lockstep.run_chains`, pivots in
+chains and runs them in the compiled lock step (`compiled.run_chains`, pivots in
 `kernel.py`, thread groups in `groups.py`), sharing one set of bounds; LPs the chains
 cannot certify go to HiGHS. The HiGHS backend (`hot.py`) solves each LP on a persistent
 model. Either way the bounds and a sample of the LPs' final bases (all, on request) pass
@@ -81,15 +81,15 @@ def bound_keys(problem: BoundProblem, options: EngineOptions | None = None) -> I
 
 def _backend(problem: BoundProblem, options: EngineOptions) -> str:
     """options.backend, or for "auto": HiGHS where numba is missing, else as
-    `compiled.route` says (the engine, or HiGHS for a small problem while a cold cache is
+    `loading.route` says (the engine, or HiGHS for a small problem while a cold cache is
     filled in the background)."""
     if options.backend != "auto":
         return options.backend
     if not engine_available():
         return "highs"
-    from identifiable.attention.lp import compiled
+    from identifiable.attention.lp import loading
 
-    return compiled.route(problem.movable.sum(1), problem.aq.shape[1])
+    return loading.route(problem.movable.sum(1), problem.aq.shape[1])
 
 
 def engine_available() -> bool:
@@ -222,10 +222,10 @@ def _start(problem: BoundProblem, rows_live: np.ndarray, options: EngineOptions)
                {} if options.keep_vertices else None, zeros, zeros.copy(), zeros.copy(),
                [], sample)  # fmt: skip
     if rows_live.size:
-        from identifiable.attention.lp import compiled
+        from identifiable.attention.lp import loading
         from identifiable.attention.lp.crossover import crossover
 
-        compiled.ensure_compiled()  # the crossover's walk is compiled with the engine
+        loading.ensure_compiled()  # the crossover's walk is compiled with the engine
         sub = aq if aq.shape[0] == 1 else aq[rows_live]
         start[rows_live] = crossover(sub, a[rows_live], allowed[rows_live], options.threads)
     for q in rows_live:
