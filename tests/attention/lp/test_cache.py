@@ -1,12 +1,16 @@
-"""The compiled engine's disk cache (`attention/lp/cache.py`, `compiled.py`): in the user's
-cache directory (not the package, not NUMBA_CACHE_DIR); a cold cache answers small problems
-with HiGHS while a background process compiles; later processes load it; a damaged cache
-(random bytes, an empty index) is rebuilt and an unwritable one bypassed, each after one
-warning line and never a traceback."""
+"""The compiled engine's disk cache (`attention/lp/cache.py`, `loading.py`): the folder
+"engine" of identifiable's user cache ($IDENTIFIABLE_CACHE; not the package, not
+NUMBA_CACHE_DIR). A cache without its marker answers small problems with HiGHS while a
+background process fills it; later processes load it silently; damaged files (random
+bytes, an empty index) are cleared after one warning line and rebuilt; a folder that
+cannot be written is bypassed after one. None of these tests compiles the engine: they
+start from the session's warm cache (tests/conftest.py), and the rebuild after damage is
+shown on a one-line cached function."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -17,98 +21,139 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from identifiable.attention.lp import cache, compiled, kernel
+from identifiable.attention.lp import cache, compiled, kernel, loading
 
 ROOT = Path(__file__).resolve().parents[3]
 _ROW = (
-    "import sys, time\n"
+    "import sys\n"
     "sys.path.insert(0, {tests!r})\n"
     "from helpers.traces import synthetic_trace\n"
     "from identifiable.attention import attention_intervals\n"
     "from identifiable.attention.certificates import interval_lp\n"
     "from identifiable.attention.intervals import _row_problem\n"
+    "from identifiable.attention.lp import loading\n"
     "tr = synthetic_trace(n=12, d_v=3, causal=True, seed=2)\n"
-    "t = time.perf_counter()\n"
     "iv = attention_intervals(tr, 1, 0, 11, threads=1)\n"
-    "took = time.perf_counter() - t\n"
     "a, seen, _, _, basis, _ = _row_problem(tr, 1, 0, 11, None)\n"
     "lo, hi, _ = interval_lp(a[seen].numpy(), basis)\n"
     "diff = max(abs(iv.lower[seen].numpy() - lo).max(), abs(iv.upper[seen].numpy() - hi).max())\n"
-    "print(took, diff)\n"
+    "print(diff, 'engine' if loading._ready else 'highs')\n"
 )
 
 
-def _run(code: str, root: Path, numba_dir: Path, timeout: int = 1200):
-    env = {**os.environ, "IDENTIFIABLE_CACHE_DIR": str(root), "NUMBA_CACHE_DIR": str(numba_dir)}
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)  # fmt: skip
+def _row(root: Path, numba_dir: Path) -> tuple[float, str, list[str]]:
+    """A 12-key causal row in a fresh process with the user cache at `root`: (largest
+    difference from per-row LPs, the backend that answered, its warning lines)."""
+    env = {**os.environ, "IDENTIFIABLE_CACHE": str(root), "NUMBA_CACHE_DIR": str(numba_dir)}
+    run = subprocess.run([sys.executable, "-c", _ROW.format(tests=str(ROOT / "tests"))],
+                         env=env, capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    diff, backend = run.stdout.split()
+    lines = run.stderr.splitlines()
+    assert all(line.startswith("identifiable: ") for line in lines), run.stderr
+    return float(diff), backend, lines
 
 
-def _row(root: Path, numba_dir: Path) -> tuple[float, float, str]:
-    run = _run(_ROW.format(tests=str(ROOT / "tests")), root, numba_dir)
-    assert run.returncode == 0, run.stderr
-    assert "Traceback" not in run.stderr
-    took, diff = map(float, run.stdout.split())
-    return took, diff, run.stderr
-
-
-def _wait_warm(root: Path, limit_s: float = 1500.0) -> None:
-    t0 = time.time()
-    while not list((root / "engine").glob("ready-*")) and time.time() - t0 < limit_s:
-        time.sleep(1.0)
-    assert list((root / "engine").glob("ready-*")), "the background compile finished"
-
-
-@pytest.fixture(scope="module")
-def warm_root(tmp_path_factory) -> Path:
-    """A cache filled the way a first user fills it: a call on a cold cache answers with
-    HiGHS at once and starts the background compile, which this waits for."""
-    root = tmp_path_factory.mktemp("cache")
-    numba_dir = tmp_path_factory.mktemp("numba")
-    _, diff, err = _row(root, numba_dir)
-    assert diff < 1e-9 and "compiling" not in err  # HiGHS answered; nothing compiled here
-    _wait_warm(root)
-    assert list((root / "engine").rglob("*run_chains*.nbi")), "numba's files are in our folder"
-    assert not any(numba_dir.iterdir()), "NUMBA_CACHE_DIR does not move the engine's cache"
+@pytest.fixture
+def warm(user_cache: Path, tmp_path: Path) -> Path:
+    """A copy of the session's warm engine cache (tests/conftest.py loaded it)."""
+    engine = cache.folder()
+    if engine is None or not list(engine.glob(f"ready-{compiled.STAMP[:16]}-*")):
+        pytest.skip("the session's engine cache is not on disk (its folder cannot be written)")
+    root = tmp_path / "cache"
+    shutil.copytree(engine, root / cache.KIND, ignore=shutil.ignore_patterns("compiling-*"))
     return root
 
 
-def test_a_warm_cache_loads_in_a_later_process(warm_root, tmp_path):
-    _, diff, err = _row(warm_root, tmp_path)
-    assert diff < 1e-9 and err == ""
+def _index(root: Path) -> list[Path]:
+    return sorted((root / cache.KIND).rglob("*run_chains*.nbi"))
 
 
-def _damaged(warm_root: Path, tmp_path: Path, how: str) -> Path:
-    root = tmp_path / "cache"
-    shutil.copytree(warm_root, root)
-    for index in (root / "engine").rglob("*run_chains*.nbi"):
+def test_a_cache_without_its_marker_is_filled_in_the_background(warm, tmp_path):
+    """HiGHS answers at once; a background process loads the engine's files and writes
+    the marker; a later process loads the engine silently, leaving NUMBA_CACHE_DIR empty."""
+    for mark in (warm / cache.KIND).glob("ready-*"):
+        mark.unlink()
+    numba_dir = tmp_path / "numba"
+    numba_dir.mkdir()
+    stamps = [p.stat().st_mtime_ns for p in _index(warm)]
+    diff, backend, lines = _row(warm, numba_dir)
+    assert diff < 1e-9 and backend == "highs" and lines == []
+    t0 = time.time()
+    while not list((warm / cache.KIND).glob("ready-*")) and time.time() - t0 < 300:
+        time.sleep(0.5)
+    assert list((warm / cache.KIND).glob("ready-*")), "the background process wrote the marker"
+    assert not list((warm / cache.KIND).glob("compiling-*")), "and removed its flag"
+    diff, backend, lines = _row(warm, numba_dir)
+    assert diff < 1e-9 and backend == "engine" and lines == []
+    assert [p.stat().st_mtime_ns for p in _index(warm)] == stamps, "loaded, not compiled"
+    assert not any(numba_dir.iterdir()), "NUMBA_CACHE_DIR does not move the engine's cache"
+
+
+@pytest.mark.parametrize("how", ["random bytes", "empty index"])
+def test_damaged_engine_files_are_cleared_after_one_warning(warm, tmp_path, how):
+    """HiGHS answers the row; the damaged files are gone so that the background compile
+    writes them anew (a live flag stands in for a compile already running: none starts)."""
+    assert _index(warm)
+    for index in _index(warm):
         if how == "random bytes":
             index.write_bytes(os.urandom(256))
             for data in index.parent.glob("*run_chains*.nbc"):
                 data.write_bytes(os.urandom(4096))
         else:
             index.write_bytes(b"")
-    return root
+    (warm / cache.KIND / f"compiling-{compiled.STAMP[:16]}").write_text(str(os.getpid()))
+    diff, backend, lines = _row(warm, tmp_path)
+    assert diff < 1e-9 and backend == "highs", lines
+    assert len(lines) == 1 and "could not be read" in lines[0] and "rebuilding" in lines[0]
+    assert not _index(warm) and not list((warm / cache.KIND).glob("ready-*"))
+
+
+def _tiny_module(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.parametrize("how", ["random bytes", "empty index"])
-def test_a_damaged_cache_is_rebuilt_after_one_warning(warm_root, tmp_path, how):
-    root = _damaged(warm_root, tmp_path, how)
-    _, diff, err = _row(root, tmp_path)
-    lines = [line for line in err.splitlines() if line.startswith("identifiable:")]
-    assert diff < 1e-9 and len(lines) == 1 and "rebuilding it" in lines[0], err
-    _, diff, err = _row(root, tmp_path)  # rebuilt: the next process loads it silently
-    assert diff < 1e-9 and err == ""
+def test_damaged_files_are_rebuilt_and_load_again(monkeypatch, tmp_path, capfd, how):
+    """What `cache.loads` does with numba's own files, on a one-line function cached the
+    engine's way: written into our folder; damaged, refused after one warning line and
+    cleared; compiled anew; then loaded from disk by a fresh dispatcher."""
+    monkeypatch.setenv("IDENTIFIABLE_CACHE", str(tmp_path / "cache"))
+    source = tmp_path / "tiny_engine.py"
+    source.write_text("from identifiable.attention.lp.cache import cached\n\n\n"
+                      "@cached()\ndef double(x):\n    return 2.0 * x\n")  # fmt: skip
+    fresh = iter(f"tiny_engine_{how.replace(' ', '_')}_{i}" for i in range(4))
+    first = _tiny_module(source, next(fresh))
+    assert cache.loads(lambda: first.double(1.5)) and first.double.stats.cache_misses
+    index = list((tmp_path / "cache" / cache.KIND).rglob("*double*.nbi"))
+    assert len(index) == 1
+    index[0].write_bytes(os.urandom(256) if how == "random bytes" else b"")
+    capfd.readouterr()
+    damaged = _tiny_module(source, next(fresh))
+    assert not cache.loads(lambda: damaged.double(1.5))
+    lines = capfd.readouterr().err.splitlines()
+    assert len(lines) == 1 and "could not be read" in lines[0], lines
+    assert not index[0].exists(), "the damaged files are cleared"
+    rebuilt = _tiny_module(source, next(fresh))
+    assert cache.loads(lambda: rebuilt.double(1.5)) and index[0].exists()
+    later = _tiny_module(source, next(fresh))
+    assert later.double(1.5) == 3.0 and later.double.stats.cache_hits, "loaded from disk"
+    assert capfd.readouterr().err == ""
 
 
 def test_an_unwritable_cache_folder_is_bypassed_after_one_warning(tmp_path):
-    """The cache folder cannot be made (a file stands where its parent should be): one
-    warning line, the engine compiles in memory, the bounds are right."""
+    """The cache folder cannot be made (a file stands where it should be): one warning
+    line that names $IDENTIFIABLE_CACHE, and HiGHS answers while nothing is compiled."""
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    _, diff, err = _row(blocker / "cache", tmp_path)
-    lines = [line for line in err.splitlines() if line.startswith("identifiable:")]
-    assert diff < 1e-9 and len(lines) == 1 and "cannot be written" in lines[0], err
+    diff, backend, lines = _row(blocker / "cache", tmp_path)
+    assert diff < 1e-9 and backend == "highs"
+    assert len(lines) == 1 and "$IDENTIFIABLE_CACHE" in lines[0], lines
+    assert "compiles in memory" in lines[0]
 
 
 def test_the_cache_key_covers_every_source_file():
@@ -124,14 +169,14 @@ def test_the_cache_key_covers_every_source_file():
 
 
 def test_highs_answers_only_what_it_does_in_seconds():
-    assert compiled.highs_seconds(np.array([12] * 12), 4) < 0.1
-    assert compiled.highs_seconds(np.array([512]), 129) > compiled.HIGHS_WHILE_COMPILING_S
+    assert loading.highs_seconds(np.array([12] * 12), 4) < 0.1
+    assert loading.highs_seconds(np.array([512]), 129) > loading.HIGHS_WHILE_COMPILING_S
 
 
 def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv("IDENTIFIABLE_CACHE_DIR", str(tmp_path))
-    assert cache.folder() == tmp_path / "engine"
-    monkeypatch.delenv("IDENTIFIABLE_CACHE_DIR")
+    monkeypatch.setenv("IDENTIFIABLE_CACHE", str(tmp_path / "mine"))
+    assert cache.folder() == tmp_path / "mine" / "engine"
+    monkeypatch.delenv("IDENTIFIABLE_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache.folder() == tmp_path / "xdg" / "identifiable" / "engine"
 
