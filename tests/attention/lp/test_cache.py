@@ -57,8 +57,8 @@ def _row(root: Path, numba_dir: Path) -> tuple[float, str, list[str]]:
 @pytest.fixture
 def warm(user_cache: Path, tmp_path: Path) -> Path:
     """A copy of the session's warm engine cache (tests/conftest.py loaded it)."""
-    engine = cache.folder()
-    if engine is None or not list(engine.glob(f"ready-{compiled.STAMP[:16]}-*")):
+    engine, mark = cache.folder(), cache.marker(loading.marker_key())
+    if engine is None or mark is None or not mark.exists():
         pytest.skip("the session's engine cache is not on disk (its folder cannot be written)")
     root = tmp_path / "cache"
     shutil.copytree(engine, root / cache.KIND, ignore=shutil.ignore_patterns("compiling-*"))
@@ -186,3 +186,18 @@ def test_the_python_side_states_the_compiled_tolerance():
     from identifiable.attention.lp import OPT_TOL
 
     assert OPT_TOL == kernel.OPT_TOL
+
+
+def test_the_marker_follows_the_time_stamps_numba_checks(monkeypatch, tmp_path):
+    """numba's index is keyed by its source file's time stamp and size: a reinstall that
+    rewrites the same sources makes numba compile anew, so the marker's key changes with
+    them (the cache counts as cold, and the compile is announced or done in the
+    background), while the same files give the same key."""
+    before = loading.marker_key()
+    assert loading.marker_key() == before
+    copy = tmp_path / "crossover.py"
+    shutil.copy2(loading.crossover.__file__, copy)
+    monkeypatch.setattr(loading.crossover, "__file__", str(copy))
+    assert loading.marker_key() == before, "same time stamp and size, same key"
+    os.utime(copy, (time.time(), time.time() + 5))
+    assert loading.marker_key() != before

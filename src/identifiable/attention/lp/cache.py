@@ -80,8 +80,8 @@ def loads(call: Callable[[], object]) -> bool:
 
 
 def marker(stamp: str) -> Path | None:
-    """The file that says a compile of sources `stamp` was written and loaded back (None
-    without a cache folder)."""
+    """The file that says a compile keyed `stamp` (`loading.marker_key`) was written and
+    loaded back (None without a cache folder)."""
     import numba
 
     where = folder()

@@ -11,6 +11,7 @@ that fails to load (damaged files) is cleared and rebuilt, after one warning lin
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from identifiable.attention.lp import cache
+from identifiable.attention.lp import cache, compiled, crossover
 from identifiable.attention.lp.compiled import STAMP, call_tiny
 from identifiable.errors import IdentifiableError
 from identifiable.utils.progress import status
@@ -56,16 +57,25 @@ def _compile_or_refuse() -> None:
         ) from None
 
 
+def marker_key() -> str:
+    """The marker's key: the sources' hash, and the time stamp and size of the two files
+    whose functions numba caches, which key its index (a reinstall that keeps the sources
+    but not their time stamps makes numba compile anew: the cache counts as cold)."""
+    files = (compiled.__file__, crossover.__file__)
+    stamps = [f"{os.stat(f).st_mtime}:{os.stat(f).st_size}" for f in files]
+    return hashlib.sha256("|".join([STAMP, *stamps]).encode()).hexdigest()
+
+
 def _marked() -> bool:
     """Whether the cache folder's marker says it holds this engine."""
-    mark = cache.marker(STAMP)
+    mark = cache.marker(marker_key())
     return mark is not None and mark.exists()
 
 
 def _loaded() -> None:
     """The engine is in this process; the marker says its cache loads (where the folder
     can be written)."""
-    mark = cache.marker(STAMP)
+    mark = cache.marker(marker_key())
     if mark is not None:
         with contextlib.suppress(OSError):
             mark.touch()
