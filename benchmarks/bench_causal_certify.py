@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -64,29 +65,39 @@ class _GitAttention(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self, commit: str) -> None:
         self.commit = commit
 
+    def _path(self, name: str) -> tuple[str, bool]:
+        """(path in the repository, is a package) of module `name` at the commit."""
+        tail = name.partition(".")[2].replace(".", "/")
+        base = "src/identifiable/attention" + (f"/{tail}" if tail else "")
+        package = subprocess.run(["git", "cat-file", "-e", f"{self.commit}:{base}/__init__.py"],
+                                 cwd=_ROOT, capture_output=True, check=False).returncode == 0  # fmt: skip
+        return (f"{base}/__init__.py" if package else f"{base}.py"), package
+
     def find_spec(self, name, path=None, target=None):
         if name == "_oldattn" or name.startswith("_oldattn."):
-            return importlib.util.spec_from_loader(name, self, is_package=name == "_oldattn")
+            return importlib.util.spec_from_loader(name, self, is_package=self._path(name)[1])
         return None
 
     def create_module(self, spec):
         return None
 
     def exec_module(self, module) -> None:
-        tail = module.__name__.partition(".")[2] or "__init__"
+        where, package = self._path(module.__name__)
         src = subprocess.run(
-            ["git", "show", f"{self.commit}:src/identifiable/attention/{tail}.py"],
+            ["git", "show", f"{self.commit}:{where}"],
             cwd=_ROOT, capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
-        if tail == "__init__":
+        if package:
             module.__path__ = []
         src = src.replace("identifiable.attention.", "_oldattn.").replace(
             "from identifiable.attention import", "from _oldattn import"
         )
-        # A real file: the compiled engine hashes its own source and numba caches by file.
-        path = os.path.join(_old_dir(self.commit), f"{tail}.py")
-        with open(path, "w") as fh:
-            fh.write(src)
+        # A real file: the compiled engine hashes its own source and numba caches by file
+        # (keyed by its time stamp too: rewritten only when it differs, so that a second run
+        # loads the engine compiled by the first)
+        path = os.path.join(_old_dir(self.commit), where.replace("/", "_"))
+        if not os.path.exists(path) or Path(path).read_text() != src:
+            Path(path).write_text(src)
         module.__file__ = path
         exec(compile(src, path, "exec"), module.__dict__)
 
@@ -170,11 +181,11 @@ def main() -> None:
     import _oldattn  # type: ignore[import-not-found]
 
     from identifiable import attention as new
-    from identifiable.attention import lockstep
+    from identifiable.attention.lp import ensure_compiled
 
     # The compiled engine is built once per install (cached on disk): outside the timings.
     t0 = time.perf_counter()
-    lockstep.ensure_compiled()
+    ensure_compiled()
     print(f"engine compiled or loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     _, model = build("llama")
     with warnings.catch_warnings():
@@ -188,8 +199,10 @@ def main() -> None:
     if not args.nested_key and "before" in args.sides:
         # A compiled engine at --before is compiled (or loaded) outside the timings too; a
         # commit without lockstep.py (the numpy engine) has nothing to compile.
-        with contextlib.suppress(subprocess.CalledProcessError):
-            importlib.import_module("_oldattn.lockstep").ensure_compiled()
+        for name in ("_oldattn.lp", "_oldattn.lockstep"):
+            with contextlib.suppress(subprocess.CalledProcessError, ImportError, AttributeError):
+                importlib.import_module(name).ensure_compiled()
+                break
     if args.nested_key:
         out["before"] = "working tree, nested rows in key order"
     sides_run = [(n, p) for n, p in (("before", old), ("after", new)) if n in args.sides]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -57,29 +58,28 @@ def main() -> None:
 
     import identifiable
     from identifiable.attention import attention_intervals, interval_map
-    from identifiable.attention.certificates import interval_simplex
+    from identifiable.attention.lp import BoundProblem, EngineOptions, bound_keys, ensure_compiled
     from identifiable.attention.mapwork import _solve_head, head_rows
 
     torch.set_num_threads(args.threads)
     threadpool_limits(args.threads)
     import identifiable.attention.mapwork as map_mod
-    from identifiable.attention import lockstep
 
-    engine_new = map_mod.interval_simplex
+    engine_new = map_mod.bound_keys
     engine_old = _old_engine(args.before)
     t0 = time.perf_counter()
-    lockstep.ensure_compiled()  # once per install (cached on disk): outside the timings
+    ensure_compiled()  # once per install (cached on disk): outside the timings
     print(f"engine compiled or loaded in {time.perf_counter() - t0:.1f} s", flush=True)
 
     def timed(fn, engine):
         """Seconds and result of fn() with `engine` behind interval_map."""
-        map_mod.interval_simplex = engine
+        map_mod.bound_keys = engine
         try:
             t0 = time.perf_counter()
             res = fn()
             return time.perf_counter() - t0, res
         finally:
-            map_mod.interval_simplex = engine_new
+            map_mod.bound_keys = engine_new
 
     m = identifiable.load_model("minilm")
     corpus = identifiable.load_corpus("wikipedia-sample", unit="pair", tokenizer=m.tokenizer,
@@ -193,8 +193,9 @@ def main() -> None:
                 movable[i] = (1 - (aq**2).sum(0) > 1e-9) & rs.keys[i]
             vertices = []
             for order in ("key", "row") if rs.aq.shape[0] == 1 else ("row",):
-                sol = interval_simplex(
-                    rs.aq, rs.raw, rs.keys, movable, keep_vertices=True, order=order
+                sol = bound_keys(
+                    BoundProblem(rs.aq, rs.raw, rs.keys, movable),
+                    EngineOptions(keep_vertices=True, order=order),
                 )
                 vertices += list(sol.vertices.items())
             for (i, _, _), x in vertices:
@@ -223,15 +224,28 @@ def main() -> None:
 
 
 def _old_engine(commit: str):
-    """`interval_simplex` of the attention package at `commit`, read with git and run in
-    this process (bench_causal_certify's importer: module `_oldattn`)."""
+    """The engine of the attention package at `commit`, read with git and run in this
+    process (bench_causal_certify's importer: module `_oldattn`), behind `bound_keys`'s
+    signature: its own `bound_keys`, or an adapter to the `interval_simplex` before it."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_causal_certify import _GitAttention
 
     sys.meta_path.insert(0, _GitAttention(commit))
-    import _oldattn.simplex  # type: ignore[import-not-found]
+    try:
+        import _oldattn.lp  # type: ignore[import-not-found]
 
-    return _oldattn.simplex.interval_simplex
+        return _oldattn.lp.bound_keys
+    except (ImportError, AttributeError, subprocess.CalledProcessError):
+        import _oldattn.simplex  # type: ignore[import-not-found]
+
+    def adapter(problem, options):
+        return _oldattn.simplex.interval_simplex(
+            problem.aq, problem.raw, problem.allowed, problem.movable,
+            chains_per_row=options.chains_per_row, what=problem.what, order=options.order,
+            block=options.block, deadline=options.deadline, threads=options.threads,
+        )  # fmt: skip
+
+    return adapter
 
 
 def _one_row(sets, row):

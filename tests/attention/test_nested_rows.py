@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import identifiable.attention.mapwork as mapwork
-from helpers.traces import plain_bounds, synthetic_trace
+from helpers.traces import engine, plain_bounds, synthetic_trace
 from identifiable.attention import interval_map
-from identifiable.attention.certificates import interval_simplex, movable_keys
+from identifiable.attention.certificates import movable_keys
 from identifiable.attention.linalg import add_ones, column_basis, head_factors
 from identifiable.attention.nested import nested_rows
 
@@ -40,13 +40,13 @@ def test_nested_rows_equal_plain_lps_on_every_row(monkeypatch, repeat):
         trace.values[:, :, 10:20] = trace.values[:, :, 0:10]
     seen = _spy(monkeypatch)
     orders: list = []
-    engine = mapwork.interval_simplex
+    solve = mapwork.bound_keys
 
-    def record(*args, **kw):
-        orders.append((args[1].shape[0], kw["order"]))
-        return engine(*args, **kw)
+    def record(problem, options):
+        orders.append((problem.raw.shape[0], options.order))
+        return solve(problem, options)
 
-    monkeypatch.setattr(mapwork, "interval_simplex", record)
+    monkeypatch.setattr(mapwork, "bound_keys", record)
     m = interval_map(trace, layers=[1], heads=[2])
     nested = [rs for rs in seen if rs.movable is not None]
     assert len(nested) == 1 and nested[0].rows.size >= 20  # the long rows went together
@@ -55,7 +55,7 @@ def test_nested_rows_equal_plain_lps_on_every_row(monkeypatch, repeat):
     vf = (trace.values[1, 2].double() @ head_factors(trace.out_proj[1, 2].double())[0]).numpy()
     rs = nested[0]
     # Key order on the same set: chains walk down the rows (catch-up, then dual pivots).
-    by_key = interval_simplex(rs.aq, rs.raw, rs.keys, rs.movable, order="key", block=7)
+    by_key = engine(rs.aq, rs.raw, rs.keys, rs.movable, order="key", block=7)
     assert by_key.fallbacks.sum() == 0
     for r in range(30):
         a = trace.attentions[1, 2, r, : r + 1].double().numpy()
@@ -111,4 +111,4 @@ def test_key_order_refuses_shrinking_key_sets():
     a /= a.sum(1, keepdims=True)
     movable = np.repeat(movable_keys(basis)[None], 2, 0) & allowed
     with pytest.raises(ValueError, match="grow"):
-        interval_simplex(basis.T[None], a, allowed, movable, order="key")
+        engine(basis.T[None], a, allowed, movable, order="key")

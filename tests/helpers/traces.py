@@ -113,3 +113,15 @@ def assert_certified(sol, a: np.ndarray, v: np.ndarray, resid: float = 1e-9) -> 
         assert (x >= 0).all() and abs(x.sum() - a[i].sum()) < 1e-9
         assert np.abs((x - a[i]) @ v).max() < resid
         assert x[j] == pytest.approx((sol.upper if s > 0 else sol.lower)[i, j], abs=1e-12)
+
+
+def engine(aq, a, allowed, movable, **options):
+    """`lp.bound_keys` on the rows (aq `[R or 1, m, n]`, a, allowed, movable `[R, n]`) with
+    `EngineOptions(**options)`, every bound and every LP's final basis checked by the
+    independent verifier (verify="all", unless the caller says otherwise), on the compiled
+    engine unless the caller names another backend."""
+    from identifiable.attention.lp import BoundProblem, EngineOptions, bound_keys
+
+    options.setdefault("verify", "all")
+    options.setdefault("backend", "engine")
+    return bound_keys(BoundProblem(aq, a, allowed, movable), EngineOptions(**options))

@@ -239,3 +239,51 @@ def test_architecture_md_names_every_folder() -> None:
     folders = sorted(p.name for p in SRC.iterdir() if (p / "__init__.py").is_file())
     missing = [f for f in folders if f"| `{f}/` |" not in text or f"{f}/" not in text]
     assert not missing, f"ARCHITECTURE.md does not describe: {missing}"
+
+
+ROOT = SRC.parents[1]
+ENGINE = "identifiable.attention.lp"
+# White-box tests of the engine's parts (the tiled product, the crossover's walk, the
+# pivot rules, the thread groups, the disk cache) live in this one folder; every other
+# file reaches the engine through its entry.
+ENGINE_TESTS = ROOT / "tests" / "attention" / "lp"
+
+
+def engine_reached_inside(path: Path) -> list[str]:
+    """The imports of the file at `path` that reach a module inside the engine's package
+    (anything below `identifiable.attention.lp`, which only its own modules may import)."""
+    return [f"{path.name}:{line} imports {m}" for line, m in _imports(path)
+            if m.startswith(ENGINE + ".")]  # fmt: skip
+
+
+def _outside_the_engine() -> list[Path]:
+    files = [p for p in _modules() if p.relative_to(SRC).parts[:2] != ("attention", "lp")]
+    for folder in ("tests", "benchmarks"):
+        files += [p for p in (ROOT / folder).rglob("*.py") if ENGINE_TESTS not in p.parents]
+    return sorted(files)
+
+
+def test_the_engine_is_reached_through_its_entry() -> None:
+    """Nothing outside `attention/lp/` (src, tests, benchmarks) imports the engine's own
+    modules: `from identifiable.attention.lp import bound_keys, EngineOptions, …` only,
+    so the engine can change behind its interface without touching its callers."""
+    outside = _outside_the_engine()
+    assert any(p.name == "intervals.py" for p in outside)  # src outside lp/ is scanned
+    assert not any("attention/lp/" in str(p.relative_to(ROOT)) for p in outside
+                   if p.is_relative_to(SRC))  # fmt: skip
+    bad = [b for p in outside for b in engine_reached_inside(p)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_engine_check_can_fail(tmp_path: Path) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "from identifiable.attention.lp import EngineOptions, bound_keys\n"
+        "from identifiable.attention.lp.kernel import price\n"
+        "def f():\n"
+        "    from identifiable.attention.lp import lockstep\n"
+    )
+    assert engine_reached_inside(planted) == [
+        "planted.py:2 imports identifiable.attention.lp.kernel",
+        "planted.py:4 imports identifiable.attention.lp.lockstep",
+    ]

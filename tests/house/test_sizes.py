@@ -61,3 +61,44 @@ def test_the_measure_counts_decorators_and_nested_functions(tmp_path: Path) -> N
     lengths = {_key(label): n for n, label in sizes.function_lengths(tmp_path)}
     assert lengths == {"a.py:long": 81, "b.py:fits": 80}
     assert (MAX_FILE + 1, "c.py") in sizes.file_lengths(tmp_path)
+
+
+MAX_ENGINE_FUNCTION = 60
+ENGINE = ROOT / "src" / "identifiable" / "attention" / "lp"
+# names of the compiled engine's state: indexed by field, never by position
+_STATE_NAMES = {"ch", "st", "cfg", "prob", "bnd", "shared", "slots", "tasks", "vert", "certs"}
+
+
+def test_no_engine_function_over_60_lines() -> None:
+    """The certificate engine (attention/lp/) is read by people changing pivot rules: each
+    of its functions fits one screen of 60 lines (issue 47)."""
+    over = {_key(label): n for n, label in _sizes().function_lengths(ENGINE)
+            if n > MAX_ENGINE_FUNCTION}  # fmt: skip
+    assert not over, f"engine functions over {MAX_ENGINE_FUNCTION} lines: {over}"
+
+
+def positional_state(source: str) -> list[str]:
+    """Subscripts of the engine's state names by a number or an ALL-CAPS constant
+    (`ch[7]`, `st[ROW]`): the positional state that named fields replaced."""
+    import ast
+
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Subscript) or not isinstance(node.value, ast.Name):
+            continue
+        index = node.slice
+        positional = (isinstance(index, ast.Constant) and isinstance(index.value, int)) or (
+            isinstance(index, ast.Name) and index.id.isupper()
+        )
+        if node.value.id in _STATE_NAMES and positional:
+            bad.append((node.lineno, f"{node.lineno}: {ast.unparse(node)}"))
+    return [text for _, text in sorted(bad)]
+
+
+def test_the_engine_state_is_named() -> None:
+    bad = {p.name: positional_state(p.read_text("utf-8")) for p in sorted(ENGINE.glob("*.py"))}
+    bad = {k: v for k, v in bad.items() if v}
+    assert not bad, f"positional state in the engine: {bad}"
+    assert positional_state("x = ch[7][ROW]\ny = st[SPAN]\nz = cfg[0]\n") == [
+        "1: ch[7]", "2: st[SPAN]", "3: cfg[0]",
+    ]  # fmt: skip

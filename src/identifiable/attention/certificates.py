@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from identifiable.attention.lp import solve_lp
+from identifiable.attention.lp import BoundProblem, solve_lp
 
 # `witness_lp` moves a key whose ‖component in LN([T, 1])‖² exceeds this (a visible move);
 # bounds never use it (`movable_keys`)
@@ -123,17 +123,11 @@ def output_residual(x: Tensor, a: Tensor, values: Tensor, out_proj: Tensor) -> f
     return float(torch.linalg.vector_norm(diff) / torch.linalg.vector_norm(ref).clamp_min(1e-300))
 
 
-def row_problem(a: np.ndarray, basis: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One row's (aq `[1, m, n]`, allowed `[1, n]`, movable `[1, n]`) for `interval_simplex`."""
+def row_problem(a: np.ndarray, basis: np.ndarray, what: str = "") -> BoundProblem:
+    """One row's problem for `lp.bound_keys` (a `[n]`, basis `[n, r']` as `witness_lp`)."""
     n = a.shape[0]
     movable = movable_keys(basis)
-    return basis.T[None].copy(), np.ones((1, n), dtype=bool), movable[None]
-
-
-# The engine lives in `simplex.py`; these names stay importable from here.
-from identifiable.attention.simplex import (  # noqa: E402, F401
-    OPT_TOL,
-    IntervalSolution,
-    OutOfTime,
-    interval_simplex,
-)
+    allowed = np.ones((1, n), dtype=bool)
+    return BoundProblem(
+        basis.T[None].copy(), a[None].astype(np.float64), allowed, movable[None], what
+    )

@@ -9,15 +9,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from identifiable.attention.certificates import (
-    interval_simplex,
-    output_residual,
-    row_problem,
-    witness_lp,
-)
+from identifiable.attention.certificates import output_residual, row_problem, witness_lp
 from identifiable.attention.checks import check_finite, check_selection, check_trace
 from identifiable.attention.effective import HeadFactors
 from identifiable.attention.linalg import add_ones, column_basis, head_factors, row_ids
+from identifiable.attention.lp import EngineOptions, bound_keys
 from identifiable.attention.mapwork import check_budget, pool_plan, solve_jobs
 from identifiable.models.budget import available_memory
 from identifiable.models.trace import Trace
@@ -167,7 +163,7 @@ def attention_intervals(
 ) -> AttentionIntervals:
     """Min and max of every weight of one row consistent with its head output.
 
-    The row's LPs run in the warm-started simplex (`interval_simplex`, row order: chains
+    The row's LPs run in the warm-started simplex (`lp.bound_keys`, row order: chains
     of keys warm-started across objectives, each bound certified); an LP it cannot
     certify goes to HiGHS. `lp_solved` counts both.
 
@@ -177,11 +173,10 @@ def attention_intervals(
     """
     threads = min(engine_threads(threads), available_cores())  # a thread pool per core at most
     a, seen, _, _, basis, null_dim = _row_problem(trace, layer, head, row, factors)
-    aq, allowed, movable = row_problem(a[seen].numpy(), basis)
-    chains = max(1, min(int(movable.sum()) // 16, 32))  # 32: fastest on 512 keys, m = 33 and 129
-    where = f"layer {layer}, head {head}, row {row}"
-    sol = interval_simplex(aq, a[seen].numpy()[None], allowed, movable, chains_per_row=chains,
-                           what=where, threads=threads)  # fmt: skip
+    problem = row_problem(a[seen].numpy(), basis, f"layer {layer}, head {head}, row {row}")
+    # 32 chains: fastest on 512 keys, m = 33 and 129 (benchmarks/records/engine.md)
+    chains = max(1, min(int(problem.movable.sum()) // 16, 32))
+    sol = bound_keys(problem, EngineOptions(chains_per_row=chains, threads=threads))
     lo, hi = sol.lower[0], sol.upper[0]
     solved = int(sol.lp_solved[0] + sol.fallbacks[0])
     lower, upper = torch.zeros_like(a), torch.zeros_like(a)
@@ -271,7 +266,7 @@ def interval_map(
 ) -> IntervalMap:
     """Attention intervals of whole heads (default: every layer, head and row).
 
-    Each row's bounds come from `interval_simplex`: simplex chains stepped together,
+    Each row's bounds come from `lp.bound_keys`: simplex chains stepped together,
     exact shortcuts, each LP certified (see docs/certified_attention.md). The rows of a
     bidirectional head share their constraint matrix, so each key's optimal basis is
     carried from row to row (dual simplex warm start); a single row, or rows with their
@@ -292,7 +287,7 @@ def interval_map(
             `torch.get_num_threads()`); worker processes run one thread each.
         time_budget: seconds; when one measured row says the map needs more,
             raise IdentifiableError saying how long it would take. The engine's one-time
-            compilation (25–40 s on a fresh install, then cached on disk) runs
+            compilation (on a cold cache, docs/certified_attention.md "First use") runs
             before the clock starts.
         chains_per_row: simplex chains per row when rows are solved one by one
             (default: enough to keep ~128 in the lock step, ~32 for the nested rows of a
@@ -309,7 +304,7 @@ def interval_map(
         trace, workers, threads, rows, time_budget, chains_per_row, progress
     )
     if time_budget is not None:  # the budget counts the work, not the one-time compiler
-        from identifiable.attention.lockstep import ensure_compiled
+        from identifiable.attention.lp import ensure_compiled
 
         ensure_compiled()
     start = time.time()

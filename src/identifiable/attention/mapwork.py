@@ -1,7 +1,7 @@
 """The work behind `interval_map`: each head's row sets, their pieces for worker processes,
 the engine calls, and the time budget.
 
-A head's rows go to `interval_simplex` as row sets (`RowSet`): all rows at once where they
+A head's rows go to `lp.bound_keys` as row sets (`RowSet`): all rows at once where they
 share one key set (bidirectional), one set of nested causal rows in one constraint matrix
 (`nested.nested_rows`), and the other rows `_ROW_CHUNK` at a time. With worker processes,
 a set whose rows share A is cut into runs of consecutive rows (`_pieces`), so that one
@@ -10,6 +10,7 @@ head can use every process, not one.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass
@@ -18,10 +19,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from identifiable.attention.certificates import OutOfTime, interval_simplex
 from identifiable.attention.checks import check_finite
 from identifiable.attention.keysets import layer_key_mask
 from identifiable.attention.linalg import add_ones, column_basis, head_factors, row_ids
+from identifiable.attention.lp import BoundProblem, EngineOptions, OutOfTime, bound_keys
 from identifiable.attention.nested import nested_rows
 from identifiable.errors import IdentifiableError, seconds
 from identifiable.models.trace import Trace
@@ -150,31 +151,41 @@ _NESTED_BLOCK = 16
 
 
 def _solve_head(args: tuple) -> list[tuple]:
-    """Row sets through `interval_simplex` (module-level: process pools)."""
-    sets, chains, what, deadline, threads = args
+    """Row sets through `lp.bound_keys` (module-level: process pools). args: (row sets,
+    chains per row or None, what, deadline, threads[, EngineOptions fields to override,
+    as the benchmarks compare them])."""
+    sets, chains, what, deadline, threads, *rest = args
     out = []
     for rs in sets:
-        n_rows = rs.rows.size
-        movable = rs.movable
-        if movable is None:  # each row's own basis (nested rows bring theirs)
-            # every key of a row with a null space (`certificates.movable_keys`)
-            movable = rs.keys & (rs.null_dim > 0)[:, None]
-        # Nested causal rows run in row order, one chain per row (32 chains in all at most
-        # when rows are few): on a Llama-3-sized head 0.60x the pivots of key order and
-        # 0.56x the time at n = 256, 0.91x and 0.77x on the widest 32 rows at n = 512
-        # (docs/certified_attention.md).
-        nested = rs.movable is not None
-        order = _NESTED_ORDER if nested else "auto"
-        most = 32 if order == "row" else 128
-        k = chains or max(1, min(int(rs.keys.sum(1).max()) // 16, most // max(n_rows, 1)))
-        block = _NESTED_BLOCK if order == "key" else None
-        sol = interval_simplex(rs.aq, rs.raw, rs.keys, movable, chains_per_row=k, what=what,
-                               deadline=deadline, order=order, block=block,
-                               threads=threads)  # fmt: skip
+        sol = bound_keys(_problem(rs, what), _options(rs, chains, deadline, threads, *rest))
         out.append(
             (rs.rows, sol.lower, sol.upper, sol.lp_solved, sol.pivots, int(sol.fallbacks.sum()))
         )
     return out
+
+
+def _problem(rs: RowSet, what: str) -> BoundProblem:
+    movable = rs.movable
+    if movable is None:  # each row's own basis (nested rows bring theirs)
+        # every key of a row with a null space (`certificates.movable_keys`)
+        movable = rs.keys & (rs.null_dim > 0)[:, None]
+    return BoundProblem(rs.aq, rs.raw, rs.keys, movable, what)
+
+
+def _options(rs: RowSet, chains, deadline, threads, override: dict | None = None) -> EngineOptions:
+    """The layout of a row set: nested causal rows in row order, one chain per row (32
+    chains in all at most when rows are few): on a Llama-3-sized head 0.60x the pivots of
+    key order and 0.56x the time at n = 256, 0.91x and 0.77x on the widest 32 rows at
+    n = 512 (benchmarks/records/engine.md); other rows as `bound_keys` chooses."""
+    nested = rs.movable is not None
+    order = _NESTED_ORDER if nested else "auto"
+    most = 32 if order == "row" else 128
+    n_rows = rs.rows.size
+    k = chains or max(1, min(int(rs.keys.sum(1).max()) // 16, most // max(n_rows, 1)))
+    block = _NESTED_BLOCK if order == "key" else None
+    options = EngineOptions(threads=threads, order=order, chains_per_row=k, block=block,
+                            deadline=deadline)  # fmt: skip
+    return dataclasses.replace(options, **(override or {}))
 
 
 def _head_sets(trace: Trace, layer: int, head: int, rows: list[int], key_mask, pieces: int = 1):
@@ -269,7 +280,7 @@ def solve_jobs(trace, jobs, row_list, key_mask, chains, plan, deadline, budget, 
 
     try:
         if pool_size > 1:
-            from identifiable.attention.lockstep import ensure_compiled
+            from identifiable.attention.lp import ensure_compiled
             from identifiable.utils.pools import process_pool
 
             ensure_compiled()  # here, once: the workers then load it from the disk cache
@@ -319,17 +330,10 @@ def _row_weight(mask: np.ndarray, d_v: int) -> float:
 
     A row of k keys costs ~k·(k − d_v − 1) / (k_max·(k_max − d_v − 1)) of the probe: k LPs,
     whose pivots grow with the null space (k − d_v − 1 dimensions; 0 for rows of ≤ d_v + 1
-    keys, which have none unless tokens repeat), at a nearly constant cost a pivot (the
-    nested rows of a Llama-3-sized causal head at n = 512 in blocks of 64 rows, 2 threads:
-    10.5–12.6 µs a pivot and thread, while the pivots per block grew 17× from the first
-    block with a null space to the last). Rows that all see one key set share A (key
-    order), 2.8× cheaper per row (a MiniLM head at n = 121: probe 18 ms and 23 ms, map
-    0.77 s and 0.71 s: 2.8× and 3.9×; bench_certify.py "probe_ratio"); other rows (causal,
-    windowed) cost _OWN_KEYS_FACTOR×, fitted on that causal head (m = 129, nested rows in
-    row order, 2 threads): map / probe measured 32, 91 and 128 at n = 256, 384 and 512,
-    against 53.5, 99.8 and 144.2 from k·(k − d_v − 1), so 0.9× says 1.5×, 0.98× and
-    1.01× of the map. The (k / k_max)² rule used before said 2.4×, 1.4× and 1.3×, since
-    each nested row prices and multiplies only its own keys (its span).
+    keys, which have none unless tokens repeat), at a nearly constant cost a pivot. Rows
+    that all see one key set share A (key order), 2.8× cheaper per row; other rows (causal,
+    windowed) cost _OWN_KEYS_FACTOR×, fitted on a Llama-3-sized causal head (the fits:
+    benchmarks/records/engine.md, "Time budget").
     """
     keys = mask.sum(1).astype(float)
     null = np.maximum(keys - (d_v + 1), 0.0)

@@ -7,7 +7,7 @@ Take one orthonormal basis Q of col([V F, 1]) over the largest key set and A = Q
 (m × n, m its rank). A = G C for an invertible G, so wherever C[:, S_i] has rank m,
 A[:, S_i] x = A[:, S_i] a_i is the same system as row i's own: all those rows share A and
 differ only in b_i and in the keys they may use, which grow from row to row. That is what
-`interval_simplex`'s key order needs to carry each objective's optimal basis down the rows
+`lp.bound_keys`'s key order needs to carry each objective's optimal basis down the rows
 (dual simplex), as it does for bidirectional heads.
 
 A row qualifies when its Gram matrix G_i = A[:, S_i] A[:, S_i]ᵀ has λ_min ≥ WELL_CONDITIONED

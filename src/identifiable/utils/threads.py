@@ -1,7 +1,7 @@
 """One intra-op torch thread around work that gains nothing from more (see `one_thread`).
 
 Used by the probe fitters (`tokens`); `one_blas_thread` by the simplex engine of certified
-intervals (`attention.simplex`); `one_thread_per_process` starts the worker processes of
+intervals (`attention.lp`); `one_thread_per_process` starts the worker processes of
 interval maps; `engine_threads` resolves the threads that engine may use.
 """
 
@@ -33,7 +33,7 @@ def one_thread() -> Iterator[None]:
     too: 40 iterations at layer 5 took 21-30 s on one thread and 55-74 s on two (load 8),
     with the same validation loss.
 
-    The numpy simplex engine of certified intervals that `attention.lockstep` replaced
+    The numpy simplex engine of certified intervals that the compiled `attention.lp` replaced
     needed it more: each lock step alternated numpy's OpenBLAS calls with one torch kernel,
     and the two libraries' thread pools, each spinning after its call, waited on each
     other (one 512-key causal row, m = 129, 2 cores: 30 s with torch's default 2 threads,
@@ -77,7 +77,7 @@ def single_threaded(fn: Callable[P, R]) -> Callable[P, R]:
 def one_blas_thread() -> Iterator[None]:
     """Every BLAS pool of this process on one thread while the block runs (threadpoolctl).
 
-    The compiled simplex engine of certified intervals (`attention.lockstep`) makes two
+    The compiled simplex engine of certified intervals (`attention.lp`) makes two
     small GEMMs per lock step ([2C, m] × [m, n]) between stretches of single-threaded
     compiled code; a second BLAS thread gains nothing on them and spins on the other core
     in between. A Llama-3-sized causal head (n = 256) took 37.5-39.0 s with one BLAS thread
@@ -85,7 +85,7 @@ def one_blas_thread() -> Iterator[None]:
     1.99-2.16 s with one and 1.78-2.10 s with two.
 
     The controller is made once (finding the loaded libraries takes 3 ms, a limit with it
-    0.03 ms; the engine enters this once per `interval_simplex` call and sense), so it
+    0.03 ms; the engine enters this once per `bound_keys` call and sense), so it
     limits the BLAS libraries loaded by the first call: numpy's, and scipy's, which the
     engine's products use.
     """
@@ -110,7 +110,7 @@ def one_thread_per_process() -> None:
     default threads against 77 s in one process; with one thread each, 57.9 s against
     95.0 s in one process, in a later run (benchmarks/bench_causal_certify.py --workers 2).
     scipy is imported first so that its own OpenBLAS (the pivoted QR of the engine's first
-    vertex, `attention.crossover`) is loaded, and limited, too.
+    vertex, in `attention.lp`) is loaded, and limited, too.
     """
     import scipy.optimize  # noqa: F401
     from threadpoolctl import threadpool_limits
@@ -124,7 +124,7 @@ def engine_threads(threads: int | None) -> int:
     thread count (one per core unless the caller set it: `torch.set_num_threads`,
     OMP_NUM_THREADS; 1 in the worker processes of `one_thread_per_process`).
 
-    The engine's threads each run a lock step of their own (`attention.simplex._run`); its
+    The engine's threads each run a lock step of their own (`attention.lp`); its
     compiled code releases the GIL.
     """
     if threads is None:

@@ -1,23 +1,10 @@
-"""Compiled pieces of one simplex chain of `interval_simplex` (numba): pricing, ratio tests,
-pivots, refactors, certificates and the bookkeeping of settled LPs.
+"""Compiled pieces of one simplex chain of `bound_keys` (numba): pricing, ratio tests,
+pivots, refactors, certificates and the bookkeeping of settled LPs, on a chain's named
+state (`state.Chain`).
 
-A chain keeps one basis of P = {x ≥ 0 : A x = b_row} (docs/certified_attention.md) and
-walks through LP tasks (row, key j, sense s: maximise s·x_j), each warm-started from the
-basis the previous task left. Its state is a tuple of arrays (one slot of the lock step in
-`lockstep.py`):
-
-    ch = (basis [m], pos [n], blocked [n], B⁻¹ [m, m], x_B [m], d [n], γ [n], st [N_ST],
-          vm [4, m], vn [3, n])
-
-pos[k] is k's row in the basis (−1: non-basic); blocked keys are basic or outside the row's
-key set; d are the reduced costs of the current objective (0 at basic keys), γ the
-steepest-edge weights 1 + ‖B⁻¹A_k‖² of the basis; st holds the integers below; vm and vn
-are the chain's scratch vectors (vm[0:2] the new row of B⁻¹ and v, vm[2] the entering
-column, vm[3] the primal ratios; vn[0:2] ρ and Aᵀv, vn[1] also the dual ratios and the
-primal scores, vn[2] the dual pivot row; `refine` borrows vm and vn[2] between pivots). Each routine is written out as loops over contiguous rows, so that a
-pivot reads B⁻¹ once for the entering column and once (with the write) for the rank-one
-update, and the element-wise work between the products stays in registers: the numpy
-engine this replaces spent more than half of each step in such passes.
+Each routine is written out as loops over contiguous rows, so that a pivot reads B⁻¹ once
+for the entering column and once (with the write) for the rank-one update, and the
+element-wise work between the products stays in registers (benchmarks/records/engine.md).
 """
 
 from __future__ import annotations
@@ -25,7 +12,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from identifiable.attention.crossover import PIVOT_TOL
+from identifiable.attention.lp.crossover import PIVOT_TOL
 
 # Reassociation and FMA contraction let the dot products vectorise. No "nnan"/"ninf":
 # the ratio tests rely on ±inf (error_model="numpy": x / 0 is ±inf, not an exception).
@@ -34,37 +21,11 @@ from identifiable.attention.crossover import PIVOT_TOL
 FASTMATH = {"reassoc", "contract", "nsz"}
 jit = numba.njit(nogil=True, error_model="numpy", fastmath=FASTMATH)
 
-OPT_TOL = 1e-11  # largest reduced cost accepted at an optimum (bounds the gap, simplex.py)
+OPT_TOL = 1e-11  # largest reduced cost accepted at an optimum (bounds the gap, `solve.OPT_TOL`)
 FEAS_TOL = 1e-10  # basic values down to −FEAS_TOL count as 0 (round-off)
 # Largest residual (‖b − B x_B‖∞, ‖e_p − Bᵀy‖∞) before refinement for which an optimum is
 # certified on refined values (`refined`); beyond it, a refactor.
 REFINE_TOL = 1e-8
-
-# st: the chain's place (CHAIN, PTR: its next task), its row and the row whose b gives x_B
-# (ROW, BROW: they differ while catching up), its objective (J, S), whether d is fresh,
-# pivots in this LP (STEPS), consecutive degenerate pivots (DEGEN), pivots since the last
-# refactor (SINCE), and the lock step's per-step decisions (WAIT: the LP goes to HiGHS;
-# RESTART: it came back; MODE, ENTER, LEAVE, ZROW: this step's pivot), and the updates of
-# d from single-precision products since d was last computed in double (DRIFT), and the
-# keys its row can use lie below SPAN (row order: the row's last key + 1, so that a nested
-# causal row of k keys prices and multiplies k columns of A, not n; key order, whose chains
-# move to rows with more keys: n). d, γ and the products are kept for keys below SPAN only.
-CHAIN, PTR, ROW, BROW, J, S, FRESH, STEPS, DEGEN, SINCE = range(10)
-WAIT, RESTART, MODE, ENTER, LEAVE, ZROW, DRIFT, SPAN = range(10, 18)
-N_ST = 18
-# Shared products with A run in single precision (`lockstep`): they only steer the pivots
-# (d and γ), never a bound, which is certified on double-precision values (`refined`). d is
-# recomputed in double when pricing finds no key that gains more than DRIFT_GAIN a unit, and
-# after DRIFT_STEPS updates, so that the round-off of single precision (~1e-7 of ‖ρ‖) neither
-# ends an LP nor steers more than a few pivots.
-DRIFT_GAIN = 1e-6
-DRIFT_STEPS = 32
-# cfg: the pivot cap per LP, pivots between refactors, steepest-edge pricing (else
-# Dantzig's), row order (chains draw keys from their row's pool: 1 basic keys first,
-# 2 in index order), certify optima on refined values (else refactor at every optimum),
-# and the widest SPAN of a lock step from which its shared second product runs in single
-# precision (when the problem carries a single-precision A).
-CAP, REFACTOR, STEEP, POOL, REFINE, SINGLE = range(6)
 
 
 @jit
@@ -119,9 +80,9 @@ def column(binv, a_t, q, col):
 
 @jit
 def reload(b, ch):
-    """x_B = B⁻¹ b for the row whose right-hand side the chain holds (st[BROW])."""
-    binv, xb, st = ch[3], ch[4], ch[7]
-    bq = b[st[BROW]]
+    """x_B = B⁻¹ b for the row whose right-hand side the chain holds (state.brow)."""
+    binv, xb = ch.binv, ch.xb
+    bq = b[ch.state.brow]
     for i in range(binv.shape[0]):
         acc = 0.0
         for c in range(binv.shape[1]):
@@ -133,7 +94,7 @@ def reload(b, ch):
 def refactor(a, a_t, b, ch, work, weights):
     """B⁻¹ afresh from the basis indices, and x_B (no accumulated round-off); with
     `weights`, γ_k = 1 + ‖B⁻¹A_k‖² exactly (steepest edge only). False: B is singular."""
-    basis, binv, w, st, vn = ch[0], ch[3], ch[6], ch[7], ch[9]
+    basis, binv, w, st = ch.basis, ch.binv, ch.gamma, ch.state
     m = binv.shape[0]
     for i in range(m):
         col = a_t[basis[i]]
@@ -142,10 +103,10 @@ def refactor(a, a_t, b, ch, work, weights):
     if not invert(work, binv):
         return False
     reload(b, ch)
-    st[SINCE] = 0
-    st[FRESH] = 0
+    st.since = 0
+    st.fresh = 0
     if weights:
-        row, span = vn[2], st[SPAN]
+        row, span = ch.trow, st.span
         w[:span] = 1.0
         for i in range(m):
             times_a(binv[i], a, row, span)
@@ -158,11 +119,11 @@ def refactor(a, a_t, b, ch, work, weights):
 def fresh_d(a, ch):
     """d of maximising s·x_j at the current basis: −s (B⁻¹A)[p_j] if j is basic (0 at
     basic keys), else s at j and 0 elsewhere."""
-    basis, pos, binv, d, st = ch[0], ch[1], ch[3], ch[5], ch[7]
-    j, s, span = st[J], st[S], st[SPAN]
-    p = pos[j]
+    basis, d, st = ch.basis, ch.d, ch.state
+    j, s, span = st.j, st.s, st.span
+    p = ch.pos[j]
     if p >= 0:
-        times_a(binv[p], a, d, span)
+        times_a(ch.binv[p], a, d, span)
         for k in range(span):
             d[k] *= -s
         for i in range(basis.size):
@@ -170,19 +131,17 @@ def fresh_d(a, ch):
     else:
         d[:span] = 0.0
         d[j] = s
-    st[FRESH] = 1
-    st[DRIFT] = 0
+    st.fresh = 1
+    st.drift = 0
 
 
 @jit
 def price(ch, slow, steep):
     """Primal entering key: the largest d_k² / γ_k (steepest edge) or d_k (Dantzig) over
     unblocked keys with d_k > OPT_TOL; the lowest such key when slow (Bland); −1: optimal.
-    The scores go to vn[1] (free in phase 1 of a step) in one branch-free pass that
-    vectorises, and the first key with the best score is taken: the same key as a scan
-    that keeps the first strict maximum. That scan, with a branch and a division per key,
-    took 18 % of the time of the 32 widest causal rows at n = 512; this takes 2 %."""
-    blocked, d, w, sc, span = ch[2], ch[5], ch[6], ch[9][1], ch[7][SPAN]
+    The scores go to ch.scores in one branch-free pass that vectorises, and the first key
+    with the best score is taken: the key a scan keeping the first strict maximum takes."""
+    blocked, d, w, sc, span = ch.blocked, ch.d, ch.gamma, ch.scores, ch.state.span
     if slow:
         for k in range(span):
             if d[k] > OPT_TOL and not blocked[k]:
@@ -210,7 +169,7 @@ def price(ch, slow, steep):
 def primal_ratio(ch, col, slow):
     """Leaving row of a primal pivot (ties to the largest pivot, the lowest basic key when
     slow), −1 if no row bounds the step; counts degenerate pivots."""
-    basis, xb, st, ratios = ch[0], ch[4], ch[7], ch[8][3]
+    basis, xb, ratios = ch.basis, ch.xb, ch.ratios
     for i in range(col.size):  # branch-free (the division unguarded), so that it vectorises
         ok = col[i] > PIVOT_TOL
         ratio = max(xb[i], 0.0) / (col[i] if ok else 1.0)
@@ -232,7 +191,7 @@ def primal_ratio(ch, col, slow):
             r < 0 or (basis[i] < basis[r] if slow else col[i] > col[r])
         ):
             r = i
-    st[DEGEN] = st[DEGEN] + 1 if best <= 1e-14 else 0
+    ch.state.degen = ch.state.degen + 1 if best <= 1e-14 else 0
     return r
 
 
@@ -240,7 +199,7 @@ def primal_ratio(ch, col, slow):
 def dual_leave(ch, slow):
     """Leaving row of a dual pivot: the largest x_p² / ‖e_pᵀB⁻¹‖² over x_p < −FEAS_TOL (dual
     steepest edge, exact weights); the lowest basic key when slow."""
-    basis, binv, xb = ch[0], ch[3], ch[4]
+    basis, binv, xb = ch.basis, ch.binv, ch.xb
     p, score = -1, -1.0
     for i in range(xb.size):
         if xb[i] < -FEAS_TOL:
@@ -261,8 +220,8 @@ def dual_leave(ch, slow):
 def dual_enter(ch, alpha, slow):
     """Entering key of a dual pivot on tableau row alpha: the smallest d_k / α_k over
     unblocked α_k < −PIVOT_TOL (ties to the largest |α_k|, the lowest key when slow).
-    The ratios go to vn[1] (free during a dual pivot's choice) in one branch-free pass."""
-    blocked, d, ratios, span = ch[2], ch[5], ch[9][1], ch[7][SPAN]
+    The ratios go to ch.scores in one branch-free pass."""
+    blocked, d, ratios, span = ch.blocked, ch.d, ch.scores, ch.state.span
     best = np.inf
     for k in range(span):
         ok = (alpha[k] < -PIVOT_TOL) & (not blocked[k])
@@ -282,13 +241,11 @@ def dual_enter(ch, alpha, slow):
 
 @jit
 def pivot_basis(ch, r, col, steep):
-    """First half of a pivot at basis row r (col = B⁻¹A_q): x_B and B⁻¹ −= col ⊗ prow (the
-    new row r of B⁻¹, prow = (B⁻¹)_r / α_rq, into vm[0]). With steepest edge the same pass
-    accumulates v = B⁻ᵀα_q with the old B⁻¹ (into vm[1]), four rows at a time so that v is
-    loaded and stored once per four rows (2.7 µs against 4.0 µs a row at a time, m = 129);
-    without it, a row at a time is fastest (2.2 µs against 3.3 µs in blocks of four)."""
-    binv, xb, vm = ch[3], ch[4], ch[8]
-    prow, v = vm[0], vm[1]
+    """First half of a pivot at basis row r (col = B⁻¹A_q): x_B and B⁻¹ −= col ⊗ prow (prow
+    = (B⁻¹)_r / α_rq, the new row r). With steepest edge the same pass accumulates v =
+    B⁻ᵀα_q with the old B⁻¹, four rows at a time so that v is loaded and stored once per
+    four rows; without it, a row at a time is fastest (benchmarks/records/engine.md)."""
+    binv, xb, prow, v = ch.binv, ch.xb, ch.prow, ch.v
     m = binv.shape[0]
     piv = col[r]
     theta = xb[r] / piv
@@ -332,8 +289,8 @@ def pivot_pricing(allowed, ch, r, q, col, rho, av, steep):
     """Second half of the pivot (key q enters at row r), given ρ = (new B⁻¹)[r]·A and, for
     steepest edge, Aᵀv: d −= d_q ρ; γ_k by Goldfarb and Reid (γ_q exactly from col, at least
     1 + ρ_k², the leaving key γ_q / α_rq²); the basis indices."""
-    basis, pos, blocked, d, w, st = ch[0], ch[1], ch[2], ch[5], ch[6], ch[7]
-    dq, span = d[q], st[SPAN]
+    basis, d, w, st = ch.basis, ch.d, ch.gamma, ch.state
+    dq, span = d[q], st.span
     for k in range(span):
         d[k] -= dq * rho[k]
     d[q] = 0.0
@@ -348,26 +305,26 @@ def pivot_pricing(allowed, ch, r, q, col, rho, av, steep):
             w[k] = max(g, 1.0 + rk * rk)
         w[leaving] = wq / (col[r] * col[r])
     basis[r] = q
-    pos[leaving] = -1
-    pos[q] = r
-    blocked[leaving] = not allowed[st[ROW], leaving]
-    blocked[q] = True
-    st[SINCE] += 1
+    ch.pos[leaving] = -1
+    ch.pos[q] = r
+    ch.blocked[leaving] = not allowed[st.row, leaving]
+    ch.blocked[q] = True
+    st.since += 1
 
 
 @jit
 def refine(a_t, b, ch):
     """x_B and y = e_pᵀB⁻¹ (p the basis row of j) each corrected by one step of iterative
-    refinement against B itself, into vm[0] and vm[1]: x ← x + B⁻¹(b − Bx), y ← y +
+    refinement against B itself, into ch.xr and ch.yr: x ← x + B⁻¹(b − Bx), y ← y +
     (e_p − Bᵀy)ᵀB⁻¹. With B⁻¹ off by δ, one step leaves an error of order δ times the
     first. Returns the larger residual before the step (∞ when j is not basic)."""
-    basis, pos, binv, xb, st, vm = ch[0], ch[1], ch[3], ch[4], ch[7], ch[8]
+    basis, binv, xb = ch.basis, ch.binv, ch.xb
     m = binv.shape[0]
-    p = pos[st[J]]
+    p = ch.pos[ch.state.j]
     if p < 0:
         return np.inf
-    x, y, rx, ry = vm[0], vm[1], vm[2], vm[3]
-    rx[:] = b[st[BROW]]
+    x, y, rx, ry = ch.xr, ch.yr, ch.rx, ch.ry
+    rx[:] = b[ch.state.brow]
     for c in range(m):  # rx = b − B x_B
         col, xc = a_t[basis[c]], xb[c]
         for i in range(m):
@@ -399,57 +356,56 @@ def refined(a, a_t, b, ch):
     O(m³) of a refactor): residual before refinement ≤ REFINE_TOL, refined x_B ≥ −FEAS_TOL,
     reduced costs from the refined row ≤ OPT_TOL on unblocked keys. If so, x_B and d take
     those values."""
-    basis, blocked, xb, d, st, vm, vn = ch[0], ch[2], ch[4], ch[5], ch[7], ch[8], ch[9]
     if refine(a_t, b, ch) > REFINE_TOL:
         return False
-    x, y = vm[0], vm[1]
+    x, st = ch.xr, ch.state
     for i in range(x.size):
         if x[i] < -FEAS_TOL:
             return False
-    dd, s, span = vn[2], st[S], st[SPAN]
-    times_a(y, a, dd, span)
+    dd, s, span = ch.trow, st.s, st.span
+    times_a(ch.yr, a, dd, span)
     for k in range(span):
         dd[k] *= -s
-        if not blocked[k] and dd[k] > OPT_TOL:
+        if not ch.blocked[k] and dd[k] > OPT_TOL:
             return False
-    xb[:] = x
-    d[:span] = dd[:span]
-    for i in range(basis.size):
-        d[basis[i]] = 0.0
-    st[FRESH] = 1
-    st[DRIFT] = 0
+    ch.xb[:] = x
+    ch.d[:span] = dd[:span]
+    for i in range(ch.basis.size):
+        ch.d[ch.basis[i]] = 0.0
+    st.fresh = 1
+    st.drift = 0
     return True
 
 
 @jit
-def settle(allowed, bnd, ch, vert, nvert, value):
+def settle(allowed, shared, ch, certs, counters, value):
     """The current LP is optimal with `value` at the chain's (feasible) vertex: record the
     bound and what the vertex proves (its non-basic keys are 0; its basic values are seen),
-    and the vertex itself as a witness when `vert` has room (nvert[0]: used)."""
-    lower, upper, zero_seen, seen_max, _, start, solved, _ = bnd
-    basis, pos, xb, st = ch[0], ch[1], ch[4], ch[7]
-    q, j = st[ROW], st[J]
-    if st[S] > 0:
-        upper[q, j] = value
+    and the vertex as a witness and certificate (its basis) for every counters.stride-th
+    LP settled while `certs` has room."""
+    basis, xb, st = ch.basis, ch.xb, ch.state
+    q, j = st.row, st.j
+    if st.s > 0:
+        shared.upper[q, j] = value
     else:
-        lower[q, j] = value
-    solved[q] += 1
-    for k in range(pos.size):
-        if pos[k] < 0 and allowed[q, k]:
-            zero_seen[q, k] = True
+        shared.lower[q, j] = value
+    shared.solved[q] += 1
+    for k in range(ch.pos.size):
+        if ch.pos[k] < 0 and allowed[q, k]:
+            shared.zero_seen[q, k] = True
     for i in range(basis.size):
-        seen_max[q, basis[i]] = max(seen_max[q, basis[i]], xb[i])
-    start[q] = basis
-    vrow, vkey, vsense, vbasis, vx = vert
-    t = nvert[0]
-    if t < vrow.size:
-        vrow[t], vkey[t], vsense[t] = q, j, st[S]
-        vbasis[t] = basis
-        vx[t] = xb
-        nvert[0] = t + 1
-    st[PTR] += 1
-    st[STEPS] = 0
-    st[DEGEN] = 0
+        shared.seen_max[q, basis[i]] = max(shared.seen_max[q, basis[i]], xb[i])
+    shared.start[q] = basis
+    t = counters.kept
+    if t < certs.rows.size and counters.settled % counters.stride == 0:
+        certs.rows[t], certs.keys[t], certs.senses[t] = q, j, st.s
+        certs.bases[t] = basis
+        certs.values[t] = xb
+        counters.kept = t + 1
+    counters.settled += 1
+    st.ptr += 1
+    st.steps = 0
+    st.degen = 0
 
 
 @jit
@@ -458,7 +414,7 @@ def pool_next(ch, pool, s, basic_first):
     vertex with the largest x_k when maximising (smallest when minimising), since its LP
     starts where x_k already is high (low); else (or without `basic_first`) the lowest
     open key; −1: none left."""
-    basis, xb = ch[0], ch[4]
+    basis, xb = ch.basis, ch.xb
     best, score = -1, -np.inf
     for i in range(basis.size if basic_first else 0):
         k = basis[i]
@@ -477,42 +433,45 @@ def pool_next(ch, pool, s, basic_first):
 
 
 @jit
-def advance(b, allowed, bnd, ch, tasks, row_order):
-    """Move the chain to its next task that no visited point settles already (st[J] = −1:
+def _next_task(ch, tasks, row_order):
+    """(row, key, sense) of the chain's next task (key −1: none left)."""
+    st = ch.state
+    if row_order:
+        q, s = tasks.first_row[st.chain], tasks.sense[st.chain]
+        return q, pool_next(ch, tasks.pool[q], s, row_order == 1), s
+    if st.ptr < tasks.offsets[st.chain + 1]:
+        return tasks.rows[st.ptr], tasks.keys[st.ptr], tasks.sense[st.chain]
+    return 0, -1, 0
+
+
+@jit
+def advance(b, allowed, shared, ch, tasks, row_order):
+    """Move the chain to its next task that no visited point settles already (state.j = −1:
     none left). Under the same objective a new row keeps the basis: keys the row adds are
     unblocked at once; without new keys x_B = B⁻¹b_q at once, else the chain first catches
     up (primal pivots at the old b, see `lockstep`)."""
-    lower, upper, zero_seen, seen_max, total = bnd[0], bnd[1], bnd[2], bnd[3], bnd[4]
-    pos, blocked, st = ch[1], ch[2], ch[7]
-    crow, csense, toffs, trow, tkey, pool = tasks
-    chain = st[CHAIN]
+    st = ch.state
     while True:
-        if row_order:
-            q, s = crow[chain], csense[chain]
-            j = pool_next(ch, pool[q], s, row_order == 1)
-        elif st[PTR] < toffs[chain + 1]:
-            q, j, s = trow[st[PTR]], tkey[st[PTR]], csense[chain]
-        else:
-            j = -1
+        q, j, s = _next_task(ch, tasks, row_order)
         if j < 0:
-            st[J] = -1
+            st.j = -1
             return
-        if s > 0 and seen_max[q, j] >= total[q] - 1e-12:
-            upper[q, j] = total[q]
-        elif s < 0 and zero_seen[q, j]:
-            lower[q, j] = 0.0
+        if s > 0 and shared.seen_max[q, j] >= shared.total[q] - 1e-12:
+            shared.upper[q, j] = shared.total[q]
+        elif s < 0 and shared.zero_seen[q, j]:
+            shared.lower[q, j] = 0.0
         else:
-            if st[J] != j or st[S] != s:  # d does not depend on b: kept across rows
-                st[J], st[S], st[FRESH] = j, s, 0
-            if q != st[ROW]:
-                old, new = st[ROW], False
-                st[ROW] = q
-                for k in range(pos.size):
+            if st.j != j or st.s != s:  # d does not depend on b: kept across rows
+                st.j, st.s, st.fresh = j, s, 0
+            if q != st.row:
+                old, new = st.row, False
+                st.row = q
+                for k in range(ch.pos.size):
                     if allowed[q, k] and not allowed[old, k]:
-                        blocked[k] = False
+                        ch.blocked[k] = False
                         new = True
                 if not new:
-                    st[BROW] = q
+                    st.brow = q
                     reload(b, ch)
             return
-        st[PTR] += 1
+        st.ptr += 1

@@ -22,7 +22,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from identifiable.attention.kernel import jit
+from identifiable.attention.lp.kernel import jit
 
 WIDTH = 16  # keys per panel
 
@@ -69,67 +69,88 @@ def _tile(typingctx, y, ap, out, r0, p0):
     """out[r0 : r0 + ROWS, WIDTH·p0 : WIDTH·(p0 + 2)] = y[r0 : r0 + ROWS] · A's panels p0
     and p0 + 1 (y `[≥ r0 + ROWS, ≥ m]`, ap `[P, m, WIDTH]`, out `[≥ r0 + ROWS, ≥ WIDTH·(p0 + 2)]`,
     all C-contiguous float32; no bounds are checked)."""
-    sig = types.void(y, ap, out, r0, p0)
+    return types.void(y, ap, out, r0, p0), _emit_tile
 
-    def codegen(context, builder, sig, args):
-        y_a, ap_a, out_a = (
-            context.make_array(t)(context, builder, value=v)
-            for t, v in zip(sig.args[:3], args[:3], strict=True)
-        )
-        r0, p0 = args[3], args[4]  # the row and panel of the tile (values, not types)
-        i64, vec = ir.IntType(64), ir.VectorType(ir.FloatType(), LANES)
-        per_row = 2 * WIDTH // LANES  # accumulator vectors per row of the tile
-        ldy = cgutils.unpack_tuple(builder, y_a.shape, 2)[1]
-        m = cgutils.unpack_tuple(builder, ap_a.shape, 3)[1]
-        ldo = cgutils.unpack_tuple(builder, out_a.shape, 2)[1]
-        fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{LANES}f32"
-        )
-        const = ir.Constant
-        splat = const(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
-        entry = builder.block
-        loop = builder.append_basic_block("tile.loop")
-        done = builder.append_basic_block("tile.done")
-        builder.branch(loop)
-        builder.position_at_end(loop)
-        i = builder.phi(i64)
-        i.add_incoming(const(i64, 0), entry)
-        acc = []
-        for _ in range(ROWS * per_row):
-            phi = builder.phi(vec)
-            phi.add_incoming(const(vec, [0.0] * LANES), entry)
-            acc.append(phi)
-        panel = []  # A's row i of panels p0 and p0 + 1: ap[p0 + w, i, :]
-        for w in range(2):
-            base = builder.mul(builder.add(builder.mul(builder.add(p0, const(i64, w)), m), i),
-                               const(i64, WIDTH))  # fmt: skip
-            for h in range(WIDTH // LANES):
-                ptr = builder.gep(ap_a.data, [builder.add(base, const(i64, h * LANES))])
-                panel.append(builder.load(builder.bitcast(ptr, vec.as_pointer()), align=4))
-        new = []
-        for r in range(ROWS):
-            row = builder.add(r0, const(i64, r))
-            ys = builder.load(builder.gep(y_a.data, [builder.add(builder.mul(row, ldy), i)]))
-            yv = builder.insert_element(const(vec, ir.Undefined), ys, const(ir.IntType(32), 0))
-            yv = builder.shuffle_vector(yv, const(vec, ir.Undefined), splat)
-            for v in range(per_row):
-                new.append(builder.call(fma, [yv, panel[v], acc[r * per_row + v]]))
-        nxt = builder.add(i, const(i64, 1))
-        body = builder.block
-        i.add_incoming(nxt, body)
-        for phi, value in zip(acc, new, strict=True):
-            phi.add_incoming(value, body)
-        builder.cbranch(builder.icmp_signed("<", nxt, m), loop, done)
-        builder.position_at_end(done)
-        first = builder.mul(p0, const(i64, WIDTH))
-        for r in range(ROWS):
-            start = builder.add(builder.mul(builder.add(r0, const(i64, r)), ldo), first)
-            for v in range(per_row):
-                ptr = builder.gep(out_a.data, [builder.add(start, const(i64, v * LANES))])
-                builder.store(new[r * per_row + v], builder.bitcast(ptr, vec.as_pointer()), align=4)
-        return context.get_dummy_value()
 
-    return sig, codegen
+_I64 = ir.IntType(64)
+_VEC = ir.VectorType(ir.FloatType(), LANES)
+_PER_ROW = 2 * WIDTH // LANES  # accumulator vectors per row of the tile
+
+
+def _emit_tile(context, builder, sig, args):
+    """The tile's LLVM IR: a loop over m whose 2·ROWS accumulators stay in registers (phi
+    nodes), then one store of each."""
+    y_a, ap_a, out_a = (
+        context.make_array(t)(context, builder, value=v)
+        for t, v in zip(sig.args[:3], args[:3], strict=True)
+    )
+    r0, p0 = args[3], args[4]  # the row and panel of the tile (values, not types)
+    m = cgutils.unpack_tuple(builder, ap_a.shape, 3)[1]
+    entry = builder.block
+    loop = builder.append_basic_block("tile.loop")
+    done = builder.append_basic_block("tile.done")
+    builder.branch(loop)
+    builder.position_at_end(loop)
+    i = builder.phi(_I64)
+    i.add_incoming(ir.Constant(_I64, 0), entry)
+    acc = []
+    for _ in range(ROWS * _PER_ROW):
+        phi = builder.phi(_VEC)
+        phi.add_incoming(ir.Constant(_VEC, [0.0] * LANES), entry)
+        acc.append(phi)
+    panel = _load_panels(builder, ap_a, p0, m, i)
+    new = _multiply_add(builder, y_a, r0, i, panel, acc)
+    nxt = builder.add(i, ir.Constant(_I64, 1))
+    i.add_incoming(nxt, builder.block)
+    for phi, value in zip(acc, new, strict=True):
+        phi.add_incoming(value, builder.block)
+    builder.cbranch(builder.icmp_signed("<", nxt, m), loop, done)
+    builder.position_at_end(done)
+    _store(builder, out_a, r0, p0, new)
+    return context.get_dummy_value()
+
+
+def _load_panels(builder, ap_a, p0, m, i) -> list:
+    """A's row i of panels p0 and p0 + 1 (ap[p0 + w, i, :]), as vectors."""
+    panel = []
+    for w in range(2):
+        base = builder.mul(builder.add(builder.mul(builder.add(p0, ir.Constant(_I64, w)), m), i),
+                           ir.Constant(_I64, WIDTH))  # fmt: skip
+        for h in range(WIDTH // LANES):
+            ptr = builder.gep(ap_a.data, [builder.add(base, ir.Constant(_I64, h * LANES))])
+            panel.append(builder.load(builder.bitcast(ptr, _VEC.as_pointer()), align=4))
+    return panel
+
+
+def _multiply_add(builder, y_a, r0, i, panel, acc) -> list:
+    """acc + y[r0 + r, i] · panel for each row r of the tile (fused multiply-adds)."""
+    fma = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_VEC, [_VEC, _VEC, _VEC]), f"llvm.fma.v{LANES}f32"
+    )
+    ldy = cgutils.unpack_tuple(builder, y_a.shape, 2)[1]
+    splat = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
+    new = []
+    for r in range(ROWS):
+        row = builder.add(r0, ir.Constant(_I64, r))
+        ys = builder.load(builder.gep(y_a.data, [builder.add(builder.mul(row, ldy), i)]))
+        yv = builder.insert_element(
+            ir.Constant(_VEC, ir.Undefined), ys, ir.Constant(ir.IntType(32), 0)
+        )
+        yv = builder.shuffle_vector(yv, ir.Constant(_VEC, ir.Undefined), splat)
+        for v in range(_PER_ROW):
+            new.append(builder.call(fma, [yv, panel[v], acc[r * _PER_ROW + v]]))
+    return new
+
+
+def _store(builder, out_a, r0, p0, new) -> None:
+    """The tile's accumulators into out[r0 : r0 + ROWS, WIDTH·p0 : WIDTH·(p0 + 2)]."""
+    ldo = cgutils.unpack_tuple(builder, out_a.shape, 2)[1]
+    first = builder.mul(p0, ir.Constant(_I64, WIDTH))
+    for r in range(ROWS):
+        start = builder.add(builder.mul(builder.add(r0, ir.Constant(_I64, r)), ldo), first)
+        for v in range(_PER_ROW):
+            ptr = builder.gep(out_a.data, [builder.add(start, ir.Constant(_I64, v * LANES))])
+            builder.store(new[r * _PER_ROW + v], builder.bitcast(ptr, _VEC.as_pointer()), align=4)
 
 
 @jit

@@ -1,7 +1,7 @@
 """One linear program over the polytope P = {ã ≥ 0 : (ã − a) Q = 0}, solved by HiGHS.
 
 Shared by the certificates (`certificates.witness_lp`, `interval_lp`) and by the
-warm-started simplex (`simplex`), which hands a chain's LP to HiGHS when it stalls.
+compiled engine (`groups.fallback`), which hands a chain's LP to HiGHS when it stalls.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from scipy.optimize import linprog
 
 from identifiable.errors import IdentifiableError
 
-_LP_OPTIONS = {"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10}
+LP_OPTIONS = {"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10}
 
 
 def solve_lp(c: np.ndarray, basis: np.ndarray, a: np.ndarray, what: str) -> np.ndarray:
@@ -21,7 +21,7 @@ def solve_lp(c: np.ndarray, basis: np.ndarray, a: np.ndarray, what: str) -> np.n
     Returns: `[n]` float64.
     """
     res = linprog(
-        c, A_eq=basis.T, b_eq=basis.T @ a, bounds=(0, None), method="highs", options=_LP_OPTIONS
+        c, A_eq=basis.T, b_eq=basis.T @ a, bounds=(0, None), method="highs", options=LP_OPTIONS
     )
     if res.status != 0 or res.x is None:
         raise IdentifiableError(f"the LP solver (HiGHS) failed while {what}: {res.message}")

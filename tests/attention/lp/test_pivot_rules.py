@@ -14,27 +14,27 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from identifiable.attention import kernel, lockstep
+from identifiable.attention.lp import kernel, state
 
 M, N = 7, 40
 
 
 def _chain(rng: np.random.Generator) -> tuple:
     """One slot's state (`kernel`'s ch tuple) with fabricated d, γ, blocked keys and x_B."""
-    slots = lockstep.new_slots(1, M, N)
-    ch = tuple(x[0] for x in slots)
-    basis, blocked, xb, d, w, st = ch[0], ch[2], ch[4], ch[5], ch[6], ch[7]
+    slots = state.new_slots(1, M, N)
+    ch = state.chain(slots, 0)
+    basis, blocked, xb, d, w, st = ch.basis, ch.blocked, ch.xb, ch.d, ch.gamma, ch.state
     basis[:] = rng.permutation(N)[:M]
     blocked[:] = rng.random(N) < 0.3
     d[:] = rng.choice([-1.0, 0.0, kernel.OPT_TOL / 2, 2 * kernel.OPT_TOL, 0.5, 1.0, 2.0], N)
     w[:] = rng.choice([1.0, 2.0, 4.0, 8.0], N)  # small grids: many exact ties
     xb[:] = rng.choice([-1e-12, -0.0, 0.0, 0.5, 1.0, 3.0], M)
-    st[kernel.SPAN] = N - int(rng.integers(0, 5))
+    st["span"] = N - int(rng.integers(0, 5))
     return ch
 
 
 def _price_reference(ch, slow: bool, steep: bool) -> int:
-    blocked, d, w, span = ch[2], ch[5], ch[6], ch[7][kernel.SPAN]
+    blocked, d, w, span = ch.blocked, ch.d, ch.gamma, ch.state["span"]
     best, score = -1, 0.0
     for k in range(span):
         if d[k] > kernel.OPT_TOL and not blocked[k]:
@@ -47,7 +47,7 @@ def _price_reference(ch, slow: bool, steep: bool) -> int:
 
 
 def _ratio_reference(ch, col: np.ndarray, slow: bool) -> tuple[int, int]:
-    basis, xb = ch[0], ch[4]
+    basis, xb = ch.basis, ch.xb
     ratios = [max(xb[i], 0.0) / col[i] if col[i] > kernel.PIVOT_TOL else np.inf
               for i in range(col.size)]  # fmt: skip
     best = min(ratios)
@@ -77,10 +77,10 @@ def test_price_takes_the_key_the_scan_takes(steep, slow):
 
 def test_price_finds_no_key_at_an_optimum():
     ch = _chain(np.random.default_rng(0))
-    ch[5][:] = np.where(np.arange(N) % 2 == 0, -1.0, kernel.OPT_TOL)  # none above the tolerance
+    ch.d[:] = np.where(np.arange(N) % 2 == 0, -1.0, kernel.OPT_TOL)  # none above the tolerance
     assert kernel.price(ch, False, True) == -1
-    ch[5][N // 2] = 1.0
-    ch[2][N // 2] = True  # the only improving key is blocked
+    ch.d[N // 2] = 1.0
+    ch.blocked[N // 2] = True  # the only improving key is blocked
     assert kernel.price(ch, False, True) == -1
 
 
@@ -91,11 +91,11 @@ def test_primal_ratio_takes_the_row_the_scan_takes(slow):
     for _ in range(300):
         ch = _chain(rng)
         col = rng.choice([-1.0, 0.0, kernel.PIVOT_TOL, 0.25, 0.5, 1.0, 2.0], M)
-        ch[7][kernel.DEGEN] = 4
+        ch.state["degen"] = 4
         expect, degenerate = _ratio_reference(ch, col, slow)
         got = kernel.primal_ratio(ch, col, slow)
         assert got == expect
         if got >= 0:  # degenerate steps count up, others reset the count
-            assert ch[7][kernel.DEGEN] == (5 if degenerate else 0)
+            assert ch.state["degen"] == (5 if degenerate else 0)
         seen.add((got >= 0, degenerate))
     assert seen == {(False, -1), (True, 0), (True, 1)}

@@ -1,6 +1,6 @@
 """The engine's own pieces outside the pivots: the shared single-precision product from A
-packed in panels (`panels.times_panels`, a register-tiled kernel in LLVM IR) and the
-crossover's compiled walk to the first vertex (`crossover`).
+packed in panels (`panels.times_panels`, a register-tiled kernel in LLVM IR), when it is
+used, and the crossover's compiled walk to the first vertex (`crossover`).
 
 The product is checked against float64 numpy on shapes that do not fill whole tiles (rows
 not a multiple of the tile's rows, keys not a multiple of two panels, odd m); the walk
@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from identifiable.attention import crossover, panels
-from identifiable.attention.crossover import PIVOT_TOL
+from helpers.traces import shared_rows
+from identifiable.attention.lp import BoundProblem, EngineOptions, crossover, panels, solve
+from identifiable.attention.lp.crossover import PIVOT_TOL
 
 
 @pytest.mark.parametrize(
@@ -113,7 +114,7 @@ def test_the_narrow_tile_without_avx512(tmp_path):
 
     code = (
         "import numpy as np\n"
-        "from identifiable.attention import panels\n"
+        "from identifiable.attention.lp import panels\n"
         "assert (panels.LANES, panels.ROWS) == (8, 3), (panels.LANES, panels.ROWS)\n"
         "rng = np.random.default_rng(3)\n"
         "a = rng.standard_normal((33, 75)).astype(np.float32)\n"
@@ -129,3 +130,24 @@ def test_the_narrow_tile_without_avx512(tmp_path):
                          timeout=600, check=False)  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert float(run.stdout) < 1e-4
+
+
+def test_single_precision_from_the_threshold_on():
+    keys = EngineOptions().single_min_keys
+    for n, expect in ((keys - 1, False), (keys, True)):
+        aq, a, _, _ = shared_rows(n=n, d_v=4, rows=2, seed=1)
+        prob = solve._arrays(
+            BoundProblem(aq, a, np.ones(a.shape, bool), np.ones(a.shape, bool)), EngineOptions()
+        )
+        assert (prob.a32.shape[0] > 0) is expect
+        if expect:  # A in panels of 16 keys (`panels.pack`), 0 past the last key
+            unpacked = prob.a32.transpose(1, 0, 2).reshape(aq.shape[1], -1)
+            np.testing.assert_allclose(unpacked[:, :n], aq[0], rtol=1e-6, atol=1e-7)
+            assert not unpacked[:, n:].any()
+    # rows with their own A (windows, short prefixes) make no shared product
+    aq, a, _, _ = shared_rows(n=400, d_v=4, rows=2, seed=1)
+    prob = solve._arrays(
+        BoundProblem(np.repeat(aq, 2, 0), a, np.ones(a.shape, bool), np.ones(a.shape, bool)),
+        EngineOptions(),
+    )
+    assert prob.a32.shape[0] == 0
