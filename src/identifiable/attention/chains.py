@@ -2,8 +2,9 @@
 summaries of their draws (what `attention_posterior` reports).
 
 Per batch of polytopes: centre and rounding (`hitrun.centre`, `hitrun.rounding`), `chains`
-chains per row from dispersed starts in the Dikin ellipsoid, `WARMUP` sweeps discarded (a
-sweep is `thin` = max(1, k) steps; one draw is kept per sweep), then rounds: the chains
+chains per row from dispersed starts in the Dikin ellipsoid; `WARMUP` sweeps (a sweep
+is `sweep(k)` steps) whose states give the covariance the directions are drawn
+from (`hitrun.adapted`), `WARMUP` more discarded, then one draw kept per sweep in rounds: the chains
 run until they hold the round's draws; each row whose smallest per-weight ESS reaches
 `samples` with split-R̂ ≤ `RHAT_MAX` is summarised and leaves the batch; the others get
 more draws, scaled by the ESS still missing, up to `max_draws` per chain or the deadline.
@@ -23,7 +24,7 @@ from torch import Tensor
 from identifiable.attention import hitrun, mcmc
 
 RHAT_MAX = 1.01
-WARMUP = 25  # sweeps per chain discarded before draws are kept
+WARMUP = 20  # sweeps per chain in each half of the warm-up (rounding, then burn-in)
 TAU_GUESS = 1.5  # kept draws per effective sample of the worst weight (first round's plan)
 FLAG_RHAT, FLAG_ESS, FLAG_POINT, FLAG_BUDGET = 1, 2, 4, 8
 FLAG_TEXT = {
@@ -94,20 +95,29 @@ def summarise(draws: Tensor, half_max: Tensor, cfg: Settings, budget_hit: bool) 
                    pooled[..., pick].transpose(1, 2))  # fmt: skip
 
 
+def sweep(k: int) -> int:
+    """Steps between kept draws in dimension k: hit-and-run needs about k² steps per
+    effective sample of its worst weight on simplex-like bodies (benchmarks/records)."""
+    return max(1, k, math.ceil(k * k / 8))
+
+
 def _flags(ess: Tensor, rhat: Tensor, samples: int) -> Tensor:
     return torch.where(rhat > RHAT_MAX, FLAG_RHAT, 0) | torch.where(ess < samples, FLAG_ESS, 0)
 
 
 def _sweeps(
     poly: hitrun.Polytopes, spread: Tensor, x: Tensor, n: int, thin: int, gen: torch.Generator,
-    deadline: float | None,
+    deadline: float | None, moments: hitrun.Moments | None = None,
 ) -> tuple[Tensor, list[Tensor], bool]:  # fmt: skip
     """`n` sweeps of `thin` steps from `x`; returns the last states, one draw per sweep
-    (`[R, C, s]` each) and False when the deadline cut it short."""
+    (`[R, C, s]` each) and False when the deadline cut it short. `moments` sees every
+    state."""
     out, steps = [], 0
     for _ in range(n):
         for _ in range(thin):
             x = hitrun.step(poly, spread, x, gen)
+            if moments is not None:
+                moments.add(poly, x)
             steps += 1
             if steps % hitrun.PROJECT_EVERY == 0:
                 x = hitrun.project(poly, x)
@@ -132,12 +142,15 @@ def sample(
     rows = poly.raw.shape[0]
     x_c = hitrun.centre(poly)
     spread = hitrun.rounding(poly, x_c)
-    thin = max(1, poly.null.shape[-1])
+    thin = sweep(poly.null.shape[-1])
     x = hitrun.starts(spread, x_c, cfg.chains, gen)
     t0 = time.perf_counter()
+    moments = hitrun.Moments(poly)
+    x, _, on_time = _sweeps(poly, spread, x, WARMUP, thin, gen, cfg.deadline, moments)
+    spread = hitrun.adapted(poly, spread, moments)
     x, _, on_time = _sweeps(poly, spread, x, WARMUP, thin, gen, cfg.deadline)
     if probe is not None:
-        probe(time.perf_counter() - t0, WARMUP * thin)
+        probe(time.perf_counter() - t0, 2 * WARMUP * thin)
     target = min(cfg.max_draws, max(4, math.ceil(TAU_GUESS * cfg.samples / cfg.chains)))
     kept: list[Tensor] = []
     ids = torch.arange(rows, device=x.device)

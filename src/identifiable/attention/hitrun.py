@@ -172,6 +172,47 @@ def starts(spread: Tensor, x_c: Tensor, chains: int, gen: torch.Generator) -> Te
     return (x_c.unsqueeze(1) + 0.9 * g @ spread.mT).clamp_min(0.0)
 
 
+class Moments:
+    """Running sums of the null-space coordinates z = Nᵀ(x − a) of every state seen, per
+    row (pooled over chains): the covariance that `adapted` rounds with."""
+
+    def __init__(self, poly: Polytopes) -> None:
+        r, _, k = poly.null.shape
+        self.total = poly.raw.new_zeros(r, k)
+        self.outer = poly.raw.new_zeros(r, k, k)
+        self.count = 0
+
+    def add(self, poly: Polytopes, x: Tensor) -> None:
+        z = (torch.where(poly.live.unsqueeze(1), x - poly.raw.unsqueeze(1), 0.0)) @ poly.null
+        self.total += z.sum(1)
+        self.outer += z.mT @ z
+        self.count += z.shape[1]
+
+
+def adapted(poly: Polytopes, spread: Tensor, moments: Moments) -> Tensor:
+    """`[R, s, k]` directions from the covariance Σ of the warm-up's states (blended with
+    1 % of the Dikin ellipsoid's, so that it is positive definite): S = N L, L Lᵀ = Σ.
+    Hit-and-run with directions from any fixed N(0, Σ) keeps the uniform law (a linear
+    change of coordinates); it is fixed before any draw is kept."""
+    n = max(moments.count, 2)
+    mean = moments.total / n
+    emp = (moments.outer - n * mean.unsqueeze(-1) * mean.unsqueeze(-2)) / (n - 1)
+    dikin_l = poly.null.mT @ spread  # [R, k, k]: L of the Dikin covariance in z
+    dikin = dikin_l @ dikin_l.mT
+    ratio = _trace(emp) / _trace(dikin).clamp_min(1e-300)
+    cov = 0.99 * emp + 0.01 * ratio[:, None, None] * dikin
+    pad = poly.null.abs().sum(1) == 0
+    cov = torch.where(pad.unsqueeze(-1) | pad.unsqueeze(-2), 0.0, cov)
+    cov = cov + torch.diag_embed(pad.to(cov.dtype))
+    chol, info = torch.linalg.cholesky_ex(cov)
+    new = poly.null @ chol
+    return torch.where((info == 0)[:, None, None], new, spread)
+
+
+def _trace(m: Tensor) -> Tensor:
+    return torch.diagonal(m, dim1=-2, dim2=-1).sum(-1)
+
+
 def rows_of(poly: Polytopes, x: Tensor) -> Tensor:
     """`[R, C, s]` the attention rows of states `x`: live keys from x, the others raw."""
     return torch.where(poly.live.unsqueeze(1), x, poly.raw.unsqueeze(1))

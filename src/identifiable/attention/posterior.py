@@ -411,8 +411,8 @@ def _probe(budget: tuple[float | None, float, int], rows: int, chains: int, samp
         return None
 
     def check(warm: float, steps: int) -> None:
-        sweeps = chain_runs.WARMUP + chain_runs.TAU_GUESS * samples / chains
-        planned = warm * sweeps / chain_runs.WARMUP * total / rows
+        sweeps = 2 * chain_runs.WARMUP + chain_runs.TAU_GUESS * samples / chains
+        planned = warm * sweeps / (2 * chain_runs.WARMUP) * total / rows
         estimate = (time.perf_counter() - start) + planned
         if estimate > limit:
             raise IdentifiableError(
