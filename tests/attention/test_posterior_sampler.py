@@ -34,7 +34,9 @@ def _polytope(s: int, d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 def _poly(a: np.ndarray, null: np.ndarray, weights: np.ndarray | None = None) -> hitrun.Polytopes:
     raw = torch.tensor(a)[None]
     w = torch.zeros_like(raw) if weights is None else torch.tensor(weights)[None]
-    return hitrun.Polytopes(raw, torch.tensor(null)[None], torch.ones_like(raw, dtype=torch.bool), w)
+    return hitrun.Polytopes(
+        raw, torch.tensor(null)[None], torch.ones_like(raw, dtype=torch.bool), w
+    )
 
 
 def _walk(poly: hitrun.Polytopes, steps: int, step=hitrun.step, seed: int = 0) -> np.ndarray:

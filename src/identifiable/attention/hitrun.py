@@ -166,7 +166,7 @@ def project(poly: Polytopes, x: Tensor) -> Tensor:
 
 def starts(spread: Tensor, x_c: Tensor, chains: int, gen: torch.Generator) -> Tensor:
     """`[R, C, s]` dispersed starts: x_c + 0.9 S w/|w| lies in the Dikin ellipsoid ⊂ P."""
-    r, s, k = spread.shape
+    r, _, k = spread.shape
     g = torch.randn(r, chains, k, generator=gen, dtype=x_c.dtype, device=x_c.device)
     g = g / torch.linalg.vector_norm(g, dim=-1, keepdim=True).clamp_min(1e-300)
     return (x_c.unsqueeze(1) + 0.9 * g @ spread.mT).clamp_min(0.0)

@@ -28,9 +28,9 @@ from torch import Tensor
 from identifiable.attention import chains as chain_runs
 from identifiable.attention.checks import check_finite
 from identifiable.attention.constrained import constrained_attention
+from identifiable.attention.hitrun import Polytopes
 from identifiable.attention.intervals import IntervalMap, interval_map
 from identifiable.attention.linalg import add_ones, column_basis, head_factors, row_ids
-from identifiable.attention.hitrun import Polytopes
 from identifiable.errors import IdentifiableError, seconds
 from identifiable.models.trace import Trace
 from identifiable.results import Result
@@ -346,7 +346,8 @@ def _row_problems(
                 cache[tag] = _null_space(qa[:, torch.linalg.vector_norm(qa, dim=0) > 0])
             null = torch.zeros(len(keys), cache[tag].shape[1], dtype=torch.float64)
             null[live] = cache[tag]
-            out.append(_Row(h, r, keys, att[r, keys], live, null, upper / 2))
+            raw = att[r, keys] / att[r, keys].sum()  # Σ = 1 in float64 (float32 rows: ±1e-7)
+            out.append(_Row(h, r, keys, raw, live, null, upper / 2))
     return out
 
 

@@ -41,7 +41,9 @@ def row_figure(res: Any, head: Any = None, row: Any = None, max_keys: int = MAX_
 
     fig = _figure(figsize=(max(6.5, 0.28 * len(x) + 2.5), 4.2), layout="constrained")
     ax = fig.subplots()
-    ax.vlines(x, get("lower"), get("upper"), color=CERTIFIED, linewidth=9, label="certified interval")
+    ax.vlines(
+        x, get("lower"), get("upper"), color=CERTIFIED, linewidth=9, label="certified interval"
+    )
     ax.vlines(x, get("credible_lower"), get("credible_upper"), color=CREDIBLE, linewidth=4,
               label=f"{res.level:.0%} credible band")  # fmt: skip
     marks = (("raw", "o", "black", "raw a"), ("effective", "x", "#e08a00", "paper A_eff"),
