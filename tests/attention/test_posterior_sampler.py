@@ -96,7 +96,7 @@ def test_the_dirichlet_prior_pulls_towards_the_raw_row() -> None:
     the walk's mean matches its numerical integral."""
     a, null = _polytope(4, 2, 0)
     weights = 20.0 * a
-    x = _walk(_poly(a, null, weights), 400)
+    x = _walk(_poly(a, null, weights), 150)
     cdf = ExactMarginal(a, null, 0)
     lo, hi = cdf.ends
     grid = np.linspace(lo, hi, 20001)[1:-1]

@@ -391,37 +391,45 @@ def _sample_all(problems, weight, samples, chains, level, keep, deadline, budget
                 gen, advance) -> dict[int, tuple[chain_runs.Summary, int]]:  # fmt: skip
     """Sample every batch; returns, per problem index, its summary and its place in it."""
     out: dict[int, tuple[chain_runs.Summary, int]] = {}
-    for b, idx in enumerate(_batches(problems, chains, samples)):
+    batches = _batches(problems, chains, samples)
+    for b, idx in enumerate(batches):
         poly, half = _stack(problems, idx, weight, where)
         s = poly.raw.shape[1]
         room = MEMORY // max(1, 8 * len(idx) * chains * s)
         cap = max(8, min(MAX_TAU * samples // chains + 8, room))
         cfg = chain_runs.Settings(samples, chains, level, cap, deadline, samples if keep else 0)
-        probe = _probe(budget, len(idx), chains, samples) if b == 0 else None
+        share = _cost(problems, idx) / max(1.0, sum(_cost(problems, i) for i in batches))
+        probe = _probe(budget, share, chains, samples) if b == 0 else None
         summary = chain_runs.sample(poly, half, cfg, gen, advance, probe)
         for j, i in enumerate(idx):
             out[i] = (summary, j)
     return out
 
 
-def _probe(budget: tuple[float | None, float, int], rows: int, chains: int, samples: int):
-    """The check made after the first batch's warm-up: refuse (one line, with an
-    estimate) a request whose sampling cannot end within the time budget."""
+def _cost(problems: list[_Row], idx: list[int]) -> float:
+    """The work of a sweep of every row of `idx`, up to a constant: steps × keys × dim."""
+    return float(sum(chain_runs.sweep(problems[i].dim) * len(problems[i].keys)
+                     * problems[i].dim for i in idx))  # fmt: skip
+
+
+def _probe(budget: tuple[float | None, float, int], share: float, chains: int, samples: int):
+    """The check made after the first batch's warm-up (`share` of the whole work):
+    refuse (one line, with an estimate) a request that cannot end within the budget."""
     limit, start, total = budget
     if limit is None:
         return None
 
     def check(warm: float, steps: int) -> None:
         sweeps = 2 * chain_runs.WARMUP + chain_runs.TAU_GUESS * samples / chains
-        planned = warm * sweeps / (2 * chain_runs.WARMUP) * total / rows
+        planned = warm * sweeps / (2 * chain_runs.WARMUP) / max(share, 1e-12)
         estimate = (time.perf_counter() - start) + planned
         if estimate > limit:
             raise IdentifiableError(
                 f"the attention posterior of {total} rows needs about {seconds(estimate)} "
-                f"({samples} effective samples per row; a probe of {steps} steps on {rows} "
-                f"rows took {seconds(warm)}), more than the time budget of {limit:g} s: "
-                "raise the budget (time_budget=, CLI --time-budget), ask for fewer samples "
-                "(samples=, --samples) or fewer rows (rows=, --rows)"
+                f"({samples} effective samples per row; a probe of {steps} steps took "
+                f"{seconds(warm)}), more than the time budget of {limit:g} s: raise the "
+                "budget (time_budget=, CLI --time-budget), ask for fewer samples "
+                "(samples=, --samples) or fewer rows (rows=, --row)"
             )
 
     return check
