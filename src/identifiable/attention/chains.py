@@ -113,7 +113,8 @@ def _sweeps(
     """`n` sweeps of `thin` steps from `x`; returns the last states, one draw per sweep
     (`[R, C, s]` each) and False when the deadline cut it short. `moments` sees every
     state."""
-    out, steps = [], 0
+    out: list[Tensor] = []
+    steps = 0
     for _ in range(n):
         for _ in range(thin):
             x = hitrun.step(poly, spread, x, gen)
@@ -122,6 +123,8 @@ def _sweeps(
             steps += 1
             if steps % hitrun.PROJECT_EVERY == 0:
                 x = hitrun.project(poly, x)
+                if deadline is not None and time.perf_counter() > deadline:
+                    return x, [*out, hitrun.rows_of(poly, x)], False
         out.append(hitrun.rows_of(poly, x))
         if deadline is not None and time.perf_counter() > deadline:
             return x, out, False
@@ -134,24 +137,27 @@ def sample(
     cfg: Settings,
     gen: torch.Generator,
     done: Callable[[int], None] | None = None,
-    probe: Callable[[float, int], None] | None = None,
+    probe: Callable[[float, float], None] | None = None,
 ) -> Summary:
     """Run `cfg.chains` chains on each polytope until each has `cfg.samples` effective
-    samples (module docstring); `done(k)` is told as rows finish, and `probe(seconds,
-    steps)` is given the warm-up's wall time and steps before any draw is kept (it may
+    samples (module docstring); `done(k)` is told as rows finish, and `probe(seconds per
+    step, planned steps)` is called after a few timed steps, before the warm-up (it may
     raise to refuse the request)."""
     rows = poly.raw.shape[0]
     x_c = hitrun.centre(poly)
     spread = hitrun.rounding(poly, x_c)
     thin = sweep(poly.null.shape[-1])
     x = hitrun.starts(spread, x_c, cfg.chains, gen)
-    t0 = time.perf_counter()
+    if probe is not None:  # time a few steps, before the warm-up's k^2.4-step sweeps
+        t0, tries = time.perf_counter(), min(thin, hitrun.PROJECT_EVERY)
+        for _ in range(tries):
+            x = hitrun.step(poly, spread, x, gen)
+        planned = thin * (2 * WARMUP + TAU_GUESS * cfg.samples / cfg.chains)
+        probe((time.perf_counter() - t0) / tries, planned)
     moments = hitrun.Moments(poly)
     x, _, on_time = _sweeps(poly, spread, x, WARMUP, thin, gen, cfg.deadline, moments)
     spread = hitrun.adapted(poly, spread, moments)
     x, _, on_time = _sweeps(poly, spread, x, WARMUP, thin, gen, cfg.deadline)
-    if probe is not None:
-        probe(time.perf_counter() - t0, 2 * WARMUP * thin)
     target = min(cfg.max_draws, max(4, math.ceil(TAU_GUESS * cfg.samples / cfg.chains)))
     kept: list[Tensor] = []
     ids = torch.arange(rows, device=x.device)

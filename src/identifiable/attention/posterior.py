@@ -413,21 +413,19 @@ def _cost(problems: list[_Row], idx: list[int]) -> float:
 
 
 def _probe(budget: tuple[float | None, float, int], share: float, chains: int, samples: int):
-    """The check made after the first batch's warm-up (`share` of the whole work):
-    refuse (one line, with an estimate) a request that cannot end within the budget."""
+    """The check made after a few timed steps of the first batch (`share` of the whole
+    work): refuse (one line, with an estimate) a request that cannot end in the budget."""
     limit, start, total = budget
     if limit is None:
         return None
 
-    def check(warm: float, steps: int) -> None:
-        sweeps = 2 * chain_runs.WARMUP + chain_runs.TAU_GUESS * samples / chains
-        planned = warm * sweeps / (2 * chain_runs.WARMUP) / max(share, 1e-12)
-        estimate = (time.perf_counter() - start) + planned
+    def check(per_step: float, steps: float) -> None:
+        estimate = (time.perf_counter() - start) + per_step * steps / max(share, 1e-12)
         if estimate > limit:
             raise IdentifiableError(
                 f"the attention posterior of {total} rows needs about {seconds(estimate)} "
-                f"({samples} effective samples per row; a probe of {steps} steps took "
-                f"{seconds(warm)}), more than the time budget of {limit:g} s: raise the "
+                f"({samples} effective samples per row; {per_step * 1e3:.2g} ms per step measured), "
+                f"more than the time budget of {limit:g} s: raise the "
                 "budget (time_budget=, CLI --time-budget), ask for fewer samples "
                 "(samples=, --samples) or fewer rows (rows=, --row)"
             )
