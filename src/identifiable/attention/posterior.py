@@ -245,9 +245,9 @@ def attention_posterior(
         chains: chains per row (split-R̂ compares them).
         seed: the seed of every random draw; a fixed seed gives bit-identical output on
             the same device, thread count and inputs.
-        time_budget: seconds for the whole call; a probe (the warm-up of the first batch
-            of rows) refuses a request that cannot fit before sampling starts, and rows
-            still short at the deadline are flagged.
+        time_budget: seconds for the whole call; a probe (a few timed steps of the first
+            batch of rows) refuses a request that cannot fit before the warm-up starts,
+            and rows still short at the deadline are flagged.
         level: the probability of the central credible intervals.
         keep_draws: keep `samples` draws per row (`samples_kept`).
         device: where the chains run (default: the trace's device).
