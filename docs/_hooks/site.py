@@ -19,6 +19,7 @@ from typing import Any
 METHOD_PAGES = [
     ("Token identifiability", "token_identifiability.md"),
     ("Certified attention", "certified_attention.md"),
+    ("Attention posterior", "posterior.md"),
     ("Context mixing", "mixing.md"),
 ]
 SKIP_DIRS = {"_hooks"}

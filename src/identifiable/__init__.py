@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "attention_intervals": "identifiable.attention",
     "interval_map": "identifiable.attention",
     "sink_mass": "identifiable.attention",
+    "attention_posterior": "identifiable.attention",
     "NullSpace": "identifiable.attention",
     "EffectiveAttention": "identifiable.attention",
     "ConstrainedAttention": "identifiable.attention",
@@ -44,6 +45,7 @@ _EXPORTS: dict[str, str] = {
     "AttentionIntervals": "identifiable.attention",
     "IntervalMap": "identifiable.attention",
     "SinkMass": "identifiable.attention",
+    "AttentionPosterior": "identifiable.attention",
     # token identifiability (Sec. 4)
     "token_identifiability": "identifiable.experiments.tokens",
     "TokenIdentifiabilityResult": "identifiable.experiments.tokens",

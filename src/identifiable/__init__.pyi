@@ -19,6 +19,7 @@ from identifiable import (
 )
 from identifiable.attention import (
     AttentionIntervals as AttentionIntervals,
+    AttentionPosterior as AttentionPosterior,
     ConstrainedAttention as ConstrainedAttention,
     EffectiveAttention as EffectiveAttention,
     IntervalMap as IntervalMap,
@@ -26,6 +27,7 @@ from identifiable.attention import (
     SinkMass as SinkMass,
     Witness as Witness,
     attention_intervals as attention_intervals,
+    attention_posterior as attention_posterior,
     constrained_attention as constrained_attention,
     effective_attention as effective_attention,
     interval_map as interval_map,
@@ -151,6 +153,7 @@ __all__ = [
     "attention_intervals",
     "interval_map",
     "sink_mass",
+    "attention_posterior",
     "NullSpace",
     "EffectiveAttention",
     "ConstrainedAttention",
@@ -158,6 +161,7 @@ __all__ = [
     "AttentionIntervals",
     "IntervalMap",
     "SinkMass",
+    "AttentionPosterior",
     "token_identifiability",
     "TokenIdentifiabilityResult",
     "ProbeConfig",

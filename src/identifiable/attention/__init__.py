@@ -35,11 +35,13 @@ from identifiable.attention.intervals import (
     interval_map,
     witness,
 )
+from identifiable.attention.posterior import AttentionPosterior, attention_posterior
 from identifiable.attention.sinks import SinkMass, sink_mass
 
 __all__ = [
     "VARIANTS",
     "AttentionIntervals",
+    "AttentionPosterior",
     "ConstrainedAttention",
     "EffectiveAttention",
     "HeadFactors",
@@ -50,6 +52,7 @@ __all__ = [
     "Variant",
     "Witness",
     "attention_intervals",
+    "attention_posterior",
     "compute_head_factors",
     "constrained_attention",
     "effective_attention",

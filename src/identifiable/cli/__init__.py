@@ -48,6 +48,7 @@ COMMAND_MODULES = (
     "attribution",
     "mixing",
     "certify",
+    "posterior",
     "reproduce",
     "view",
     "finetune",

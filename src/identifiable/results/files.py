@@ -50,6 +50,7 @@ RESULT_CLASSES: tuple[str, ...] = (
     "identifiable.attention.intervals:IntervalMap",
     "identifiable.attention.constrained:ConstrainedAttention",
     "identifiable.attention.sinks:SinkMass",
+    "identifiable.attention.posterior:AttentionPosterior",
     "identifiable.attribution.api:HTAResult",
     "identifiable.experiments.tokens:TokenIdentifiabilityResult",
     "identifiable.mixing.result:MixingResult",

@@ -1,0 +1,187 @@
+"""Running hit-and-run chains until every row has its effective samples, and the
+summaries of their draws (what `attention_posterior` reports).
+
+Per batch of polytopes: centre and rounding (`hitrun.centre`, `hitrun.rounding`), `chains`
+chains per row from dispersed starts in the Dikin ellipsoid; `WARMUP` sweeps (a sweep
+is `sweep(k)` steps) whose states give the covariance the directions are drawn
+from (`hitrun.adapted`), `WARMUP` more discarded, then one draw kept per sweep in rounds: the chains
+run until they hold the round's draws; each row whose smallest per-weight ESS reaches
+`samples` with split-R̂ ≤ `RHAT_MAX` is summarised and leaves the batch; the others get
+more draws, scaled by the ESS still missing, up to `max_draws` per chain or the deadline.
+A row that stops short is flagged, never dropped.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from identifiable.attention import hitrun, mcmc
+
+RHAT_MAX = 1.01
+WARMUP = 20  # sweeps per chain in each half of the warm-up (rounding, then burn-in)
+TAU_GUESS = 3.0  # kept draws per effective sample of the worst weight (first round's plan)
+FLAG_RHAT, FLAG_ESS, FLAG_POINT, FLAG_BUDGET = 1, 2, 4, 8
+FLAG_TEXT = {
+    FLAG_RHAT: f"R̂ > {RHAT_MAX}",
+    FLAG_ESS: "ESS below target",
+    FLAG_POINT: "point (dim P = 0)",
+    FLAG_BUDGET: "stopped by the time budget",
+}
+
+
+def flag_text(flags: int) -> str:
+    """The flags of a row in words ("" for none)."""
+    return "; ".join(text for bit, text in FLAG_TEXT.items() if flags & bit)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the chains aim for: `samples` effective samples per row from `chains` chains,
+    central credible intervals at `level`, at most `max_draws` kept draws per chain,
+    stopping at `deadline` (a `time.perf_counter()` value, or None); `keep` draws per row
+    are returned (thinned, pooled over chains)."""
+
+    samples: int
+    chains: int
+    level: float
+    max_draws: int
+    deadline: float | None = None
+    keep: int = 0
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Per polytope (R of them, s keys), `[R, s]` unless said: mean; lower, upper: the
+    central credible interval; p_top: P(the key holds the row's largest weight); p_half:
+    P(x_j ≥ half_max_j); mcse: Monte Carlo standard error of the mean; ess, rhat, draws
+    (pooled), flags: `[R]`; kept: `[R, keep, s]`."""
+
+    mean: Tensor
+    lower: Tensor
+    upper: Tensor
+    p_top: Tensor
+    p_half: Tensor
+    mcse: Tensor
+    ess: Tensor
+    rhat: Tensor
+    draws: Tensor
+    flags: Tensor
+    kept: Tensor
+
+
+def summarise(draws: Tensor, half_max: Tensor, cfg: Settings, budget_hit: bool) -> Summary:
+    """Summaries of `[R, s, C, D]` draws (`half_max` `[R, s]`)."""
+    r, s, c, d = draws.shape
+    ess_key, rhat_key = mcmc.ess(draws), mcmc.split_rhat(draws)
+    pooled = draws.reshape(r, s, c * d)
+    lower, upper = mcmc.central_interval(pooled, cfg.level)
+    top = pooled.argmax(1)  # [R, C·D]
+    hits = torch.zeros(r, s, dtype=torch.long, device=draws.device)
+    hits.scatter_add_(1, top, torch.ones_like(top))
+    p_half = (pooled >= half_max[..., None]).to(draws.dtype).mean(-1)
+    spread = pooled.var(-1, correction=1)
+    mcse = torch.where(ess_key.isnan(), 0.0, (spread / ess_key).sqrt())
+    ess, rhat = mcmc.row_ess(ess_key), mcmc.row_rhat(rhat_key)
+    flags = _flags(ess, rhat, cfg.samples) | (FLAG_BUDGET if budget_hit else 0)
+    pick = torch.linspace(0, c * d - 1, cfg.keep, device=draws.device).round().long()
+    return Summary(pooled.mean(-1), lower, upper, hits.to(draws.dtype) / (c * d), p_half,
+                   mcse, ess, rhat, torch.full((r,), c * d, device=draws.device), flags,
+                   pooled[..., pick].transpose(1, 2))  # fmt: skip
+
+
+def sweep(k: int) -> int:
+    """Steps between kept draws in dimension k: hit-and-run needs about k^2.4 steps per
+    effective sample of its worst weight here (benchmarks/records/posterior.md), so a
+    draw is kept every k^2.4 / 4 steps (`TAU_GUESS` ≈ 3 draws per effective sample)."""
+    return max(1, math.ceil(k**2.4 / 4))
+
+
+def _flags(ess: Tensor, rhat: Tensor, samples: int) -> Tensor:
+    return torch.where(rhat > RHAT_MAX, FLAG_RHAT, 0) | torch.where(ess < samples, FLAG_ESS, 0)
+
+
+def _sweeps(
+    poly: hitrun.Polytopes, spread: Tensor, x: Tensor, n: int, thin: int, gen: torch.Generator,
+    deadline: float | None, moments: hitrun.Moments | None = None,
+) -> tuple[Tensor, list[Tensor], bool]:  # fmt: skip
+    """`n` sweeps of `thin` steps from `x`; returns the last states, one draw per sweep
+    (`[R, C, s]` each) and False when the deadline cut it short. `moments` sees every
+    state."""
+    out: list[Tensor] = []
+    steps = 0
+    for _ in range(n):
+        for _ in range(thin):
+            x = hitrun.step(poly, spread, x, gen)
+            if moments is not None:
+                moments.add(poly, x)
+            steps += 1
+            if steps % hitrun.PROJECT_EVERY == 0:
+                x = hitrun.project(poly, x)
+                if deadline is not None and time.perf_counter() > deadline:
+                    return x, [*out, hitrun.rows_of(poly, x)], False
+        out.append(hitrun.rows_of(poly, x))
+        if deadline is not None and time.perf_counter() > deadline:
+            return x, out, False
+    return x, out, True
+
+
+def sample(
+    poly: hitrun.Polytopes,
+    half_max: Tensor,
+    cfg: Settings,
+    gen: torch.Generator,
+    done: Callable[[int], None] | None = None,
+    probe: Callable[[float, float], None] | None = None,
+) -> Summary:
+    """Run `cfg.chains` chains on each polytope until each has `cfg.samples` effective
+    samples (module docstring); `done(k)` is told as rows finish, and `probe(seconds per
+    step, planned steps)` is called after a few timed steps, before the warm-up (it may
+    raise to refuse the request)."""
+    rows = poly.raw.shape[0]
+    x_c = hitrun.centre(poly)
+    spread = hitrun.rounding(poly, x_c)
+    thin = sweep(poly.null.shape[-1])
+    x = hitrun.starts(spread, x_c, cfg.chains, gen)
+    if probe is not None:  # time a few steps, before the warm-up's k^2.4-step sweeps
+        t0, tries = time.perf_counter(), min(thin, hitrun.PROJECT_EVERY)
+        for _ in range(tries):
+            x = hitrun.step(poly, spread, x, gen)
+        planned = thin * (2 * WARMUP + TAU_GUESS * cfg.samples / cfg.chains)
+        probe((time.perf_counter() - t0) / tries, planned)
+    moments = hitrun.Moments(poly)
+    x, _, on_time = _sweeps(poly, spread, x, WARMUP, thin, gen, cfg.deadline, moments)
+    spread = hitrun.adapted(poly, spread, moments)
+    x, _, on_time = _sweeps(poly, spread, x, WARMUP, thin, gen, cfg.deadline)
+    target = min(cfg.max_draws, max(4, math.ceil(TAU_GUESS * cfg.samples / cfg.chains)))
+    kept: list[Tensor] = []
+    ids = torch.arange(rows, device=x.device)
+    results: dict[int, Summary] = {}
+    while len(ids):
+        x, more, on_time = _sweeps(poly, spread, x, target - len(kept), thin, gen, cfg.deadline)
+        kept += more
+        draws = torch.stack(kept, -1).permute(0, 2, 1, 3)  # [R', s, C, D]
+        if draws.shape[-1] < 4:  # the deadline came before four draws: repeat what there is
+            draws = draws.repeat_interleave(4, -1)
+        summary = summarise(draws, half_max.index_select(0, ids), cfg, not on_time)
+        finished = (summary.flags == 0) | (not on_time) | (len(kept) >= cfg.max_draws)
+        for k in finished.nonzero().flatten().tolist():
+            results[int(ids[k])] = Summary(*(getattr(summary, f)[k : k + 1] for f in _FIELDS))
+        if done is not None and bool(finished.any()):
+            done(int(finished.sum()))
+        worst = float(summary.ess[~finished].clamp_min(1).amin()) if (~finished).any() else 1.0
+        left = (~finished).nonzero().flatten()
+        ids, poly, x = ids[left], poly.select(left), x.index_select(0, left)
+        spread, half_max = spread.index_select(0, left), half_max
+        kept = [k.index_select(0, left) for k in kept]
+        grow = max(1.25, 1.1 * cfg.samples / worst)
+        target = min(cfg.max_draws, math.ceil(len(kept) * grow))
+    return Summary(*(torch.cat([getattr(results[r], f) for r in range(rows)]) for f in _FIELDS))
+
+
+_FIELDS = tuple(Summary.__dataclass_fields__)

@@ -1,0 +1,127 @@
+"""The hit-and-run sampler against the exact uniform distribution on small polytopes.
+
+Polytopes of dimension 1-3 come from hand-built T (s keys, d value columns: dim P =
+s − d − 1); the exact CDF of each weight is a volume ratio (tests/helpers/polytopes.py,
+scipy's ConvexHull). Draws are the end states of many independent chains after a long
+walk, so a Kolmogorov-Smirnov test applies; each is run at the level 0.001 (Bonferroni
+over the weights tested), and a deliberately biased walk must fail it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import kstest
+
+from helpers.polytopes import ExactMarginal, null_basis
+from identifiable.attention import hitrun, mcmc
+
+LEVEL = 1e-3
+CHAINS = 600
+
+
+def _polytope(s: int, d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A raw row a (softmax of random scores) and an orthonormal N of null([T, 1]ᵀ)."""
+    rng = np.random.default_rng(seed)
+    t = rng.standard_normal((s, d))
+    a = np.exp(rng.standard_normal(s))
+    a /= a.sum()
+    basis, _ = np.linalg.qr(np.hstack([t, np.ones((s, 1))]))
+    return a, null_basis(basis)
+
+
+def _poly(a: np.ndarray, null: np.ndarray, weights: np.ndarray | None = None) -> hitrun.Polytopes:
+    raw = torch.tensor(a)[None]
+    w = torch.zeros_like(raw) if weights is None else torch.tensor(weights)[None]
+    return hitrun.Polytopes(
+        raw, torch.tensor(null)[None], torch.ones_like(raw, dtype=torch.bool), w
+    )
+
+
+def _walk(poly: hitrun.Polytopes, steps: int, step=hitrun.step, seed: int = 0) -> np.ndarray:
+    """`[CHAINS, s]` end states of independent chains started at the analytic centre."""
+    gen = torch.Generator().manual_seed(seed)
+    x_c = hitrun.centre(poly)
+    spread = hitrun.rounding(poly, x_c)
+    x = hitrun.starts(spread, x_c, CHAINS, gen)
+    for i in range(steps):
+        x = step(poly, spread, x, gen)
+        if i % hitrun.PROJECT_EVERY == 0:
+            x = hitrun.project(poly, x)
+    return x[0].numpy()
+
+
+def _biased_step(poly, spread, x, gen):
+    """Hit-and-run that lands in the outer fifth of each chord: mass piles up at walls."""
+    u = torch.randn(*x.shape[:2], spread.shape[-1], generator=gen, dtype=x.dtype) @ spread.mT
+    lo, hi = hitrun.chord(x, u)
+    pick = torch.rand(x.shape[:2], generator=gen, dtype=x.dtype)
+    t = torch.where(pick < 0.5, lo * (0.8 + 0.4 * pick), hi * (0.8 + 0.4 * (pick - 0.5)))
+    return torch.addcmul(x, t.unsqueeze(-1), u).clamp_min(0.0)
+
+
+@pytest.mark.parametrize(("s", "d", "seed"), [(4, 2, 0), (5, 2, 1), (6, 2, 2)])
+def test_marginals_match_the_exact_uniform_distribution(s: int, d: int, seed: int) -> None:
+    a, null = _polytope(s, d, seed)
+    k = null.shape[1]
+    assert k == s - d - 1
+    x = _walk(_poly(a, null), 30 * k * k + 60)
+    for j in range(s):
+        cdf = ExactMarginal(a, null, j)
+        result = kstest(x[:, j], cdf)
+        assert result.pvalue > LEVEL / s, (k, j, result)
+
+
+@pytest.mark.parametrize(("s", "d", "seed"), [(5, 2, 1), (6, 2, 2)])
+def test_a_biased_walk_fails_the_test(s: int, d: int, seed: int) -> None:
+    a, null = _polytope(s, d, seed)
+    k = null.shape[1]
+    x = _walk(_poly(a, null), 30 * k * k + 60, step=_biased_step)
+    worst = min(kstest(x[:, j], ExactMarginal(a, null, j)).pvalue for j in range(s))
+    assert worst < LEVEL / s / 100
+
+
+def test_every_state_stays_in_the_polytope() -> None:
+    a, null = _polytope(8, 3, 3)
+    poly = _poly(a, null)
+    x = _walk(poly, 500)
+    assert x.min() >= 0
+    np.testing.assert_allclose(x.sum(-1), 1.0, atol=1e-12)
+    assert np.abs((x - a) @ (np.eye(8) - null @ null.T)).max() < 1e-12
+
+
+def test_the_dirichlet_prior_pulls_towards_the_raw_row() -> None:
+    """On a segment (dim 1) the exact Dirichlet marginal is a 1-D density ∝ Π x_i^{w_i}:
+    the walk's mean matches its numerical integral."""
+    a, null = _polytope(4, 2, 0)
+    weights = 20.0 * a
+    x = _walk(_poly(a, null, weights), 150)
+    cdf = ExactMarginal(a, null, 0)
+    lo, hi = cdf.ends
+    grid = np.linspace(lo, hi, 20001)[1:-1]
+    t = (grid - a[0]) / null[0, 0]
+    pts = a[None] + t[:, None] * null[:, 0][None]
+    logp = (weights * np.log(np.clip(pts, 1e-300, None))).sum(-1)
+    dens = np.exp(logp - logp.max())
+    exact_mean = float((grid * dens).sum() / dens.sum())
+    se = x[:, 0].std() / np.sqrt(CHAINS)
+    assert abs(x[:, 0].mean() - exact_mean) < 4 * se
+    uniform_mean = (lo + hi) / 2
+    assert abs(exact_mean - uniform_mean) > 8 * se  # the prior moved it
+
+
+def test_ess_and_rhat_against_known_chains() -> None:
+    """ESS of independent draws ≈ their number; of an AR(1) chain with ρ = 0.5 it is
+    N (1 − ρ)/(1 + ρ); split-R̂ flags chains that sit at different levels."""
+    g = torch.Generator().manual_seed(0)
+    iid = torch.randn(4, 2000, generator=g, dtype=torch.float64)
+    assert 0.85 * 8000 < float(mcmc.ess(iid)) < 1.15 * 8000
+    e = torch.randn(4, 20000, generator=g, dtype=torch.float64)
+    y = torch.zeros_like(e)
+    for t in range(1, e.shape[1]):
+        y[:, t] = 0.5 * y[:, t - 1] + e[:, t]
+    assert abs(float(mcmc.ess(y)) / (80000 / 3) - 1) < 0.1
+    assert float(mcmc.split_rhat(iid)) < 1.01
+    shifted = iid + torch.tensor([0.0, 0.0, 0.0, 0.5], dtype=torch.float64)[:, None]
+    assert float(mcmc.split_rhat(shifted)) > 1.01
