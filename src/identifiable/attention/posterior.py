@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from identifiable.attention import chains as chain_runs
-from identifiable.attention.checks import check_finite
+from identifiable.attention.checks import check_finite, check_trace
 from identifiable.attention.constrained import constrained_attention
 from identifiable.attention.hitrun import Polytopes
 from identifiable.attention.intervals import IntervalMap, interval_map
@@ -34,6 +34,7 @@ from identifiable.attention.linalg import add_ones, column_basis, head_factors, 
 from identifiable.errors import IdentifiableError, seconds
 from identifiable.models.trace import Trace
 from identifiable.results import Result
+from identifiable.utils.checks import count, indices, number, whole
 from identifiable.utils.progress import task_bar, watching
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -207,12 +208,10 @@ def _check_request(prior: str, alpha: float, samples: int, chains: int, level: f
     for name, value, least in (("samples", samples, 1), ("chains", chains, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise IdentifiableError(f"{name} must be an integer ≥ {least}, got {value!r}")
-    if not (isinstance(level, int | float) and 0 < level < 1):
+    if isinstance(level, bool) or not (isinstance(level, int | float) and 0 < level < 1):
         raise IdentifiableError(f"level must be a number between 0 and 1, got {level!r}")
-    if time_budget is not None and not time_budget > 0:
-        raise IdentifiableError(
-            f"time_budget must be a positive number of seconds, got {time_budget!r}"
-        )
+    if time_budget is not None:
+        number(time_budget, "time_budget", "--time-budget", low_open=True)
 
 
 def attention_posterior(
@@ -256,15 +255,17 @@ def attention_posterior(
     Raises IdentifiableError for an unknown prior, alpha ≤ 0, samples or chains < 1,
     an index out of range, a corrupt trace, or a budget too small for the request.
     """
+    check_trace(trace)
     _check_request(prior, alpha, samples, chains, level, time_budget)
+    seed = count(seed, "seed", "--seed", minimum=0)
     start = time.perf_counter()
-    trace.check_layer(layer)
-    heads = [head] if isinstance(head, int) else list(head)
-    for h in heads:
-        trace.check_head(h)
-    row_list = list(range(trace.n_tokens)) if rows is None else [int(r) for r in rows]
-    for r in row_list:
-        trace.check_row(r)
+    trace.check_layer(whole(layer, "layer", "--layer"))
+    heads = indices([head] if isinstance(head, int) else head, trace.n_heads, "heads", "--head")
+    row_list = (
+        list(range(trace.n_tokens))
+        if rows is None
+        else indices(rows, trace.n_tokens, "rows", "--row")
+    )
     imap = interval_map(trace, layers=[layer], heads=heads, rows=row_list,
                         time_budget=time_budget, progress=False)  # fmt: skip
     eff, con = _references(trace, layer, heads, row_list)
