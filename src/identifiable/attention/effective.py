@@ -32,7 +32,7 @@ from identifiable.attention.outproj import (  # noqa: F401  (re-exported: tests,
     OutProj,
     compute_head_factors,
 )
-from identifiable.attention.preflight import effective_bytes, null_space_bytes
+from identifiable.attention.preflight import check_effective, effective_bytes, null_space_bytes
 from identifiable.attention.routes import layer_dims, project_layer
 from identifiable.errors import IdentifiableError
 from identifiable.models.budget import check_analysis
@@ -305,13 +305,8 @@ def effective_attention(
     if out is not None:
         _check_out(out, shape, dtype, trace)
     copy_raw = chosen != list(range(trace.n_layers)) or head_list is not None
-    check_analysis(
-        effective_bytes(trace, len(chosen), n_h, dtype, out=out is None, raw_copy=copy_raw),
-        memory_budget, "effective_attention", device=device,
-        python="choose fewer layers or heads (layers=, heads=), stream layers with "
-        "iter_effective_attention, or scan per-head statistics with identifiable.scan",
-        cli="shorten the text, or scan per-head statistics with identifiable scan",
-    )  # fmt: skip
+    need = effective_bytes(trace, len(chosen), n_h, dtype, out=out is None, raw_copy=copy_raw)
+    check_effective(need, memory_budget, device)
     w_o = _OutProj(trace, factors, head_list)
     effective = torch.empty(shape, dtype=dtype, device=device) if out is None else out
     rank = torch.empty(len(chosen), n_h, n, dtype=torch.long, device=device)

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from identifiable.models.budget import check_analysis
 from identifiable.models.trace import Trace
 
 _ROW_CHUNK = 256  # causal.py's rows per chunk of products
@@ -127,7 +128,7 @@ def scan_bytes(
         forward  = the forward part of `Model.memory_plan` (host, or `gpu_forward` on CUDA)
         per_head = (4 + s)·n²                       (A in float32, A_eff in s bytes)
         group    = g·per_head + 48·g·n·k + 16·256·n + 64 MiB   (route work, as above)
-                   + 3·4·2^22                        (the statistics' row chunks)
+                   + 3·4·2^20                        (the statistics' row chunks)
                    + 8·H·n·d_v                       (the layer's values)
         host     = 16·kept_maps + 64·T·L·H           (kept maps twice: rows and result)
     """
@@ -135,8 +136,29 @@ def scan_bytes(
     info = model.info
     k = info.head_dim + 1
     per_head = (4 + s) * n * n
-    work = 48 * group * n * k + 16 * _ROW_CHUNK * n + _SLAB_BYTES + 12 * (1 << 22)
+    work = 48 * group * n * k + 16 * _ROW_CHUNK * n + _SLAB_BYTES + 12 * (1 << 20)
     forward = model.memory_plan(n, 1, list(heads), streaming=True).forward
     values = 8 * len(heads) * n * info.head_dim
     host = 16 * kept_maps + 64 * len(layers) * len(heads)
     return ScanBytes(forward, group * per_head + work + values, host, per_head)
+
+
+def check_effective(need: int, memory_budget: int | None, device: torch.device) -> None:
+    """`effective_attention`'s refusal (`effective_bytes` over the budget), in one line."""
+    check_analysis(
+        need, memory_budget, "effective_attention", device=device,
+        python="choose fewer layers or heads (layers=, heads=), stream layers with "
+        "iter_effective_attention, or scan per-head statistics with identifiable.scan",
+        cli="shorten the text, or scan per-head statistics with identifiable scan",
+    )  # fmt: skip
+
+
+def check_intervals(
+    trace: Trace, n_layers: int, n_heads: int, rows: int, processes: int, budget: int | None
+) -> None:
+    """`interval_map`'s refusal (`interval_bytes` over the budget), in one line."""
+    check_analysis(
+        interval_bytes(trace, n_layers, n_heads, rows, processes), budget, "interval_map",
+        python="choose fewer layers, heads or rows (layers=, heads=, rows=)",
+        cli="choose a layer, a head or a row (--layer, --head, --row) or raise --memory-budget",
+    )  # fmt: skip

@@ -59,7 +59,7 @@ STATISTICS: tuple[str, ...] = (
 )
 _STATS_DIMS = ("text", "layer", "head")
 _KEPT_DIMS = ("kept", "query", "key")
-_CHUNK = 1 << 22  # entries of a group's row chunk while its statistics are reduced
+_CHUNK = 1 << 20  # entries of a group's row chunk while its statistics are reduced
 
 
 @dataclass(frozen=True)
@@ -288,15 +288,18 @@ def head_statistics(
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         a, e = raw[:, r0:r1], eff[:, r0:r1]
+        # each chunk's norm in the maps' own precision (no converted copy), summed in acc
+        sq_a += torch.linalg.vector_norm(a, dim=(-2, -1)).to(acc).square()
         d = a.to(e.dtype) - e
-        sq_d += d.square().sum((-2, -1), dtype=acc)
-        sq_a += a.square().sum((-2, -1), dtype=acc)
+        sq_d += torch.linalg.vector_norm(d, dim=(-2, -1)).to(acc).square()
+        del d
+        # A is > 0 on the keys a row sees (a softmax) and 0 elsewhere: its argmax needs no
+        # mask; A_eff may be negative there, so the keys it cannot see are masked
+        top_a = a.argmax(-1)
         rows = torch.arange(r0, r1, device=dev)[:, None]
         hidden = _hidden(rows, keys[None, :], window, causal)
-        if hidden is not None:
-            a, e = a.masked_fill(hidden, -math.inf), e.masked_fill(hidden, -math.inf)
-        same += (a.argmax(-1) == e.argmax(-1)).sum(-1, dtype=acc)
-        del a, e, d
+        top_e = (e if hidden is None else e.masked_fill(hidden, -math.inf)).argmax(-1)
+        same += (top_a == top_e).sum(-1, dtype=acc)
     see_sink = _hidden(keys[:, None], torch.full((1, 1), sink, device=dev), window, causal)
     rows_s = torch.ones(n, 1, dtype=torch.bool, device=dev) if see_sink is None else ~see_sink
     w = rows_s[:, 0].to(acc)

@@ -71,7 +71,8 @@ def scan(
             the scan runs on (CPU, CUDA or MPS).
         texts: a list of texts (or `(a, b)` pairs), a `Corpus` or a `datasets.Dataset`
             (its `column`).
-        layers, heads: the model's layers and query heads to scan (default all).
+        layers: the model's layers to scan (default all).
+        heads: the query heads to scan (default all).
         sink: the key whose attention mass is reported (default 0, the first token).
         keep: `(layer, head)` pairs whose full raw and effective maps are returned for
             every text (`ScanResult.head`); nothing else leaves the device as a map.
@@ -89,7 +90,8 @@ def scan(
         out: a folder to write the result into (`scan.safetensors`, `heads.csv`,
             `summary.json`) and to resume from; needed under `torchrun`, where the ranks
             share its shard cache.
-        resume, force: continue an interrupted scan into `out`, or replace a finished one.
+        resume: continue an interrupted scan into `out`.
+        force: replace a finished scan in `out`.
 
     Under `torchrun`, call it on every rank with the same arguments: the texts are
     shared out across the ranks as `reproduce` shares its shards, rank 0 writes `out`,
@@ -111,23 +113,29 @@ def scan(
     stage = scan_stage(model, encs, plan, previews)
     shown = _shown(progress)
     if out is None:
-        world = join(str(where))
-        if world.distributed:
-            raise IdentifiableError(
-                "under torchrun, scan needs out= (a folder every rank can reach): the ranks "
-                "share their texts' results there",
-                cli="under torchrun, identifiable scan needs --out on a folder every rank reaches",
-            )
-        with progress_bars(shown) as bars:
-            task = bars.add_task(stage.label, total=sum(stage.weights))
-            parts = [
-                stage.compute(shard, k, lambda m: bars.advance(task, m))
-                for k, shard in enumerate(stage.shards)
-            ]
-        return scan_result(concat_reduce(parts), plan, model, all_heads=picked is None)
+        return _run_here(model, stage, plan, where, picked is None, shown)
     settings = _settings(model, items, plan, max_tokens)
     return _run_into(Path(out), model, stage, plan, settings, where, picked is None, resume,
                      force, shown)  # fmt: skip
+
+
+def _run_here(
+    model: Any, stage: Any, plan: ScanPlan, where: torch.device, all_heads: bool, shown: bool
+) -> ScanResult:
+    """The scan in this process, without a folder (refused under torchrun)."""
+    if join(str(where)).distributed:
+        raise IdentifiableError(
+            "under torchrun, scan needs out= (a folder every rank can reach): the ranks "
+            "share their texts' results there",
+            cli="under torchrun, identifiable scan needs --out on a folder every rank reaches",
+        )
+    with progress_bars(shown) as bars:
+        task = bars.add_task(stage.label, total=sum(stage.weights))
+        parts = [
+            stage.compute(shard, k, lambda m: bars.advance(task, m))
+            for k, shard in enumerate(stage.shards)
+        ]
+    return scan_result(concat_reduce(parts), plan, model, all_heads=all_heads)
 
 
 def check_device(model: Any, device: str | torch.device | None) -> torch.device:
