@@ -50,7 +50,25 @@ def workdir(tmp_path_factory: pytest.TempPathFactory, bert_tokenizer) -> Path:
     root = tmp_path_factory.mktemp("scan-dist")
     build_tiny_hf_model("llama", attn_implementation="sdpa").save_pretrained(root / "tiny-llama")
     bert_tokenizer.save_pretrained(root / "tiny-llama")
-    words = "the cat sat on a mat while dogs and birds sang over old rivers in the city".split()
+    words = [
+        "the",
+        "cat",
+        "sat",
+        "on",
+        "a",
+        "mat",
+        "while",
+        "dogs",
+        "and",
+        "birds",
+        "sang",
+        "over",
+        "old",
+        "rivers",
+        "in",
+        "the",
+        "city",
+    ]
     texts = [" ".join(words[(3 * i) % 7 :] + words[: 5 + i]) for i in range(8)]
     (root / "texts.txt").write_text("\n".join(texts) + "\n", "utf-8")
     (root / "scan_texts.py").write_text(SCRIPT, "utf-8")
