@@ -134,7 +134,8 @@ def test_result_manners(models, tmp_path):
     one = result.plot("dim", text=2)
     assert "text 2" in one._suptitle.get_text()
     html = result._repr_html_()
-    assert "ScanResult" in html and "<script" not in html
+    assert "ScanResult" in html and "<script" not in html and "<svg" in html
+    assert "mean null fraction" in html and "does not reach the output" in html
     path = result.save(tmp_path / "scan.safetensors")
     back = ScanResult.load(path)
     assert back.kept == result.kept and back.texts == result.texts
@@ -185,3 +186,73 @@ def test_a_scan_holds_one_group_of_maps_never_the_whole_model(bert_tokenizer):
     # a group's A and A_eff and two row chunks of temporaries: 16 maps' worth of 128
     assert peak < whole / 5, (peak, whole)
     assert peak > group / 2, (peak, group)  # the measure sees the group's maps
+
+
+def _view(device_fn, *, causal: bool, window: int | None, n: int = 40):
+    """A `LayerView` of random query, key and values (4 query heads reading 2 key/value
+    heads, width 4), its tensors passed through `device_fn`."""
+    from identifiable.models.capture import TraceMeta
+    from identifiable.models.encoding import Encoding
+    from identifiable.models.layerscan import LayerView
+    from identifiable.models.recompute import AttentionCall
+
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(1, 4, n, 4, generator=g), torch.randn(1, 2, n, 4, generator=g)
+    values = torch.randn(2, n, 4, generator=g)[[0, 0, 1, 1]]
+    out_proj = torch.randn(1, 4, 4, 12, generator=g)
+    call = AttentionCall(device_fn(q), device_fn(k), None, 0.5, None, window, causal, None)
+    enc = Encoding(torch.arange(n), [f"t{i}" for i in range(n)], 0)
+    return LayerView(
+        2, [0, 1, 2, 3], device_fn(values), device_fn(out_proj), call, window, causal,
+        device_fn(torch.tensor([0, 0, 1, 1])), enc, TraceMeta("m", "llama"), None,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", ["paper", "row-stochastic"])
+@pytest.mark.parametrize(
+    ("causal", "window"), [(True, None), (True, 9), (False, None)], ids=["causal", "window", "enc"]
+)
+def test_a_layer_is_reduced_on_its_device(causal, window, variant):
+    """The scan's per-layer work on the strict stand-in device equals the CPU's: maps
+    filled there, projected, reduced, and a kept head copied back."""
+    from helpers.fakedevice import on_fake_device, to_fake
+    from identifiable.attention.scan import LayerScanner, ScanPlan
+
+    plan = ScanPlan((2,), (0, 1, 2, 3), 3, frozenset({(2, 1)}), variant, torch.float32, 2)
+    kv = torch.tensor([0, 0, 1, 1])
+    cpu = LayerScanner(plan, kv)
+    want = cpu.start()
+    cpu(_view(lambda t: t, causal=causal, window=window), want)
+    dev = LayerScanner(plan, kv)
+    with on_fake_device():
+        got = dev.start()
+        dev(_view(to_fake, causal=causal, window=window), got)
+    torch.testing.assert_close(got.stats, want.stats, atol=1e-12, rtol=0)
+    assert want.stats[0, :, 2].max() > 0.05  # n = 40 > d_v: not identifiable
+    for a, b in zip(got.kept[(2, 1)], want.kept[(2, 1)], strict=True):
+        assert a.device.type == "cpu"
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+
+
+def test_the_stage_hands_over_the_scan_contract(models):
+    """The tables of the scan stage meet `report.tables.ScanStageTables` (a report section
+    reads them through it), and rebuild the same result."""
+    from identifiable.experiments.pipeline import concat_reduce
+    from identifiable.experiments.scan import scan_result, scan_stage
+    from identifiable.report.tables import ScanStageTables
+    from identifiable.runs.scan import encode, make_plan
+
+    model = models["llama-sdpa"]
+    encs = [encode(model, t, None) for t in TEXTS]
+    plan = make_plan(model, encs, [0, 1], [0, 1, 2, 3], 0, frozenset(), "paper",
+                     torch.device("cpu"), None)  # fmt: skip
+    stage = scan_stage(model, encs, plan, ["a", "b", "c"])
+    tables = concat_reduce(
+        [stage.compute(s, k, lambda m: None) for k, s in enumerate(stage.shards)]
+    )
+    contract = ScanStageTables.of({"scan": tables})
+    assert list(contract.heads.columns) == ["text", "layer", "head", *STATISTICS]
+    assert list(contract.texts["text"]) == [0, 1, 2] and contract.kept.empty
+    rebuilt = scan_result(tables, plan, model, all_heads=True)
+    direct = scan(model, TEXTS, progress=False)
+    torch.testing.assert_close(rebuilt.null_fraction, direct.null_fraction, atol=0, rtol=0)

@@ -32,7 +32,10 @@ for an encoder) plus O(n·k²); k = min(n, m).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -234,6 +237,8 @@ def project_prefixes(
     out: Tensor | None = None,
     dtype: torch.dtype = torch.float64,
     block: int | None = None,
+    small: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    rows: int = _ROW_CHUNK,
 ) -> Tensor:
     """Project each row a_i onto col(X[:i+1]); masked keys stay exactly 0.
 
@@ -244,6 +249,9 @@ def project_prefixes(
         out: `[H, n, n]` of `dtype` to write into (default: a new tensor).
         dtype: float64, or float32 for the two n×n products (solves stay float64).
         block: rows per Woodbury block (default k // 2, at least 16).
+        small: a context the small float64 solves run in (the scan's `one_thread` on
+            the CPU); the n×n products run outside it.
+        rows: rows per chunk of the n×n products (fewer, larger kernels for the scan).
     Returns: `out`. Rows whose prefix has full row rank are copied, not rounded.
     """
     n_h, n, _ = a.shape
@@ -257,16 +265,18 @@ def project_prefixes(
         c, rank, group = p.coords[b], p.rank[b], p.group[b]
         s1 = int(p.mean_end[b])
         for h in heads:
-            _group_means(a[h], group.to(a.device), s1, out[h])
+            _group_means(a[h], group.to(a.device), s1, out[h], rows)
         if s1 >= n:
             continue
         k = c.shape[1]
-        solve = _BlockSolve(c, rank, s1, block or max(16, k // 2))
+        with small():
+            solve = _BlockSolve(c, rank, s1, block or max(16, k // 2))
         cw = c.to(a.device, dtype)
         for h in heads:
-            u = _lower_product(a[h], cw, s1).to(exact, torch.float64)  # rows s1.. of A C
-            y = solve(u).to(a.device, dtype)
-            _write_lower(y, cw, s1, out[h])
+            u = _lower_product(a[h], cw, s1, rows).to(exact, torch.float64)  # rows s1.. of A C
+            with small():
+                y = solve(u).to(a.device, dtype)
+            _write_lower(y, cw, s1, out[h], rows)
     return out
 
 
@@ -275,7 +285,7 @@ def project_rows_causal(a: Tensor, p: Prefixes, **kwargs) -> Tensor:
     return project_prefixes(a, p, **kwargs)
 
 
-def _group_means(a: Tensor, group: Tensor, stop: int, out: Tensor) -> None:
+def _group_means(a: Tensor, group: Tensor, stop: int, out: Tensor, rows: int) -> None:
     """Rows 0..stop-1: each weight replaced by the mean weight of its group of equal rows
     (among keys ≤ i); rows before the first repeat are copied."""
     n, dev = a.shape[0], a.device
@@ -288,8 +298,8 @@ def _group_means(a: Tensor, group: Tensor, stop: int, out: Tensor) -> None:
     g = group[:stop]
     onehot = torch.zeros(stop, stop, dtype=out.dtype, device=dev)
     onehot[torch.arange(stop, device=dev), g] = 1.0
-    for s in range(s0, stop, _ROW_CHUNK):
-        e = min(stop, s + _ROW_CHUNK)
+    for s in range(s0, stop, rows):
+        e = min(stop, s + rows)
         blk = a[s:e, :e].to(out.dtype)
         sums = torch.zeros(e - s, stop, dtype=out.dtype, device=dev).index_add_(1, g[:e], blk)
         counts = onehot[:e].cumsum(0)[s:e]  # [e-s, stop]: occurrences of each group ≤ i
@@ -298,23 +308,25 @@ def _group_means(a: Tensor, group: Tensor, stop: int, out: Tensor) -> None:
         out[s:e, e:] = 0
 
 
-def _lower_product(a: Tensor, c: Tensor, start: int) -> Tensor:
+def _lower_product(a: Tensor, c: Tensor, start: int, rows: int) -> Tensor:
     """`[n - start, k]` rows start.. of A C, reading only A's lower triangle."""
     n = a.shape[0]
     u = torch.empty(n - start, c.shape[1], dtype=c.dtype, device=c.device)
-    for s in range(start, n, _ROW_CHUNK):
-        e = min(n, s + _ROW_CHUNK)
+    for s in range(start, n, rows):
+        e = min(n, s + rows)
         torch.matmul(a[s:e, :e].to(c.dtype), c[:e], out=u[s - start : e - start])
     return u
 
 
-def _write_lower(y: Tensor, c: Tensor, start: int, out: Tensor) -> None:
-    """out[i] = tril(y_i Cᵀ) for rows start.., zero above the diagonal."""
+def _write_lower(y: Tensor, c: Tensor, start: int, out: Tensor, rows: int) -> None:
+    """out[i] = tril(y_i Cᵀ) for rows start.., zero above the diagonal (each chunk's
+    product written into `out` itself and cut there: no temporary)."""
     n = out.shape[0]
-    for s in range(start, n, _ROW_CHUNK):
-        e = min(n, s + _ROW_CHUNK)
-        blk = y[s - start : e - start] @ c[:e].T
-        out[s:e, :e] = torch.tril(blk, diagonal=s)
+    for s in range(start, n, rows):
+        e = min(n, s + rows)
+        block = out[s:e, :e]
+        torch.matmul(y[s - start : e - start], c[:e].T, out=block)
+        block.tril_(s)
         out[s:e, e:] = 0
 
 

@@ -127,8 +127,8 @@ def scan_bytes(
 
         forward  = the forward part of `Model.memory_plan` (host, or `gpu_forward` on CUDA)
         per_head = (4 + s)·n²                       (A in float32, A_eff in s bytes)
-        group    = g·per_head + 48·g·n·k + 16·256·n + 64 MiB   (route work, as above)
-                   + 3·4·2^20                        (the statistics' row chunks)
+        group    = g·per_head + 48·g·n·k + 64 MiB    (route work, as above)
+                   + 8·4·2^22                        (row chunks: filling, products, statistics)
                    + 8·H·n·d_v                       (the layer's values)
         host     = 16·kept_maps + 64·T·L·H           (kept maps twice: rows and result)
     """
@@ -136,7 +136,7 @@ def scan_bytes(
     info = model.info
     k = info.head_dim + 1
     per_head = (4 + s) * n * n
-    work = 48 * group * n * k + 16 * _ROW_CHUNK * n + _SLAB_BYTES + 12 * (1 << 20)
+    work = 48 * group * n * k + _SLAB_BYTES + 32 * (1 << 22)
     forward = model.memory_plan(n, 1, list(heads), streaming=True).forward
     values = 8 * len(heads) * n * info.head_dim
     host = 16 * kept_maps + 64 * len(layers) * len(heads)

@@ -12,6 +12,8 @@ and their rows are copied back (docs/definitions.md#devices).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -41,10 +43,13 @@ def project_layer(
     out: Tensor,
     dtype: torch.dtype,
     layer: int,
+    small: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    rows: int | None = None,
 ) -> None:
     """Write A_eff of one layer's heads `raw` `[H, n, n_k]` into `out` (same shape and
     device, of `dtype`), with the route data `bases` of `layer_dims` and its dims
-    (`dim`, `dim_stochastic`, `[H, n]`)."""
+    (`dim`, `dim_stochastic`, `[H, n]`); `small`, `rows`: the context of the causal
+    route's small float64 solves and its rows per chunk (`causal.project_prefixes`)."""
     route, data = bases
     if route in ("windows", "keysets"):
         check_finite(raw, "attention", layer=layer)
@@ -61,7 +66,9 @@ def project_layer(
     elif route == "causal":
         check_finite(raw, "attention", layer=layer)
         p, pa, owner = data
-        project_prefixes(raw, p if variant == "paper" else pa, owner=owner, out=out, dtype=dtype)
+        chosen = p if variant == "paper" else pa
+        chunk = {} if rows is None else {"rows": rows}
+        project_prefixes(raw, chosen, owner=owner, out=out, dtype=dtype, small=small, **chunk)
     else:
         q, w = data
         if w is None and variant != "paper":

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ from identifiable.attention.routes import layer_dims, project_layer
 from identifiable.errors import IdentifiableError
 from identifiable.results import Result
 from identifiable.utils.precision import exact_device, has_float64
+from identifiable.utils.threads import one_thread
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from matplotlib.figure import Figure
@@ -59,7 +61,9 @@ STATISTICS: tuple[str, ...] = (
 )
 _STATS_DIMS = ("text", "layer", "head")
 _KEPT_DIMS = ("kept", "query", "key")
-_CHUNK = 1 << 20  # entries of a group's row chunk while its statistics are reduced
+# entries of a row chunk of the n×n work (statistics of a group; products of one head):
+# fewer, larger kernels than effective_attention's, as `models.layerscan.FILL_CHUNK`
+_CHUNK = 1 << 21
 
 
 @dataclass(frozen=True)
@@ -233,10 +237,16 @@ class LayerScanner:
         for slots in self.groups:
             trace = view.trace(slots)
             sel = HeadFactors(*(f[slots][None] for f in factors))
-            rank, dim, dim_s, bases = layer_dims(trace, 0, OutProj(trace, sel), None)
+            # small float64 factorisations and solves: on a shared CPU a second thread
+            # waits on a descheduled peer at every kernel (utils.threads.one_thread)
+            small = one_thread if factors[0].device.type == "cpu" else nullcontext
+            with small():
+                rank, dim, dim_s, bases = layer_dims(trace, 0, OutProj(trace, sel), None)
             raw = trace.attentions[0]
             eff = torch.empty(raw.shape, dtype=plan.dtype, device=raw.device)
-            project_layer(raw, plan.variant, bases, (dim, dim_s), eff, plan.dtype, view.layer)
+            rows = max(256, _CHUNK // raw.shape[-1])
+            project_layer(raw, plan.variant, bases, (dim, dim_s), eff, plan.dtype, view.layer,
+                          small, rows)  # fmt: skip
             del bases
             dims = dim if plan.variant == "paper" else dim_s
             into.stats[li, slots] = head_statistics(raw, eff, dims, plan.sink, view.window,
@@ -288,17 +298,24 @@ def head_statistics(
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         a, e = raw[:, r0:r1], eff[:, r0:r1]
-        # each chunk's norm in the maps' own precision (no converted copy), summed in acc
-        sq_a += torch.linalg.vector_norm(a, dim=(-2, -1)).to(acc).square()
+        # each row's norm in the maps' own precision (no converted copy), rows summed in acc
+        sq_a += torch.linalg.vector_norm(a, dim=-1).to(acc).square().sum(-1)
         d = a.to(e.dtype) - e
-        sq_d += torch.linalg.vector_norm(d, dim=(-2, -1)).to(acc).square()
+        sq_d += torch.linalg.vector_norm(d, dim=-1).to(acc).square().sum(-1)
         del d
-        # A is > 0 on the keys a row sees (a softmax) and 0 elsewhere: its argmax needs no
-        # mask; A_eff may be negative there, so the keys it cannot see are masked
-        top_a = a.argmax(-1)
-        rows = torch.arange(r0, r1, device=dev)[:, None]
-        hidden = _hidden(rows, keys[None, :], window, causal)
-        top_e = (e if hidden is None else e.masked_fill(hidden, -math.inf)).argmax(-1)
+        # A is > 0 on the keys a row sees (a softmax) and 0 elsewhere, and A_eff is 0
+        # where a row cannot see: an argmax over the whole row is the row's top key,
+        # except where A_eff's largest weight is ≤ 0 (then a hidden 0 may win): those
+        # rows are taken again with the hidden keys masked
+        top_a = a.max(-1).indices  # max's indices: the same key as argmax, at less cost here
+        top_v, top_e = e.max(-1)
+        bad = (top_v <= 0).nonzero() if causal or window is not None else None
+        if bad is not None and bad.numel():
+            g_i, r_i = bad[:, 0], bad[:, 1]
+            rows = (r0 + r_i)[:, None]
+            hidden = _hidden(rows, keys[None, :], window, causal)
+            assert hidden is not None
+            top_e[g_i, r_i] = e[g_i, r_i].masked_fill(hidden, -math.inf).argmax(-1)
         same += (top_a == top_e).sum(-1, dtype=acc)
     see_sink = _hidden(keys[:, None], torch.full((1, 1), sink, device=dev), window, causal)
     rows_s = torch.ones(n, 1, dtype=torch.bool, device=dev) if see_sink is None else ~see_sink

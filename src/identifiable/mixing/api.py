@@ -182,8 +182,9 @@ def context_mixing(
         progress: a status line while it computes (None: when a person watches; in a
             log, one line once it has taken 3 s).
         memory_budget: bytes the method's maps may use (default: the memory free now):
-            32·L·n² (the layer maps and their rollout in float64, and the result's
-            copies), checked before the model runs; for "hta" also its chunk budget.
+            4·L·H·n² (the trace's maps) + 32·L·n² (the layer maps and their rollout in
+            float64, and the result's copies), checked before the model runs; for "hta"
+            also its chunk budget.
         **options: the method's options (`METHODS[method].defaults`), e.g.
             `residual_weight=0.5` for rollout, `second_norm=False` for globenc,
             `probes=32` for hta. Unknown options are an error.
@@ -204,9 +205,11 @@ def context_mixing(
     start = time.perf_counter()
     inputs = _Inputs(model, text, truncate, spec.needs_blocks)
     n = len(inputs.encoding)
+    info = model.info
     check_analysis(
-        32 * model.info.n_layers * n * n, memory_budget, f"context mixing by {method}",
-        python="shorten the text", cli="shorten the text or raise --memory-budget",
+        4 * info.n_layers * n * n * (info.n_heads + 8), memory_budget,
+        f"context mixing by {method}", python="shorten the text",
+        cli="shorten the text or raise --memory-budget",
     )  # fmt: skip
     shown = watching() if progress is None else bool(progress)
     with status(f"context mixing by {method} …", enabled=shown):

@@ -31,6 +31,10 @@ from identifiable.models.stack import AttentionStack, Captured, Tap
 from identifiable.models.trace import Trace
 
 _TAPS: tuple[Tap, ...] = ("e", "maps", "output")
+# scores per row chunk while maps are filled: 2× `Model.trace`'s, so that a scan runs
+# fewer, larger kernels (on a shared CPU each costs a wait on the other thread), while a
+# causal map's chunks still skip most keys after their last row
+FILL_CHUNK = 1 << 21
 
 
 class _Done(Exception):
@@ -108,7 +112,7 @@ class LayerView:
         traces' dtype (eager maps checked to be 0 outside the layer's key mask)."""
         n = self.n
         out = torch.empty(len(slots), n, n, dtype=self.values.dtype, device=self.device)
-        fill_maps(self.source, 0, [self.heads[s] for s in slots], n, n, out)
+        fill_maps(self.source, 0, [self.heads[s] for s in slots], n, n, out, FILL_CHUNK)
         if not isinstance(self.source, AttentionCall):  # recomputed maps are masked by build
             mask = self.key_mask()
             if mask is None and self.causal:
@@ -170,6 +174,8 @@ def scan_layers(
     values: dict[int, torch.Tensor] = {}
     sources: dict[int, Captured] = {}
     kv = stack.kv_head_of[weights.heads]
+    # all heads: E·W_V once per key/value head, repeated for its query heads
+    every = None if weights.heads == list(range(stack.n_heads)) else weights.heads
 
     def sink(tap: Tap, layer: int, x: Captured) -> None:
         if layer not in calls[tap]:
@@ -177,7 +183,7 @@ def scan_layers(
         calls[tap][layer] += 1
         if tap == "e":
             assert isinstance(x, torch.Tensor)
-            v = stack.values(layer, x, weights.heads)[0]  # [H_sel, n, d_v]
+            v = stack.values(layer, x, every)[0]  # [H_sel, n, d_v]
             values[layer] = v.double() if x.dtype == torch.float64 else v.float()
         elif tap == "maps":
             sources[layer] = x

@@ -69,8 +69,8 @@ def scan(
     Args:
         model: an `identifiable.models.Model` (`identifiable.load_model`), on the device
             the scan runs on (CPU, CUDA or MPS).
-        texts: a list of texts (or `(a, b)` pairs), a `Corpus` or a `datasets.Dataset`
-            (its `column`).
+        texts: a list of texts (or `(a, b)` pairs, or token ids as 1-D integer tensors,
+            used as given), a `Corpus` or a `datasets.Dataset` (its `column`).
         layers: the model's layers to scan (default all).
         heads: the query heads to scan (default all).
         sink: the key whose attention mass is reported (default 0, the first token).
@@ -176,6 +176,8 @@ def scan_items(texts: Any, column: str) -> list[Any]:
     if not items:
         raise IdentifiableError("texts= is empty: give at least one text")
     for number, item in enumerate(items, start=1):
+        if _token_ids(item):
+            continue
         parts = item if isinstance(item, tuple | list) and len(item) == 2 else (item,)
         for text in parts:
             if not isinstance(text, str):
@@ -184,6 +186,11 @@ def scan_items(texts: Any, column: str) -> list[Any]:
                 )
             check_unicode(text, f"text {number}")
     return [tuple(x) if isinstance(x, list) else x for x in items]
+
+
+def _token_ids(item: Any) -> bool:
+    """Token ids made by the caller (a 1-D integer tensor), scanned as given."""
+    return isinstance(item, torch.Tensor) and item.dim() == 1 and not item.is_floating_point()
 
 
 def encode(model: Any, item: Any, max_tokens: int | None) -> Any:
@@ -244,6 +251,8 @@ def make_plan(
 
 
 def _preview(item: Any) -> str:
+    if _token_ids(item):
+        return f"[{item.numel()} token ids]"
     text = item if isinstance(item, str) else " | ".join(item)
     return text[:PREVIEW]
 
@@ -255,7 +264,8 @@ def _shown(progress: bool | None) -> bool:
 
 
 def _settings(model: Any, items: list[Any], plan: ScanPlan, max_tokens: int | None) -> dict:
-    digest = hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()[:16]
+    plain = [x.tolist() if _token_ids(x) else x for x in items]
+    digest = hashlib.sha256(json.dumps(plain, ensure_ascii=False).encode()).hexdigest()[:16]
     return {
         "model": model.info.name,
         "model_fingerprint": model.fingerprint,
