@@ -256,3 +256,26 @@ def test_the_stage_hands_over_the_scan_contract(models):
     rebuilt = scan_result(tables, plan, model, all_heads=True)
     direct = scan(model, TEXTS, progress=False)
     torch.testing.assert_close(rebuilt.null_fraction, direct.null_fraction, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["llama-sdpa", "gemma2-eager"])
+def test_the_sink_columns_are_sink_mass(models, name):
+    """One reduction behind both (`attention.sinks.key_mass`): the scan's sink columns at
+    key 0 equal `sink_mass` of the trace, causal rows and sliding windows alike."""
+    from identifiable.attention import sink_mass
+
+    model = models[name]
+    result = scan(model, TEXTS[:2], progress=False)
+    for t, text in enumerate(TEXTS[:2]):
+        sm = sink_mass(model.trace(text))
+        torch.testing.assert_close(result.sink_raw[t], sm.raw, atol=1e-6, rtol=0)
+        torch.testing.assert_close(result.sink_effective[t], sm.effective, atol=1e-5, rtol=0)
+    assert result.sink_raw.max() > result.sink_raw.min()  # heads differ: not a constant
+
+
+def test_a_device_the_model_is_not_on_is_refused(models):
+    from identifiable.errors import IdentifiableError
+
+    with pytest.raises(IdentifiableError, match=r"the model is on cpu, not on meta") as err:
+        scan(models["llama-sdpa"], TEXTS, device="meta", progress=False)
+    assert "\n" not in str(err.value) and "--device cpu" in err.value.for_cli()

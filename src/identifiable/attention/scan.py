@@ -39,6 +39,7 @@ from identifiable.attention.effective import EffectiveAttention, NullSpace
 from identifiable.attention.linalg import head_factors
 from identifiable.attention.outproj import HeadFactors, OutProj
 from identifiable.attention.routes import layer_dims, project_layer
+from identifiable.attention.sinks import key_mass
 from identifiable.errors import IdentifiableError
 from identifiable.results import Result
 from identifiable.utils.precision import exact_device, has_float64
@@ -317,16 +318,15 @@ def head_statistics(
             assert hidden is not None
             top_e[g_i, r_i] = e[g_i, r_i].masked_fill(hidden, -math.inf).argmax(-1)
         same += (top_a == top_e).sum(-1, dtype=acc)
-    see_sink = _hidden(keys[:, None], torch.full((1, 1), sink, device=dev), window, causal)
-    rows_s = torch.ones(n, 1, dtype=torch.bool, device=dev) if see_sink is None else ~see_sink
-    w = rows_s[:, 0].to(acc)
-    count = w.sum().clamp_min(1)
+    hide_sink = _hidden(keys[:, None], torch.full((1, 1), sink, device=dev), window, causal)
+    seen = torch.ones(n, dtype=torch.bool, device=dev) if hide_sink is None else ~hide_sink[:, 0]
+    sink_raw, sink_eff = key_mass(raw, eff, sink, seen)
     out = torch.empty(g, len(STATISTICS), dtype=torch.float64)
     out[:, 0] = n
     out[:, 1] = torch.quantile(dims.to(torch.float64), 0.5, dim=-1).cpu()
     out[:, 2] = (sq_d / sq_a.clamp_min(torch.finfo(acc).tiny)).sqrt().cpu().double()
-    out[:, 3] = ((raw[:, :, sink].to(acc) * w).sum(-1) / count).cpu().double()
-    out[:, 4] = ((eff[:, :, sink].to(acc) * w).sum(-1) / count).cpu().double()
+    out[:, 3] = sink_raw.cpu().double()
+    out[:, 4] = sink_eff.cpu().double()
     out[:, 5] = raw.diagonal(dim1=-2, dim2=-1).sum(-1, dtype=acc).cpu().double() / n
     out[:, 6] = eff.diagonal(dim1=-2, dim2=-1).sum(-1, dtype=acc).cpu().double() / n
     out[:, 7] = same.cpu().double() / n
