@@ -57,7 +57,7 @@ def test_scan_writes_its_result_table_and_summary(model_dir, tmp_path, capsys):
         (["--keep", "1-2"], "--keep takes LAYER:HEAD pairs"),
         (["--device", "cuda"], "device 'cuda' is not available"),
         (["--memory-budget", "1"], "--memory-budget"),
-        (["--layers", "7"], "--layers holds 7, out of range"),
+        (["--layers", "7"], "--layers 7 is out of range"),
         (["--variant", "other"], "unknown variant"),
     ],
 )

@@ -296,12 +296,9 @@ def interval_map(
             causal head; unused for a bidirectional head of 8 rows or more, which runs
             one chain per key).
         progress: a bar of the rows solved on stderr (lines in a log); None: only when a
-            person is watching (a terminal or Jupyter).
-        memory_budget: bytes the map may use (default: the memory free now); a map over
-            it is refused before any work (`preflight.interval_bytes`).
-    Raises: IdentifiableError for out-of-range, repeated or empty indices, counts that
-        are not whole numbers ≥ 1 (the CLI's rules for --workers, --threads, --row), a
-        corrupt trace (naming layer and head) or a budget that is too small.
+            person is watching. memory_budget: bytes the map may use (default: the memory
+            free now), checked before any work (`preflight.interval_bytes`).
+    Raises: IdentifiableError: bad indices or counts, a corrupt trace, a budget too small.
     """
     layers, heads = check_selection(trace, layers, heads)
     workers, threads, row_list = _check_map_request(
