@@ -21,6 +21,7 @@ METHOD_PAGES = [
     ("Certified attention", "certified_attention.md"),
     ("Attention posterior", "posterior.md"),
     ("Context mixing", "mixing.md"),
+    ("Whole-model scans", "scan.md"),
 ]
 SKIP_DIRS = {"_hooks"}
 

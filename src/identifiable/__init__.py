@@ -46,6 +46,9 @@ _EXPORTS: dict[str, str] = {
     "IntervalMap": "identifiable.attention",
     "SinkMass": "identifiable.attention",
     "AttentionPosterior": "identifiable.attention",
+    # whole-model scans
+    "scan": "identifiable.runs.scan",
+    "ScanResult": "identifiable.attention",
     # token identifiability (Sec. 4)
     "token_identifiability": "identifiable.experiments.tokens",
     "TokenIdentifiabilityResult": "identifiable.experiments.tokens",

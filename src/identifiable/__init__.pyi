@@ -24,6 +24,7 @@ from identifiable.attention import (
     EffectiveAttention as EffectiveAttention,
     IntervalMap as IntervalMap,
     NullSpace as NullSpace,
+    ScanResult as ScanResult,
     SinkMass as SinkMass,
     Witness as Witness,
     attention_intervals as attention_intervals,
@@ -95,6 +96,9 @@ from identifiable.runs.reproduce import (
     Reproduction as Reproduction,
     reproduce as reproduce,
 )
+from identifiable.runs.scan import (
+    scan as scan,
+)
 from identifiable.tokens import (
     ProbeConfig as ProbeConfig,
 )
@@ -162,6 +166,8 @@ __all__ = [
     "IntervalMap",
     "SinkMass",
     "AttentionPosterior",
+    "scan",
+    "ScanResult",
     "token_identifiability",
     "TokenIdentifiabilityResult",
     "ProbeConfig",

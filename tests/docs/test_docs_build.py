@@ -48,7 +48,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True,
         text=True,
         timeout=300,
-        env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin", "HOME": str(out)},
+        # the checkout's own source (a worktree's PYTHONPATH), not the editable install's
+        env={
+            "NO_MKDOCS_2_WARNING": "1",
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(out),
+            "PYTHONPATH": str(ROOT / "src"),
+        },
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out

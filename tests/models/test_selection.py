@@ -72,9 +72,9 @@ def test_nothing_outside_the_selection_is_computed(models, monkeypatch):
     filled: list[tuple[int, ...]] = []
     fill = recompute.AttentionCall.fill
 
-    def spy(self, b, heads, n, n_k, out):
+    def spy(self, b, heads, n, n_k, out, *chunk):
         filled.append(tuple(heads) if heads is not None else ("all",))
-        return fill(self, b, heads, n, n_k, out)
+        return fill(self, b, heads, n, n_k, out, *chunk)
 
     monkeypatch.setattr(recompute.AttentionCall, "fill", spy)
     runs: list[int] = []

@@ -6,6 +6,8 @@ Trace-level entry points (definitions in docs/definitions.md):
   the trace's precision (`result_dtype`); `iter_effective_attention` streams one layer
   at a time.
 - `sink_mass(trace)`: raw and effective attention on the first token per layer and head.
+- `ScanResult`: per-head statistics of `identifiable.scan` (a whole model over many
+  texts, on its device; the analysis is `scan`).
 - `witness(trace, layer, head, row)`, `attention_intervals(...)`: certificates
   that a row's weights are not determined by the head's output.
 The linear algebra on plain tensors lives in `linalg`, `causal` and `certificates`;
@@ -36,6 +38,7 @@ from identifiable.attention.intervals import (
     witness,
 )
 from identifiable.attention.posterior import AttentionPosterior, attention_posterior
+from identifiable.attention.scan import ScanResult
 from identifiable.attention.sinks import SinkMass, sink_mass
 
 __all__ = [
@@ -48,6 +51,7 @@ __all__ = [
     "IntervalMap",
     "LayerEffective",
     "NullSpace",
+    "ScanResult",
     "SinkMass",
     "Variant",
     "Witness",

@@ -32,7 +32,10 @@ for an encoder) plus O(n·k²); k = min(n, m).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -79,13 +82,14 @@ def prefixes(x: Tensor, scale: Tensor) -> Prefixes:
     bsz, n, m = x.shape
     k = min(n, m)
     tol = rank_tolerance(scale, n, m)
-    rows = torch.arange(n, device=x.device)
+    dev = x.device
+    rows = torch.arange(n, device=dev)
     coords = x.new_zeros(bsz, n, k)
-    rank = torch.minimum(rows + 1, torch.tensor(k)).expand(bsz, n).clone()
+    rank = (rows + 1).clamp(max=k).expand(bsz, n).clone()
     group = rows.expand(bsz, n).clone()
-    mean_end = torch.full((bsz,), k, dtype=torch.long)
-    pivot_min = torch.full((bsz,), float("inf"), dtype=torch.float64)
-    dependent_max = torch.zeros(bsz, dtype=torch.float64)
+    mean_end = torch.full((bsz,), k, dtype=torch.long, device=dev)
+    pivot_min = torch.full((bsz,), float("inf"), dtype=torch.float64, device=dev)
+    dependent_max = torch.zeros(bsz, dtype=torch.float64, device=dev)
     if k == 0:
         return Prefixes(coords, rank * 0, group, mean_end * 0, pivot_min, dependent_max, tol)
     _, r = torch.linalg.qr(x.transpose(-1, -2))  # r: [B, k, n]
@@ -142,22 +146,23 @@ def first_occurrence(x: Tensor) -> Tensor:
 def _slow_prefix(x: Tensor, tol: float, k: int) -> tuple:
     """One head whose first k rows are not independent: merge duplicates, find pivots."""
     n, m = x.shape
+    dev = x.device
     group = first_occurrence(x)
-    firsts = torch.nonzero(group == torch.arange(n)).flatten()  # distinct rows, in order
+    firsts = torch.nonzero(group == torch.arange(n, device=dev)).flatten()  # distinct, in order
     d = x[firsts]
     q, r = torch.linalg.qr(d.T)  # q: [m, k_u], r: [k_u, n_u]
     k_u = min(m, firsts.numel())
     diag = torch.diagonal(r).abs()
     dependent_max = 0.0
     norms = torch.linalg.vector_norm(d[:k_u], dim=-1)[None]
-    floor = _floor(diag[None], norms, _smax(x), torch.tensor([tol]), m)
+    floor = _floor(diag[None], norms, _smax(x), x.new_full((1,), tol), m)
     if bool((diag > floor[0]).all()):  # the usual case: only duplicates were dependent
         basis, piv = q, firsts[:k_u]
         pivot_min = float(diag.min()) if k_u else float("inf")
         first_dependent = int(firsts[k_u]) if firsts.numel() > k_u else n
     else:
         basis, piv, pivot_min, dependent_max, first_dependent = _scan_pivots(d, firsts, tol, n)
-    is_pivot = torch.zeros(n, dtype=torch.bool)
+    is_pivot = torch.zeros(n, dtype=torch.bool, device=dev)
     is_pivot[piv] = True
     rank = torch.cumsum(is_pivot.long(), 0)
     coords = x.new_zeros(n, k)
@@ -165,7 +170,7 @@ def _slow_prefix(x: Tensor, tol: float, k: int) -> tuple:
     coords[:, :r_total] = x @ basis
     # Drop sub-tolerance components outside each row's own prefix span (what the rank
     # decision means; it makes the coordinates echelon), and make equal rows equal.
-    coords *= torch.arange(k)[None, :] < rank[:, None]
+    coords *= torch.arange(k, device=dev)[None, :] < rank[:, None]
     coords = coords[group]
     return coords, rank, group, first_dependent, pivot_min, dependent_max
 
@@ -179,7 +184,7 @@ def _scan_pivots(d: Tensor, firsts: Tensor, tol: float, n: int) -> tuple:
     smax = float(torch.linalg.matrix_norm(d, ord=2))
     basis = d.new_zeros(m, 0)
     pivots: list[Tensor] = []
-    cand = torch.arange(d.shape[0])
+    cand = torch.arange(d.shape[0], device=d.device)
     pivot_min, dependent_max, first_dependent = float("inf"), 0.0, n
     while cand.numel() and basis.shape[1] < m:
         res = d[cand]
@@ -197,8 +202,9 @@ def _scan_pivots(d: Tensor, firsts: Tensor, tol: float, n: int) -> tuple:
         width = min(m - basis.shape[1], cand.numel())
         q, r = torch.linalg.qr(res[:width].T)
         diag = torch.diagonal(r).abs()
-        low = _floor(diag[None], torch.linalg.vector_norm(d[cand[:width]], dim=-1)[None],
-                     torch.tensor([smax]), torch.tensor([tol]), m, start=pivot_min)  # fmt: skip
+        norm = torch.linalg.vector_norm(d[cand[:width]], dim=-1)[None]
+        low = _floor(diag[None], norm, d.new_full((1,), smax), d.new_full((1,), tol), m,
+                     start=pivot_min)  # fmt: skip
         bad = torch.nonzero(diag <= low[0]).flatten()
         take = int(bad[0]) if bad.numel() else width
         new = q[:, :take]
@@ -231,6 +237,8 @@ def project_prefixes(
     out: Tensor | None = None,
     dtype: torch.dtype = torch.float64,
     block: int | None = None,
+    small: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    rows: int = _ROW_CHUNK,
 ) -> Tensor:
     """Project each row a_i onto col(X[:i+1]); masked keys stay exactly 0.
 
@@ -241,11 +249,15 @@ def project_prefixes(
         out: `[H, n, n]` of `dtype` to write into (default: a new tensor).
         dtype: float64, or float32 for the two n×n products (solves stay float64).
         block: rows per Woodbury block (default k // 2, at least 16).
+        small: a context the small float64 solves run in (the scan's `one_thread` on
+            the CPU); the n×n products run outside it.
+        rows: rows per chunk of the n×n products (fewer, larger kernels for the scan).
     Returns: `out`. Rows whose prefix has full row rank are copied, not rounded.
     """
     n_h, n, _ = a.shape
-    owner = torch.arange(n_h) if owner is None else owner
-    out = torch.empty(a.shape, dtype=dtype) if out is None else out
+    owner = torch.arange(n_h, device=p.coords.device) if owner is None else owner
+    out = torch.empty(a.shape, dtype=dtype, device=a.device) if out is None else out
+    exact = p.coords.device  # float64 solves; a device without float64 leaves them here
     for b in range(p.coords.shape[0]):
         heads = torch.nonzero(owner == b).flatten().tolist()
         if not heads:
@@ -253,16 +265,18 @@ def project_prefixes(
         c, rank, group = p.coords[b], p.rank[b], p.group[b]
         s1 = int(p.mean_end[b])
         for h in heads:
-            _group_means(a[h], group, s1, out[h])
+            _group_means(a[h], group.to(a.device), s1, out[h], rows)
         if s1 >= n:
             continue
         k = c.shape[1]
-        solve = _BlockSolve(c, rank, s1, block or max(16, k // 2))
-        cw = c.to(dtype)
+        with small():
+            solve = _BlockSolve(c, rank, s1, block or max(16, k // 2))
+        cw = c.to(a.device, dtype)
         for h in heads:
-            u = _lower_product(a[h], cw, s1).double()  # rows s1.. of A C
-            y = solve(u).to(dtype)
-            _write_lower(y, cw, s1, out[h])
+            u = _lower_product(a[h], cw, s1, rows).to(exact, torch.float64)  # rows s1.. of A C
+            with small():
+                y = solve(u).to(a.device, dtype)
+            _write_lower(y, cw, s1, out[h], rows)
     return out
 
 
@@ -271,46 +285,48 @@ def project_rows_causal(a: Tensor, p: Prefixes, **kwargs) -> Tensor:
     return project_prefixes(a, p, **kwargs)
 
 
-def _group_means(a: Tensor, group: Tensor, stop: int, out: Tensor) -> None:
+def _group_means(a: Tensor, group: Tensor, stop: int, out: Tensor, rows: int) -> None:
     """Rows 0..stop-1: each weight replaced by the mean weight of its group of equal rows
     (among keys ≤ i); rows before the first repeat are copied."""
-    n = a.shape[0]
+    n, dev = a.shape[0], a.device
     if stop <= 0:
         return
-    repeats = torch.nonzero(group[:stop] != torch.arange(stop)).flatten()
+    repeats = torch.nonzero(group[:stop] != torch.arange(stop, device=dev)).flatten()
     s0 = int(repeats[0]) if repeats.numel() else stop
     out[:s0] = a[:s0]
     out[:s0, s0:] = 0 if s0 < n else out[:s0, s0:]
     g = group[:stop]
-    onehot = torch.zeros(stop, stop, dtype=out.dtype)
-    onehot[torch.arange(stop), g] = 1.0
-    for s in range(s0, stop, _ROW_CHUNK):
-        e = min(stop, s + _ROW_CHUNK)
+    onehot = torch.zeros(stop, stop, dtype=out.dtype, device=dev)
+    onehot[torch.arange(stop, device=dev), g] = 1.0
+    for s in range(s0, stop, rows):
+        e = min(stop, s + rows)
         blk = a[s:e, :e].to(out.dtype)
-        sums = torch.zeros(e - s, stop, dtype=out.dtype).index_add_(1, g[:e], blk)
+        sums = torch.zeros(e - s, stop, dtype=out.dtype, device=dev).index_add_(1, g[:e], blk)
         counts = onehot[:e].cumsum(0)[s:e]  # [e-s, stop]: occurrences of each group ≤ i
         mean = sums.gather(1, g[:e].expand(e - s, e)) / counts.gather(1, g[:e].expand(e - s, e))
         out[s:e, :e] = torch.tril(mean, diagonal=s)
         out[s:e, e:] = 0
 
 
-def _lower_product(a: Tensor, c: Tensor, start: int) -> Tensor:
+def _lower_product(a: Tensor, c: Tensor, start: int, rows: int) -> Tensor:
     """`[n - start, k]` rows start.. of A C, reading only A's lower triangle."""
     n = a.shape[0]
-    u = torch.empty(n - start, c.shape[1], dtype=c.dtype)
-    for s in range(start, n, _ROW_CHUNK):
-        e = min(n, s + _ROW_CHUNK)
+    u = torch.empty(n - start, c.shape[1], dtype=c.dtype, device=c.device)
+    for s in range(start, n, rows):
+        e = min(n, s + rows)
         torch.matmul(a[s:e, :e].to(c.dtype), c[:e], out=u[s - start : e - start])
     return u
 
 
-def _write_lower(y: Tensor, c: Tensor, start: int, out: Tensor) -> None:
-    """out[i] = tril(y_i Cᵀ) for rows start.., zero above the diagonal."""
+def _write_lower(y: Tensor, c: Tensor, start: int, out: Tensor, rows: int) -> None:
+    """out[i] = tril(y_i Cᵀ) for rows start.., zero above the diagonal (each chunk's
+    product written into `out` itself and cut there: no temporary)."""
     n = out.shape[0]
-    for s in range(start, n, _ROW_CHUNK):
-        e = min(n, s + _ROW_CHUNK)
-        blk = y[s - start : e - start] @ c[:e].T
-        out[s:e, :e] = torch.tril(blk, diagonal=s)
+    for s in range(start, n, rows):
+        e = min(n, s + rows)
+        block = out[s:e, :e]
+        torch.matmul(y[s - start : e - start], c[:e].T, out=block)
+        block.tril_(s)
         out[s:e, e:] = 0
 
 
@@ -327,17 +343,18 @@ class _BlockSolve:
 
     def __init__(self, c: Tensor, rank: Tensor, start: int, size: int) -> None:
         n, k = c.shape
-        rows = torch.arange(start, n)
-        pivot = torch.zeros(n, dtype=torch.bool)
+        dev = c.device
+        rows = torch.arange(start, n, device=dev)
+        pivot = torch.zeros(n, dtype=torch.bool, device=dev)
         pivot[1:] = rank[1:] > rank[:-1]
         seg = pivot[start:].clone()
         seg[0] = True
         seg_start = torch.cummax(torch.where(seg, rows, 0), 0).values
         is_start = seg | ((rows - seg_start) % size == 0)
         starts = rows[is_start]
-        lengths = torch.diff(torch.cat([starts, torch.tensor([n])]))
+        lengths = torch.diff(torch.cat([starts, starts.new_full((1,), n)]))
         width = int(lengths.max())
-        offs = torch.arange(width)
+        offs = torch.arange(width, device=dev)
         idx = (starts[:, None] + offs[None, :]).clamp_max(n - 1)  # [T, b]
         valid = offs[None, :] < lengths[:, None]
         blk = c[idx] * valid[..., None]  # [T, b, k]: the block's rows
@@ -349,15 +366,15 @@ class _BlockSolve:
         nxt = torch.cat([blk[1:, 0], c.new_zeros(1, k)])  # [T, k]
         inc = upd.transpose(-1, -2) @ upd + nxt[:, :, None] * nxt[:, None, :]
         gram = g0 + torch.cumsum(inc, 0) - inc
-        inactive = torch.arange(k)[None, :] >= rank[starts][:, None]
+        inactive = torch.arange(k, device=dev)[None, :] >= rank[starts][:, None]
         lower = torch.linalg.cholesky(gram + torch.diag_embed(inactive.double()))
-        eye_k = torch.eye(k, dtype=torch.float64)
+        eye_k = torch.eye(k, dtype=torch.float64, device=dev)
         self.l_inv = torch.linalg.solve_triangular(lower, eye_k, upper=False)  # [T, k, k]
         self.p = upd @ self.l_inv.transpose(-1, -2)  # [T, b, k]
-        eye_b = torch.eye(width, dtype=torch.float64)
+        eye_b = torch.eye(width, dtype=torch.float64, device=dev)
         f = torch.linalg.cholesky(eye_b + self.p @ self.p.transpose(-1, -2))
         self.f_inv = torch.linalg.solve_triangular(f, eye_b, upper=False)  # [T, b, b]
-        self.tril = torch.ones(width, width, dtype=torch.float64).tril()
+        self.tril = torch.ones(width, width, dtype=torch.float64, device=dev).tril()
         self.idx, self.valid, self.start = idx - start, valid, start
 
     def __call__(self, u: Tensor) -> Tensor:

@@ -79,7 +79,14 @@ def check_finite(
 
 def check_trace_shapes(trace: Trace) -> None:
     """Self-attention traces: `check_shapes`. Cross-attention traces (rows are the n
-    decoder tokens, keys the n_k encoder tokens): A `[L, H, n, n_k]`, V `[L, H, n_k, d_v]`."""
+    decoder tokens, keys the n_k encoder tokens): A `[L, H, n, n_k]`, V `[L, H, n_k, d_v]`.
+    Either way the tensors the analyses read share one device."""
+    devices = {str(t.device) for t in (trace.attentions, trace.values, trace.out_proj)}
+    if len(devices) > 1:
+        raise IdentifiableError(
+            f"the trace's attentions, values and out_proj are on {', '.join(sorted(devices))}; "
+            "an analysis runs on one device: move the whole trace with trace.to(device)"
+        )
     if not trace.is_cross:
         check_shapes(trace)
         return

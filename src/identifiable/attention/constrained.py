@@ -221,13 +221,18 @@ def constrained_attention(
     rows: list[int] | None = None,
     reference: str = "uniform",
     key_mask: Tensor | None = None,
+    memory_budget: int | None = None,
 ) -> ConstrainedAttention:
     """The valid attention row closest to `reference`, for rows of one head.
 
-    Rows with no null space (dim LN([T, 1]) = 0) are their own answer. Raises
-    IdentifiableError for an unknown reference, out-of-range indices or a corrupt trace.
+    Rows with no null space (dim LN([T, 1]) = 0) are their own answer. `memory_budget`:
+    bytes the call may use (default: the memory free now); over it, the call is refused
+    before any work (`preflight.constrained_bytes`). Raises IdentifiableError for an
+    unknown reference, out-of-range indices, a corrupt trace or a request over the budget.
     """
     from identifiable.attention.mapwork import head_rows
+    from identifiable.attention.preflight import constrained_bytes
+    from identifiable.models.budget import check_analysis
 
     check_trace(trace)
     if not isinstance(reference, str) or reference not in REFERENCES:
@@ -237,6 +242,10 @@ def constrained_attention(
     n = trace.n_tokens
     # the rule of interval_map's rows= and the CLI's --row
     order = list(range(n)) if rows is None else indices(rows, n, "rows", "--row")
+    check_analysis(
+        constrained_bytes(trace, len(order)), memory_budget, "constrained_attention",
+        python="ask for fewer rows (rows=)", cli="ask for one row (--row) or raise --memory-budget",
+    )  # fmt: skip
     sets = head_rows(trace, layer, head, None if rows is None else order, key_mask=key_mask)
     where = {r: i for i, r in enumerate(order)}
     raw = np.zeros((len(order), n))

@@ -15,6 +15,7 @@ from identifiable.attention.effective import HeadFactors
 from identifiable.attention.linalg import add_ones, column_basis, head_factors, row_ids
 from identifiable.attention.lp import EngineOptions, bound_keys
 from identifiable.attention.mapwork import check_budget, pool_plan, solve_jobs
+from identifiable.attention.preflight import check_intervals
 from identifiable.models.budget import available_memory
 from identifiable.models.trace import Trace
 from identifiable.results import Result
@@ -263,6 +264,7 @@ def interval_map(
     time_budget: float | None = None,
     chains_per_row: int | None = None,
     progress: bool | None = None,
+    memory_budget: int | None = None,
 ) -> IntervalMap:
     """Attention intervals of whole heads (default: every layer, head and row).
 
@@ -294,10 +296,9 @@ def interval_map(
             causal head; unused for a bidirectional head of 8 rows or more, which runs
             one chain per key).
         progress: a bar of the rows solved on stderr (lines in a log); None: only when a
-            person is watching (a terminal or Jupyter).
-    Raises: IdentifiableError for out-of-range, repeated or empty indices, counts that
-        are not whole numbers ≥ 1 (the CLI's rules for --workers, --threads, --row), a
-        corrupt trace (naming layer and head) or a budget that is too small.
+            person is watching. memory_budget: bytes the map may use (default: the memory
+            free now), checked before any work (`preflight.interval_bytes`).
+    Raises: IdentifiableError: bad indices or counts, a corrupt trace, a budget too small.
     """
     layers, heads = check_selection(trace, layers, heads)
     workers, threads, row_list = _check_map_request(
@@ -318,6 +319,7 @@ def interval_map(
         available=available_memory(),
     )
     plan = pool_plan(workers, len(jobs), len(row_list))
+    check_intervals(trace, len(layers), len(heads), len(row_list), plan[0], memory_budget)
     if plan[0] > 1:  # worker processes run one thread each
         threads = 1
     parallel = plan[0]

@@ -89,9 +89,10 @@ def keyset_groups(x: Tensor, mask: Tensor, ids: Tensor) -> list[KeySetGroup]:
 
 def keyset_ranks(groups: list[KeySetGroup], n_heads: int, n: int) -> tuple[Tensor, Tensor, Tensor]:
     """Per-row rank, dim LN and dim LN([·, 1]), each `[H, n]` int64."""
-    rank = torch.zeros(n_heads, n, dtype=torch.long)
-    rank_a = torch.zeros(n_heads, n, dtype=torch.long)
-    seen = torch.zeros(n, dtype=torch.long)
+    dev = groups[0].rank.device if groups else None
+    rank = torch.zeros(n_heads, n, dtype=torch.long, device=dev)
+    rank_a = torch.zeros(n_heads, n, dtype=torch.long, device=dev)
+    seen = torch.zeros(n, dtype=torch.long, device=dev)
     for grp in groups:
         size = grp.keys.shape[1]
         for g, rows in enumerate(grp.rows):

@@ -116,7 +116,11 @@ def _column_basis(x: Tensor, width: int | None) -> tuple[Tensor, Tensor, Tensor,
     basis = x.new_zeros(bsz, n, k)
     if fast.any():
         rank[fast], smax[fast] = k, lam_max[fast].clamp_min(0).sqrt()
-        basis[fast] = _cholesky_qr(x[fast], gram[fast]) if tall else torch.eye(n, dtype=x.dtype)
+        basis[fast] = (
+            _cholesky_qr(x[fast], gram[fast])
+            if tall
+            else torch.eye(n, dtype=x.dtype, device=x.device)
+        )
     slow = ~fast
     if slow.any():
         u, s, _ = torch.linalg.svd(x[slow], full_matrices=False)
@@ -181,7 +185,7 @@ def certified_well_conditioned(out_proj: Tensor) -> Tensor:
     """
     bsz, d_v, d = out_proj.shape
     none = torch.zeros(bsz, dtype=torch.bool, device=out_proj.device)
-    if out_proj.dtype != torch.float32 or d_v > d or not float32_matmuls_exact():
+    if out_proj.dtype != torch.float32 or d_v > d or not float32_matmuls_exact(out_proj.device):
         return none
     gram = (out_proj @ out_proj.transpose(-1, -2)).double()
     u32, u64 = 2.0**-24, 2.0**-53

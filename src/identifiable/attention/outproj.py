@@ -21,6 +21,7 @@ from identifiable.attention.checks import check_finite, check_trace_shapes
 from identifiable.attention.linalg import certified_well_conditioned, head_factors
 from identifiable.errors import IdentifiableError
 from identifiable.models.trace import Trace
+from identifiable.utils.precision import exact_device
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def _layer_factors(w_o: Tensor, layer: int) -> tuple[Tensor, Tensor, Tensor]:
     """(factor, full, well) of every head of one layer, cached per layer."""
     layers = _per_layer(_LAYER_FACTORS, w_o)
     if layer not in layers:
-        layers[layer] = head_factors(w_o[layer].double())
+        layers[layer] = head_factors(w_o[layer].to(exact_device(w_o.device), torch.float64))
     return layers[layer]
 
 
@@ -113,13 +114,14 @@ class OutProj:
             )
         self._trace = trace
         self._heads = None if heads is None else list(heads)
+        self._device = exact_device(trace.out_proj.device)  # float64 work: MPS's on the CPU
         cached = _cached(_FACTOR_CACHE, trace.out_proj)
         self._exact: HeadFactors | None = factors or cached  # type: ignore[assignment]
         self._flags: dict[int, Tensor] = {}
         self._factors: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
 
     def _sel(self, x: Tensor) -> Tensor:
-        return x if self._heads is None else x[self._heads]
+        return (x if self._heads is None else x[self._heads]).to(self._device)
 
     def well_conditioned(self, layer: int) -> Tensor:
         """`[H']` κ(H) < 1e3 (proved, or decided exactly) for the selected heads."""
@@ -154,7 +156,8 @@ class OutProj:
                 f, full, well = _layer_factors(w_o, layer)
                 self._factors[layer] = (self._sel(f), self._sel(full), self._sel(well))
             else:  # a few heads of a layer: factor only those, uncached
-                self._factors[layer] = head_factors(w_o[layer, self._heads].double())
+                part = w_o[layer, self._heads].to(self._device, torch.float64)
+                self._factors[layer] = head_factors(part)
         return self._factors[layer]
 
     def _proved(self, layer: int) -> Tensor:
@@ -164,6 +167,6 @@ class OutProj:
         if layer in layers:
             return self._sel(layers[layer])
         if self._heads is not None:
-            return certified_well_conditioned(w_o[layer, self._heads])
-        layers[layer] = certified_well_conditioned(w_o[layer])
+            return certified_well_conditioned(w_o[layer, self._heads].to(self._device))
+        layers[layer] = certified_well_conditioned(w_o[layer].to(self._device))
         return layers[layer]

@@ -25,6 +25,7 @@ from identifiable.attention.effective import (
 )
 from identifiable.models.trace import Trace
 from identifiable.results import Result
+from identifiable.utils.precision import has_float64
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,24 @@ class SinkMass(
         )
 
 
+def key_mass(raw: Tensor, eff: Tensor, key: int, seen: Tensor) -> tuple[Tensor, Tensor]:
+    """The mean over the rows that see `key` of A[h, i, key] and of A_eff[h, i, key]: the
+    one reduction behind `sink_mass` and the scan's sink columns (`attention.scan`).
+
+    Args:
+        raw, eff: `[H, n, n_k]` A and A_eff on one device; seen: `[n]` bool there, the rows
+            that see `key`.
+    Returns: two `[H]` tensors on that device, float64 where it has it (else float32).
+    """
+    acc = torch.float64 if has_float64(raw.device) else torch.float32
+    w = seen.to(acc)
+    count = w.sum().clamp_min(1)
+    return (
+        (raw[:, :, key].to(acc) * w).sum(-1) / count,
+        (eff[:, :, key].to(acc) * w).sum(-1) / count,
+    )
+
+
 def sink_mass(
     trace: Trace,
     variant: Variant = "paper",
@@ -105,8 +124,9 @@ def sink_mass(
     raw, eff, rows = [], [], []
     for le in iter_effective_attention(trace, variant, factors=factors, layers=chosen, heads=heads):
         seen = trace.keys_seen(le.layer)[:, 0].to(le.raw.device)  # [n] rows that see key 0
-        raw.append(le.raw[:, seen, 0].double().mean(-1))
-        eff.append(le.effective[:, seen, 0].double().mean(-1))
+        r, e = key_mass(le.raw, le.effective, 0, seen)
+        raw.append(r.double())
+        eff.append(e.double())
         rows.append(int(seen.sum()))
     return SinkMass(
         raw=torch.stack(raw),

@@ -41,7 +41,8 @@ def causal_band(mask: Tensor) -> int | None:
     w = int(mask[-1].sum()) if n else 0
     if not 1 <= w < n:
         return None
-    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    i = torch.arange(n, device=mask.device)[:, None]
+    j = torch.arange(n, device=mask.device)[None, :]
     return w if torch.equal(mask, (j <= i) & (i - j < w)) else None
 
 
@@ -66,25 +67,28 @@ class WindowSolve:
 
     def __init__(self, x: Tensor, w: int, scale: Tensor) -> None:
         n, m = x.shape
+        dev = x.device
         self.x, self.w, self.n = x, w, n
         self.head = prefixes(x[None, :w], scale.reshape(1))
-        self.rank = torch.empty(n, dtype=torch.long)
+        self.rank = torch.empty(n, dtype=torch.long, device=dev)
         self.rank[:w] = self.head.rank[0]
         b = max(1, min(64, (w - m + 1) // 2))
-        starts = torch.arange(w, n, b)
+        starts = torch.arange(w, n, b, device=dev)
         self.blocks: list[_Blocks] = []
         failed: list[Tensor] = []
         for size in sorted({min(b, n - int(s)) for s in starts}):
             group = starts[torch.clamp(n - starts, max=b) == size]
             ok, blocks = _certified(x, w, size, group) if size > 1 and w - size + 1 >= m else (
-                torch.zeros(group.numel(), dtype=torch.bool), None)  # fmt: skip
+                torch.zeros(group.numel(), dtype=torch.bool, device=dev), None)  # fmt: skip
             if blocks is not None and bool(ok.any()):
                 self.blocks.append(_take(blocks, ok))
                 for s in group[ok].tolist():
                     self.rank[s : s + size] = min(w, m)
             for s in group[~ok].tolist():
-                failed.append(torch.arange(s, s + size))
-        self.fallback = torch.cat(failed) if failed else torch.zeros(0, dtype=torch.long)
+                failed.append(torch.arange(s, s + size, device=dev))
+        self.fallback = (
+            torch.cat(failed) if failed else torch.zeros(0, dtype=torch.long, device=dev)
+        )
         self.bases, ranks = _window_bases(x, w, self.fallback)
         self.rank[self.fallback] = ranks
 
@@ -97,18 +101,19 @@ class WindowSolve:
             _project_blocks(a, self.x, w, blocks, out)
         rows = self.fallback
         if rows.numel():
-            keys = rows[:, None] - w + 1 + torch.arange(w)[None, :]  # [R, w]
-            sub = a[rows[:, None], keys].double()[:, None]  # [R, 1, w]
+            keys = rows[:, None] - w + 1 + torch.arange(w, device=rows.device)[None, :]  # [R, w]
+            rows, keys = rows.to(a.device), keys.to(a.device)
+            sub = a[rows[:, None], keys].to(self.x.device, torch.float64)[:, None]  # [R, 1, w]
             proj = (sub @ self.bases) @ self.bases.transpose(-1, -2)
-            full = (self.rank[rows] == w)[:, None, None]
-            out[rows[:, None], keys] = torch.where(full, sub, proj)[:, 0].to(out.dtype)
+            full = (self.rank.to(a.device)[rows] == w)[:, None, None].to(sub.device)
+            out[rows[:, None], keys] = torch.where(full, sub, proj)[:, 0].to(out.device, out.dtype)
 
 
 def _certified(x: Tensor, w: int, size: int, starts: Tensor) -> tuple[Tensor, _Blocks]:
     """Base factors of blocks of `size` rows at `starts`, and which are certified."""
-    m = x.shape[1]
+    m, dev = x.shape[1], x.device
     base_len = w - size + 1
-    offs = torch.arange(base_len)
+    offs = torch.arange(base_len, device=dev)
     parts: list[Tensor] = []
     batch = max(1, _SLAB_BYTES // (8 * base_len * m))
     for i in range(0, starts.numel(), batch):  # Gram of each base, a batch of blocks at a time
@@ -117,12 +122,12 @@ def _certified(x: Tensor, w: int, size: int, starts: Tensor) -> tuple[Tensor, _B
         parts.append(rows.transpose(-1, -2) @ rows)
     gram = torch.cat(parts)
     lower, info = torch.linalg.cholesky_ex(gram)
-    eye = torch.eye(m, dtype=x.dtype)
+    eye = torch.eye(m, dtype=x.dtype, device=dev)
     lower = torch.where((info == 0)[:, None, None], lower, eye)
     l_inv = torch.linalg.solve_triangular(lower, eye, upper=False)
     # Extra keys of the block: b − 1 left of the base, b − 1 right of it (row s excluded).
-    left = starts[:, None] - w + 1 + torch.arange(size - 1)[None, :]
-    right = starts[:, None] + 1 + torch.arange(size - 1)[None, :]
+    left = starts[:, None] - w + 1 + torch.arange(size - 1, device=dev)[None, :]
+    right = starts[:, None] + 1 + torch.arange(size - 1, device=dev)[None, :]
     extra = x[torch.cat([left, right], dim=1)]  # [T, 2b − 2, m]
     # Certificate: λ_min(G_0) ≥ 1/‖L⁻¹‖_F² above 100 × (tolerance of the widest window)²,
     # σ_max(X[S])² ≤ ‖X[S]‖_F² ≤ ‖base‖_F² + ‖extra‖_F².
@@ -135,9 +140,9 @@ def _certified(x: Tensor, w: int, size: int, starts: Tensor) -> tuple[Tensor, _B
     ok &= lam_min * 1e6 > frob2
     p = l_inv @ extra.transpose(-1, -2)  # [T, m, 2b − 2]
     k = p.transpose(-1, -2) @ p  # [T, 2b − 2, 2b − 2]
-    idx = torch.arange(size)[:, None] + torch.arange(size - 1)[None, :]  # [b, b − 1]: runs
+    idx = torch.arange(size, device=dev)[:, None] + torch.arange(size - 1, device=dev)[None, :]
     runs = k[:, idx[:, :, None], idx[:, None, :]]  # [T, b, b − 1, b − 1]
-    eye_b = torch.eye(size - 1, dtype=x.dtype)
+    eye_b = torch.eye(size - 1, dtype=x.dtype, device=dev)
     chol, info_m = torch.linalg.cholesky_ex(eye_b + runs)
     ok &= (info_m == 0).all(-1)
     return ok, _Blocks(starts, l_inv, p, chol)
@@ -151,17 +156,18 @@ def _project_blocks(a: Tensor, x: Tensor, w: int, blocks: _Blocks, out: Tensor) 
     """A_eff of every row of these certified blocks (see the module docstring)."""
     size = blocks.chol.shape[1]
     span = w + size - 1  # keys seen by some row of a block
-    offs = torch.arange(span)
-    rows_in = torch.arange(size)
+    dev = x.device
+    offs = torch.arange(span, device=dev)
+    rows_in = torch.arange(size, device=dev)
     band = (offs[None, :] >= rows_in[:, None]) & (offs[None, :] < rows_in[:, None] + w)
-    idx = rows_in[:, None] + torch.arange(size - 1)[None, :]  # each row's run of extras
+    idx = rows_in[:, None] + torch.arange(size - 1, device=dev)[None, :]  # each row's run
     batch = max(1, _SLAB_BYTES // (8 * size * span))
     for i in range(0, blocks.starts.numel(), batch):
         s = blocks.starts[i : i + batch]
         keys = s[:, None] - w + 1 + offs[None, :]  # [B, span]
         rws = s[:, None] + rows_in[None, :]  # [B, b]
         xk = x[keys]  # [B, span, m]
-        slab = a[rws[:, :, None], keys[:, None, :]].double()  # [B, b, span]
+        slab = a[rws[:, :, None], keys[:, None, :]].to(dev, torch.float64)  # [B, b, span]
         o = (slab @ xk) @ blocks.l_inv[i : i + batch].transpose(-1, -2)  # rows L⁻¹ u_i
         p = blocks.p[i : i + batch]
         po = o @ p  # [B, b, 2b − 2]
@@ -170,7 +176,7 @@ def _project_blocks(a: Tensor, x: Tensor, w: int, blocks: _Blocks, out: Tensor) 
         full = torch.zeros_like(po).scatter_(2, idx.expand(po.shape[0], size, size - 1), q)
         y = (o - full @ p.transpose(-1, -2)) @ blocks.l_inv[i : i + batch]  # rows G_i⁻¹ u_i
         eff = (y @ xk.transpose(-1, -2)) * band
-        out[rws[:, :, None], keys[:, None, :]] = eff.to(out.dtype)
+        out[rws[:, :, None], keys[:, None, :]] = eff.to(out.device, out.dtype)
 
 
 def _window_bases(x: Tensor, w: int, rows: Tensor) -> tuple[Tensor, Tensor]:
@@ -178,7 +184,7 @@ def _window_bases(x: Tensor, w: int, rows: Tensor) -> tuple[Tensor, Tensor]:
     (`keysets.py`'s rule: Cholesky QR when well-conditioned, else an SVD)."""
     m = x.shape[1]
     if not rows.numel():
-        return x.new_zeros(0, w, min(w, m)), torch.zeros(0, dtype=torch.long)
-    keys = rows[:, None] - w + 1 + torch.arange(w)[None, :]
+        return x.new_zeros(0, w, min(w, m)), torch.zeros(0, dtype=torch.long, device=x.device)
+    keys = rows[:, None] - w + 1 + torch.arange(w, device=x.device)[None, :]
     basis, rank, _, _ = _column_basis(x[keys], None)
     return basis, rank

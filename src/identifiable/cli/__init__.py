@@ -50,6 +50,7 @@ COMMAND_MODULES = (
     "certify",
     "posterior",
     "reproduce",
+    "scan",
     "view",
     "finetune",
     "compare",

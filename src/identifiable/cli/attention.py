@@ -7,10 +7,11 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from identifiable.cli.common import check_ranges, check_writable, console, load, write_json
+from identifiable.cli.common import check_ranges, check_writable, console, load, mib, write_json
 from identifiable.cli.options import (
     ForceOption,
     JsonOption,
+    MemoryBudgetOption,
     ModelOption,
     NoTruncateOption,
     PairOption,
@@ -59,6 +60,7 @@ def attention(
     no_truncate: NoTruncateOption = False,
     json_out: JsonOption = None,
     force: ForceOption = False,
+    memory_budget: MemoryBudgetOption = None,
 ) -> None:
     """Null-space dimensions and raw vs effective attention per layer; with --layer, --head and
     --row, each key's raw and effective weight, its interval and a witness; with --sink, the
@@ -79,13 +81,14 @@ def attention(
         raise IdentifiableError("give --layer and --head together (or neither)")
     if row is not None and head is None:
         raise IdentifiableError("--row needs --layer and --head")
+    budget = mib(memory_budget)
     check_writable(json_out, force=force)
     m = load(model)
     tr = m.trace((text, pair) if pair is not None else text, truncate=not no_truncate)
     check_ranges(tr, layer, head, row)
-    payload = _overview(_shown(m.info), tr, variant)
+    payload = _overview(_shown(m.info), tr, variant, budget)
     if layer is not None and head is not None:
-        payload["head"] = _head_view(tr, layer, head, row, variant)
+        payload["head"] = _head_view(tr, layer, head, row, variant, budget)
     if json_out is not None:
         write_json(json_out, payload, force=force)
 
@@ -168,7 +171,7 @@ def _sink(
         )
 
 
-def _overview(name: str, tr: Any, variant: str) -> dict:
+def _overview(name: str, tr: Any, variant: str, budget: int | None) -> dict:
     import torch
 
     from identifiable.attention import compute_head_factors, iter_effective_attention
@@ -180,7 +183,8 @@ def _overview(name: str, tr: Any, variant: str) -> dict:
     for col in ("layer", "rank(T)", "dim LN(T)", "dim LN([T,1])", "r(raw, effective)"):
         table.add_column(col, justify="right")
     layers, pooled = [], torch.zeros(6, dtype=torch.float64)
-    for le in iter_effective_attention(tr, variant, factors=factors):  # type: ignore[arg-type]
+    streamed = iter_effective_attention(tr, variant, factors=factors, memory_budget=budget)  # type: ignore[arg-type]
+    for le in streamed:
         # masked entries (causal, windowed) are exactly 0 in both maps: leave them out of r
         seen_keys = tr.keys_seen(le.layer)
         sums = pearson_sums(le.raw, le.effective, None if bool(seen_keys.all()) else seen_keys)
@@ -221,7 +225,9 @@ def _overview(name: str, tr: Any, variant: str) -> dict:
     }  # fmt: skip
 
 
-def _head_view(tr: Any, layer: int, head: int, row: int | None, variant: str) -> dict:
+def _head_view(
+    tr: Any, layer: int, head: int, row: int | None, variant: str, budget: int | None
+) -> dict:
     from identifiable.attention import (
         attention_intervals,
         iter_effective_attention,
@@ -229,7 +235,7 @@ def _head_view(tr: Any, layer: int, head: int, row: int | None, variant: str) ->
         witness,
     )
 
-    ns = null_space(tr)
+    ns = null_space(tr, memory_budget=budget)
     out: dict[str, Any] = {"layer": layer, "head": head}
     if row is None:
         console.print(
@@ -238,7 +244,7 @@ def _head_view(tr: Any, layer: int, head: int, row: int | None, variant: str) ->
             "Add --row R for each key's weights, intervals and a witness."
         )
         return out
-    layer_eff = next(iter_effective_attention(tr, variant, layers=[layer]))  # type: ignore[arg-type]
+    layer_eff = next(iter_effective_attention(tr, variant, layers=[layer], memory_budget=budget))  # type: ignore[arg-type]
     eff = layer_eff.effective[head, row]
     iv = attention_intervals(tr, layer, head, row)
     w = witness(tr, layer, head, row)

@@ -12,10 +12,17 @@ from identifiable.cli.common import (
     check_writable,
     console,
     load,
+    mib,
     whole_values,
     write_atomic,
 )
-from identifiable.cli.options import ForceOption, ModelOption, NoTruncateOption, PairOption
+from identifiable.cli.options import (
+    ForceOption,
+    MemoryBudgetOption,
+    ModelOption,
+    NoTruncateOption,
+    PairOption,
+)
 from identifiable.errors import IdentifiableError
 
 IDENTIFIABLE_WIDTH = 1e-3  # an interval narrower than this counts as an identifiable weight
@@ -67,6 +74,7 @@ def certify(
     threads: _ThreadsArg = None,
     force: ForceOption = False,
     no_truncate: NoTruncateOption = False,
+    memory_budget: MemoryBudgetOption = None,
 ) -> None:
     """Interval map: for every key of every row, the min and max weight of any valid attention
     row (≥ 0, summing to 1) with the same head output, and the constrained effective attention
@@ -74,6 +82,7 @@ def certify(
     from identifiable.attention import constrained_attention, interval_map
 
     _check_flags(out, workers, threads, time_budget, force)
+    budget = mib(memory_budget)
     m = load(model)
     tr = m.trace((text, pair) if pair is not None else text, truncate=not no_truncate)
     # --layer, --head and --row are checked by interval_map, by the rule of layers=, heads=
@@ -82,7 +91,8 @@ def certify(
     heads = [head] if head is not None else None
     rows = [row] if row is not None else None
     imap = interval_map(tr, layers=layers, heads=heads, rows=rows, workers=workers,
-                        threads=threads, time_budget=time_budget, progress=True)  # fmt: skip
+                        threads=threads, time_budget=time_budget, progress=True,
+                        memory_budget=budget)  # fmt: skip
     records: dict[str, list[Any]] = {c: [] for c in COLUMNS}
     table = Table(
         title=f"{m.info.name}: {tr.n_tokens} tokens; intervals of valid rows with the same head "
@@ -94,7 +104,7 @@ def certify(
         table.add_column(col, justify="right")
     for li, lyr in enumerate(imap.layers):
         for hi, hd in enumerate(imap.heads):
-            c = constrained_attention(tr, lyr, hd, rows=list(imap.rows))
+            c = constrained_attention(tr, lyr, hd, rows=list(imap.rows), memory_budget=budget)
             keys = imap.keys[li]
             width = imap.width[li, hi]
             for ri, q in enumerate(imap.rows):

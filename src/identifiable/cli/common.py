@@ -165,6 +165,15 @@ def check_ranges(tr: Any, layer: int | None, head: int | None, row: int | None) 
                 raise IdentifiableError(exc.for_cli()) from None
 
 
+def mib(memory_budget: int | None) -> int | None:
+    """`--memory-budget` (MiB, checked ≥ 1) in bytes; None stays None (the memory free)."""
+    if memory_budget is None:
+        return None
+    if memory_budget < 1:
+        raise IdentifiableError(f"--memory-budget must be at least 1 MiB, got {memory_budget}")
+    return memory_budget << 20
+
+
 def check_model_name(model: str) -> None:
     """Refuse an empty --model before anything loads (it would name the current folder)."""
     if not model.strip():

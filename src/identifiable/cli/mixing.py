@@ -7,10 +7,11 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from identifiable.cli.common import check_writable, console, load, write_json
+from identifiable.cli.common import check_writable, console, load, mib, write_json
 from identifiable.cli.options import (
     ForceOption,
     JsonOption,
+    MemoryBudgetOption,
     ModelOption,
     NoTruncateOption,
     PairOption,
@@ -67,6 +68,7 @@ def mixing(
     no_truncate: NoTruncateOption = False,
     json_out: JsonOption = None,
     force: ForceOption = False,
+    memory_budget: MemoryBudgetOption = None,
 ) -> None:
     """Token-to-token mixing per layer by one method: each token's top source token.
 
@@ -101,6 +103,7 @@ def mixing(
         raise IdentifiableError(
             f"--flow-budget {flow_budget:g} must be a positive number of seconds"
         )
+    budget = mib(memory_budget)
     check_writable(json_out, force=force)
     m = load(model)
     from identifiable.utils.progress import status
@@ -108,7 +111,7 @@ def mixing(
     with status(f"context mixing ({method})"):
         result = context_mixing(
             m, (text, pair) if pair is not None else text, method, truncate=not no_truncate,
-            progress=False, **options,
+            progress=False, memory_budget=budget, **options,
         )  # fmt: skip
     shown = result.global_map
     kind = "rolled out" if result.rolled is not None else "per layer"

@@ -45,3 +45,14 @@ ForceOption = Annotated[
 NoProgressOption = Annotated[bool, typer.Option("--no-progress", help="No progress bars.")]
 ResumeOption = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run.")]
 RunSeedOption = Annotated[int, typer.Option("--seed", help="Seed of every random choice.")]
+DeviceOption = Annotated[
+    str, typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto (first available).")
+]
+MemoryBudgetOption = Annotated[
+    int | None,
+    typer.Option(
+        "--memory-budget",
+        help="MiB the command may use (default: the memory available); checked before any "
+        "work from the formulas in docs/families.md, 'Memory and streaming'.",
+    ),
+]

@@ -9,16 +9,14 @@ from rich.table import Table
 
 from identifiable.cli.common import check_writable, console, load, write_json
 from identifiable.cli.options import (
+    DeviceOption,
     ForceOption,
     JsonOption,
+    MemoryBudgetOption,
     ModelOption,
     NoTruncateOption,
     PairOption,
 )
-
-DeviceOption = Annotated[
-    str, typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto (first available).")
-]
 
 
 def models(
@@ -144,14 +142,6 @@ LayersOption = Annotated[
 ]
 HeadsOption = Annotated[
     str | None, typer.Option("--heads", help="Heads to trace, 0..H-1, e.g. 0,5.")
-]
-MemoryBudgetOption = Annotated[
-    int | None,
-    typer.Option(
-        "--memory-budget",
-        help="MiB the trace may use (default: the memory available); checked before "
-        "the forward pass from the formula in docs/families.md, 'Memory and streaming'.",
-    ),
 ]
 Parts = tuple[dict[str, Any], dict[str, str]]
 """(part → Trace, part → table title): "" for a one-stack model; encoder, decoder, cross."""

@@ -15,8 +15,9 @@ from identifiable.cli.common import (
     check_writable,
     console,
     load,
+    mib,
 )
-from identifiable.cli.options import ForceOption, ModelOption, PairOption
+from identifiable.cli.options import ForceOption, MemoryBudgetOption, ModelOption, PairOption
 from identifiable.errors import IdentifiableError
 
 if TYPE_CHECKING:
@@ -206,6 +207,7 @@ def view(
     max_mb: _MaxMbArg = 9.0,
     mixing: _MixingArg = None,
     force: ForceOption = False,
+    memory_budget: MemoryBudgetOption = None,
 ) -> None:
     """Write a self-contained page: raw, effective and null attention per head; for the
     chosen head, interval bands of every row, identifiable weights and constrained attention.
@@ -225,6 +227,7 @@ def view(
         identifiable_below=identifiable_below,
         variant=variant,
         mixing=mixing,
+        memory_budget=mib(memory_budget),
     )
     check_model_name(model)
     picture = None if image is None else _read_image(image)

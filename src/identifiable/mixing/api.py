@@ -30,6 +30,7 @@ from identifiable.mixing.rollout import (
     with_residual,
 )
 from identifiable.models.arguments import check_model
+from identifiable.models.budget import check_analysis
 from identifiable.models.protocol import TracedModel
 from identifiable.utils.progress import status, watching
 
@@ -168,6 +169,7 @@ def context_mixing(
     *,
     truncate: bool = True,
     progress: bool | None = None,
+    memory_budget: int | None = None,
     **options: Any,
 ) -> MixingResult:
     """How much each token mixes into each other token, per layer, by `method`.
@@ -179,6 +181,10 @@ def context_mixing(
         truncate: cut texts longer than the model's maximum (else raise).
         progress: a status line while it computes (None: when a person watches; in a
             log, one line once it has taken 3 s).
+        memory_budget: bytes the method's maps may use (default: the memory free now):
+            4·L·H·n² (the trace's maps) + 32·L·n² (the layer maps and their rollout in
+            float64, and the result's copies), checked before the model runs; for "hta"
+            also its chunk budget.
         **options: the method's options (`METHODS[method].defaults`), e.g.
             `residual_weight=0.5` for rollout, `second_norm=False` for globenc,
             `probes=32` for hta. Unknown options are an error.
@@ -193,9 +199,18 @@ def context_mixing(
         raise IdentifiableError(
             f"method {method!r} has no option {', '.join(unknown)}; its options: {allowed}"
         )
+    if memory_budget is not None and "memory_budget" in spec.defaults:
+        options["memory_budget"] = memory_budget
     opts = {**spec.defaults, **options}
     start = time.perf_counter()
     inputs = _Inputs(model, text, truncate, spec.needs_blocks)
+    n = len(inputs.encoding)
+    info = model.info
+    check_analysis(
+        4 * info.n_layers * n * n * (info.n_heads + 8), memory_budget,
+        f"context mixing by {method}", python="shorten the text",
+        cli="shorten the text or raise --memory-budget",
+    )  # fmt: skip
     shown = watching() if progress is None else bool(progress)
     with status(f"context mixing by {method} …", enabled=shown):
         layerwise, rolled, meta = spec.compute(inputs, opts)

@@ -204,13 +204,7 @@ def check_trace(
     On a CUDA `device` the forward part is checked against its free bytes (`device_room`),
     and the budget bounds host memory: the result alone. `suggest_sdpa`: an eager model
     whose maps could be recomputed from Q and K, so a refusal may advise sdpa."""
-    if memory_budget is not None and (
-        isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1
-    ):
-        raise IdentifiableError(
-            f"memory_budget= takes a number of bytes ≥ 1, got {memory_budget!r}",
-            cli=f"--memory-budget takes a positive number of MiB, got {memory_budget!r}",
-        )
+    check_budget_value(memory_budget)
     need = TracePlan(one.result * batch, one.forward * batch)
     size = f"{n} tokens" if batch == 1 else f"{batch} sequences of {n} tokens"
     room = None if device is None else device_room(device)
@@ -222,6 +216,50 @@ def check_trace(
     if memory_budget is None:
         memory_budget = available_memory()
     check(need, memory_budget, f"{what} ({size})", default=default)
+
+
+def check_budget_value(memory_budget: object) -> None:
+    """One line for a `memory_budget=` that is not a positive number of bytes."""
+    if memory_budget is not None and (
+        isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1
+    ):
+        raise IdentifiableError(
+            f"memory_budget= takes a number of bytes ≥ 1, got {memory_budget!r}",
+            cli=f"--memory-budget takes a positive number of MiB, got {memory_budget!r}",
+        )
+
+
+def check_analysis(
+    need: int,
+    memory_budget: int | None,
+    what: str,
+    *,
+    device: torch.device | None = None,
+    python: str,
+    cli: str,
+) -> None:
+    """Refuse, in one line and before anything is allocated, an analysis that needs `need`
+    bytes where it runs: on `device` (a CUDA device: its free memory, `device_room`, and
+    `memory_budget` if given), else in host memory (`memory_budget`, default the memory
+    available now). `python` and `cli` say what to change, as Python arguments and as
+    flags; both messages name the budget (`memory_budget=` / `--memory-budget`)."""
+    check_budget_value(memory_budget)
+    room = None if device is None else device_room(device)
+    where, limit, of = "", memory_budget, "the memory_budget= of {}"
+    if room is not None:
+        where = f" on {device}"
+        limit, of = (room, "the {} free there") if memory_budget is None else (
+            min(room, memory_budget), "the {} free there or in the budget")  # fmt: skip
+    elif memory_budget is None:
+        limit, of = available_memory(), "the {} available"
+    if limit is None or need <= limit:
+        return
+    head = f"{what} needs about {_gb(need)}{where} (formula in README 'Memory'), over "
+    shown = of.format(_gb(limit))
+    raise IdentifiableError(
+        f"{head}{shown}; {python}, or raise memory_budget= (bytes)",
+        cli=f"{head}{shown.replace('memory_budget=', '--memory-budget')}; {cli}",
+    )
 
 
 def _gb(n: int) -> str:

@@ -125,14 +125,20 @@ class AttentionCall:
         return self.mask is None or self.mask.dim() != 4 or self.mask.shape[1] == 1
 
     def fill(
-        self, b: int, heads: Sequence[int] | None, n: int, n_k: int, out: torch.Tensor
+        self,
+        b: int,
+        heads: Sequence[int] | None,
+        n: int,
+        n_k: int,
+        out: torch.Tensor,
+        chunk: int = CHUNK_ELEMENTS,
     ) -> None:
         """Write A of sequence `b`'s first n rows and n_k keys, for `heads` (None: all), into
         `out` `[len(heads), n, n_k]` (any dtype and device), in row chunks of at most
-        `CHUNK_ELEMENTS` scores, head by head; each chunk's mask is built once for all heads
+        `chunk` scores, head by head; each chunk's mask is built once for all heads
         and the scores are formed in place in `out` where it has the working dtype."""
         chosen = list(range(self.n_heads)) if heads is None else list(heads)
-        step = max(1, CHUNK_ELEMENTS // max(n_k, 1))
+        step = max(1, chunk // max(n_k, 1))
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
             mask: tuple[int, torch.Tensor] | None = None
@@ -156,10 +162,15 @@ class AttentionCall:
         rows' keys to drop (bool) or the additive mask (float)."""
         work = torch.float32 if self.query.dtype in _HALF else self.query.dtype
         group = self.n_heads // int(self.key.shape[1])
-        q = self.query[b, h, r0 : r0 + target.shape[0]].to(work)
-        k = self.key[b, h // group, :n_k].to(work)
+        rows = target.shape[0]
+        seen = self._keys_seen(r0 + rows, n_k)
+        if seen < n_k:  # causal rows: the keys after the chunk's last row are 0, not scored
+            target[:, seen:] = 0
+            target, mask = target[:, :seen], mask[:, :seen]
+        q = self.query[b, h, r0 : r0 + rows].to(work)
+        k = self.key[b, h // group, :seen].to(work)
         direct = target.dtype == work and target.device == q.device and target.is_contiguous()
-        s = target if direct else torch.empty(target.shape, dtype=work, device=q.device)
+        s = torch.empty(target.shape, dtype=work, device=q.device)  # the scores
         torch.matmul(q, k.T, out=s)
         s.mul_(self.scaling)
         if self.softcap is not None:
@@ -171,11 +182,18 @@ class AttentionCall:
         if self.sinks is not None:
             sink = self.sinks.reshape(-1)[h].to(s)
             s.sub_(torch.logaddexp(torch.logsumexp(s, -1, keepdim=True), sink)).exp_()
-        else:
-            s.sub_(s.amax(-1, keepdim=True)).exp_()
-            s.div_(s.sum(-1, keepdim=True))
-        if not direct:
             target.copy_(s)
+        elif direct:  # eager's own softmax kernel, written straight into the maps
+            torch.softmax(s, -1, out=target)
+        else:
+            target.copy_(torch.softmax(s, -1))
+
+    def _keys_seen(self, r1: int, n_k: int) -> int:
+        """Keys 0..k−1 hold every key rows < r1 may see: k = r1 + (n_k − n) for a causal
+        call whose mask the recomputation builds (none or 2-D), else all n_k."""
+        if not self.causal or (self.mask is not None and self.mask.dim() != 2):
+            return n_k
+        return max(0, min(n_k, r1 + int(self.key.shape[2]) - int(self.query.shape[2])))
 
     def _mask_rows(self, b: int, h: int, r0: int, r1: int, n_k: int) -> torch.Tensor:
         """`[r1 − r0, n_k]`: the keys to drop (bool) or the additive mask (float)."""
@@ -207,11 +225,13 @@ def fill_maps(
     n: int,
     n_k: int,
     out: torch.Tensor,
+    chunk: int = CHUNK_ELEMENTS,
 ) -> None:
     """Write sequence b's maps `[len(heads), n, n_k]` into `out`, from a module's own
-    `[B, H, n, n_k]` probabilities (eager) or from an `AttentionCall` (recomputed)."""
+    `[B, H, n, n_k]` probabilities (eager) or from an `AttentionCall` (recomputed, in row
+    chunks of `chunk` scores)."""
     if isinstance(maps, AttentionCall):
-        maps.fill(b, heads, n, n_k, out)
+        maps.fill(b, heads, n, n_k, out, chunk)
     elif heads is None:
         out.copy_(maps[b, :, :n, :n_k])
     else:

@@ -233,6 +233,23 @@ class Trace(
     def __len__(self) -> int:
         return self.n_tokens
 
+    @property
+    def device(self) -> torch.device:
+        """Where the trace's tensors are, and where the analyses of it run."""
+        return self.attentions.device
+
+    def to(self, device: torch.device | str) -> Trace:
+        """A copy of the trace on `device` ("cuda", "mps", "cpu"); the analyses of a trace
+        run on its device (float64 rank decisions of an MPS trace on the CPU)."""
+        from dataclasses import fields, replace
+
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, **moved)
+
     # ---- derived quantities -----------------------------------------------
     def reconstruct_attention_output(self, layer: int) -> torch.Tensor:
         """Σ_h A_h (E W_V^h + 1 b_V^hᵀ) H_h + b_O for one layer, `[n, d]`, in float64."""
@@ -256,7 +273,7 @@ class Trace(
         self.check_layer(layer)
         if self.key_mask is not None:
             return self.key_mask[layer]
-        full = torch.ones(self.n_tokens, self.n_keys, dtype=torch.bool)
+        full = torch.ones(self.n_tokens, self.n_keys, dtype=torch.bool, device=self.device)
         return full.tril() if self.is_causal and not self.is_cross else full
 
     def sees_all_keys(self, layer: int) -> bool:

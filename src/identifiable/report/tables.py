@@ -130,6 +130,19 @@ class CertifyStageTables(StageTables):
     by_length: pd.DataFrame  # per sequence summary
 
 
+@dataclass(frozen=True)
+class ScanStageTables(StageTables):
+    """Beyond the paper: a whole-model scan (`experiments.scan`, concatenated over shards in
+    text order; `identifiable.scan` builds its `ScanResult` from them). Not in `CONTRACTS`
+    until a report section reads it (a decoder section's sink table: `heads` grouped by
+    layer, sink_raw against sink_effective)."""
+
+    STAGE: ClassVar[str] = "scan"
+    heads: pd.DataFrame  # text, layer, head, then attention.scan.STATISTICS (one row per head)
+    texts: pd.DataFrame  # text, n, truncated, preview (one row per text)
+    kept: pd.DataFrame  # the kept maps, one row per query row (empty without keep=)
+
+
 CONTRACTS: tuple[type[StageTables], ...] = (
     AttentionStageTables,
     TokenStageTables,

@@ -51,6 +51,7 @@ RESULT_CLASSES: tuple[str, ...] = (
     "identifiable.attention.constrained:ConstrainedAttention",
     "identifiable.attention.sinks:SinkMass",
     "identifiable.attention.posterior:AttentionPosterior",
+    "identifiable.attention.scan:ScanResult",
     "identifiable.attribution.api:HTAResult",
     "identifiable.experiments.tokens:TokenIdentifiabilityResult",
     "identifiable.mixing.result:MixingResult",

@@ -123,6 +123,22 @@ def _null_space(res: Any) -> list[str]:
     ]
 
 
+def _scan(res: Any) -> list[str]:
+    frac = _np(res.null_fraction).astype(np.float64).mean(0)
+    gap = (_np(res.sink_raw) - _np(res.sink_effective)).astype(np.float64).mean(0)
+    layer, head = np.unravel_index(int(np.argmax(frac)), frac.shape)
+    g_layer, g_head = np.unravel_index(int(np.argmax(gap)), gap.shape)
+    n = _np(res.n)[:, 0, 0]
+    return [
+        f"{len(n)} texts of {int(n.min())}–{int(n.max())} tokens; mean null fraction "
+        f"{frac.mean():.3f} over {frac.size} heads (largest {frac.max():.3f}: layer "
+        f"{_label(res, 'layers', layer)}, head {_label(res, 'heads', head)})",
+        f"attention to key {res.sink} that does not reach the output: up to {gap.max():.3f} "
+        f"of each row (layer {_label(res, 'layers', g_layer)}, head "
+        f"{_label(res, 'heads', g_head)}; raw minus effective, mean over texts)",
+    ]
+
+
 HEADLINES: dict[str, Callable[[Any], list[str]]] = {
     "EffectiveAttention": _effective,
     "HTAResult": _hta,
@@ -130,6 +146,7 @@ HEADLINES: dict[str, Callable[[Any], list[str]]] = {
     "AttentionIntervals": _intervals,
     "IntervalMap": _intervals,
     "NullSpace": _null_space,
+    "ScanResult": _scan,
 }
 
 
@@ -184,6 +201,11 @@ def picture(res: Any) -> Markup:
         frac = null_fractions(res)
         return svg_map(
             frac, signed=False, caption="null fraction per head: layers down, heads across"
+        )
+    if type(res).__name__ == "ScanResult":
+        frac = _np(res.null_fraction).astype(np.float64).mean(0)
+        return svg_map(
+            frac, signed=False, caption="mean null fraction per head: layers down, heads across"
         )
     spec = dict(res._plot)
     if spec.get("kind") in ("interval", "bars") or res._tables:

@@ -228,7 +228,12 @@ def viewer_html_for_trace(
     for r in rows or ():
         trace.check_row(r)
     factors = attention.compute_head_factors(trace)
-    result = attention.effective_attention(trace, variant=o.variant, factors=factors)  # type: ignore[arg-type]
+    result = attention.effective_attention(
+        trace,
+        variant=o.variant,  # type: ignore[arg-type]
+        factors=factors,
+        memory_budget=o.memory_budget,
+    )
     certified, intervals, note = _certified_rows(trace, o, factors)
     patches = patch_grid(trace.tokens, *(image or (None, "")))
     if image is not None and patches is None:

@@ -37,6 +37,7 @@ class ViewerOptions:
     certify: compute the chosen head's interval map and constrained attention, within
     interval_seconds. identifiable_below: interval width under which a weight is marked
     identifiable. show_image: draw an image model's input under its patch grid.
+    memory_budget: bytes the page's effective attention may use (None: the memory free).
     """
 
     layer: int = 0
@@ -50,6 +51,7 @@ class ViewerOptions:
     interval_seconds: float = DEFAULT_INTERVAL_SECONDS
     identifiable_below: float = IDENTIFIABLE_BELOW
     show_image: bool = True
+    memory_budget: int | None = None
 
     @classmethod
     def of(cls, options: ViewerOptions | None, changes: dict[str, Any]) -> ViewerOptions:
