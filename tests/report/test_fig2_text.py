@@ -58,11 +58,11 @@ def test_methods_count_the_capped_and_failed_fits() -> None:
 
 def test_a_pipeline_check_shows_no_claim_count_and_no_verdict_badge() -> None:
     found = {"pipeline_check": False, "supported": 3, "claims_tested": 5}
-    assert document.headline(found) == "3 of 5 tested claims supported"
+    assert document.headline(found) == "3 of 5 tested claims supported"  # an older summary
     check = {"pipeline_check": True, "supported": None, "claims_tested": None}
-    assert "pipeline check" in document.headline(check)
+    assert "pipeline check, not evidence" in document.headline(check)
     assert "claims supported" not in document.headline(check)
-    assert "pipeline check" in str(document._badge("supported", check=True))
+    assert "pipeline check, not evidence" in str(document._badge("supported", check=True))
     assert "supported" not in str(document._badge("supported", check=True))
     assert document.pipeline_check({"budget": {"pipeline_check": True}})
     from identifiable.experiments.stages import BUDGETS

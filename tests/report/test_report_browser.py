@@ -39,8 +39,8 @@ def test_report_page_shows_every_figure_and_verdict(finished_run: Path, open_pag
     assert verdicts.count() >= 9
     # smoke is a pipeline check: every verdict carries that badge, none a finding's
     for text in verdicts.all_inner_texts():
-        assert text.startswith("pipeline check "), text
-    assert "Pipeline check: this budget only proves" in page.inner_text("body")
+        assert text.startswith("pipeline check, not evidence "), text
+    assert "Pipeline check, not evidence: this budget only proves" in page.inner_text("body")
     assert page.locator("section#attention").is_visible()
     assert "not a probability distribution" in page.inner_text("body")
     assert "paper's BERT-base values" in page.inner_text("body")

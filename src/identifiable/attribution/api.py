@@ -17,6 +17,7 @@ import torch
 from identifiable.attribution.contributions import contribution_stderr, contributions
 from identifiable.attribution.jacobian import ProgressFn, jacobian_sq_norms
 from identifiable.attribution.memory import DEFAULT_MEMORY_BUDGET, ModelDims, plan_chunk_size
+from identifiable.errors import IdentifiableError
 from identifiable.models.arguments import check_model
 from identifiable.models.protocol import TracedModel
 from identifiable.results import Result
@@ -88,6 +89,23 @@ class HTAResult(
     def own_contribution(self) -> torch.Tensor:
         """`[L, n]` c^l_{i,i}."""
         return torch.diagonal(self.contributions, dim1=-2, dim2=-1)
+
+    def interval(self, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+        """`[L, n, n]` lower and upper ends of a `level` interval around each contribution
+        (estimator only): ± t · stderr, t the Student quantile with k − 1 degrees of
+        freedom (k probes), since the variance comes from the same k probes. Calibration
+        against exact HTA: docs/definitions.md#hta."""
+        from scipy.stats import t as student
+
+        if self.stderr is None or self.probes is None or self.probes < 2:
+            raise IdentifiableError(
+                "an interval needs the estimator with at least 2 probes (exact mode has no "
+                "error; probes=1 has no variance estimate): pass probes=k with k ≥ 2"
+            )
+        if not 0 < level < 1:
+            raise IdentifiableError(f"level must be between 0 and 1, got {level}")
+        half = float(student.ppf((1 + level) / 2, self.probes - 1)) * self.stderr
+        return self.contributions - half, self.contributions + half
 
     def top_contributor(self) -> torch.Tensor:
         """`[L, n]` argmax_j c^l_{i,j} (lowest j on ties)."""

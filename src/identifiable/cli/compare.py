@@ -47,11 +47,15 @@ def compare(
             seed=seed,
             progress=not no_progress,
         )
+    from identifiable.experiments.stages import resolve_budget
+
     differs = int(result.tables["verdicts"]["differs"].sum())
-    console.print(
-        f"{differs} claims differ · {result.timings['total_s']:.0f} s · report: "
-        f"{out / 'index.html'}"
+    lead = (
+        "pipeline check, not evidence: smoke runs are not compared claim by claim"
+        if resolve_budget(budget).pipeline_check
+        else f"{differs} claims differ"
     )
+    console.print(f"{lead} · {result.timings['total_s']:.0f} s · report: {out / 'index.html'}")
 
 
 def register(app: typer.Typer) -> None:

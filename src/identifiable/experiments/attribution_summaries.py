@@ -206,7 +206,9 @@ def _trends(
     "tail_share" (% of the contribution from other positions within ±60 that comes from
     |j − i| ≥ 11: a summed share, already about half at the first layer on 100-128-token
     pairs) and "far_share" (the 11+ group's per-position share, Fig. 4a's normalisation:
-    the statistic the paper's own numbers give for the tails, 5.2 → 9.9 %); columns statistic, first_layer, last_layer, first, last, change
+    the statistic the paper's own numbers give for the tails, 5.2 → 9.9 %) and "near_share"
+    (the distance-1 group's per-position share, the statistic of Fig. 4a's spread test);
+    columns statistic, first_layer, last_layer, first, last, change
     (last − first, percentage points), change_lo, change_hi.
     """
     n_seq = counts.shape[1]
@@ -233,8 +235,16 @@ def _trends(
     def far(t: pd.DataFrame, w: np.ndarray) -> np.ndarray:
         return _group_percent(t, slot, n_seq, labels)(w)[:, labels.index("11+")]
 
+    def near(t: pd.DataFrame, w: np.ndarray) -> np.ndarray:
+        return _group_percent(t, slot, n_seq, labels)(w)[:, labels.index("1")]
+
     rows = []
-    stats = (("p_tilde", own, p_tilde), ("tail_share", off, tail), ("far_share", groups, far))
+    stats = (
+        ("p_tilde", own, p_tilde),
+        ("tail_share", off, tail),
+        ("far_share", groups, far),
+        ("near_share", groups, near),
+    )
     for name, table, stat in stats:
         if table.empty:
             continue

@@ -158,16 +158,19 @@ def differences(curve: pd.DataFrame, reference: str) -> pd.DataFrame:
 
 
 def verdicts(summaries: dict[str, dict[str, Any]]) -> pd.DataFrame:
-    """claim, then each model's status, and whether they differ."""
+    """claim, then each model's status, and whether they differ. A pipeline check (smoke)
+    has no findings, so no claim differs when any of the runs is one."""
     keys: list[str] = []
     for s in summaries.values():
         keys += [k for k in s.get("claims", {}) if k not in keys]
+    check = any(s.get("pipeline_check") for s in summaries.values())
     rows = []
     for key in keys:
         statuses = {
             m: s.get("claims", {}).get(key, {}).get("status", "—") for m, s in summaries.items()
         }
-        rows.append({"claim": key, **statuses, "differs": len(set(statuses.values())) > 1})
+        differs = not check and len(set(statuses.values())) > 1
+        rows.append({"claim": key, **statuses, "differs": differs})
     return pd.DataFrame(rows)
 
 

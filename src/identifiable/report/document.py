@@ -32,6 +32,13 @@ from identifiable.report.tables import (
     Results,
     TokenStageTables,
 )
+from identifiable.report.verdicts import (
+    NOT_EVIDENCE,
+    PIPELINE_CHECK,
+    headline,
+    pipeline_check,
+    tally,
+)
 from identifiable.store.files import atomic_write_text
 
 PACKAGES = (
@@ -219,7 +226,11 @@ def _attention_sections(
         _section(
             "effective",
             [raw, effective],
-            [claims.effective_vs_raw_targets(to_tokens)],
+            [
+                claims.effective_vs_raw_targets(
+                    to_tokens, int(by_length["length"].max()) if len(by_length) else 0, d_v
+                )
+            ],
             [
                 ("fig1bc_attention_to_tokens (layer means)", claims.layer_means(to_tokens)),
                 (
@@ -288,7 +299,10 @@ def _attribution_sections(
                 ),
                 fig("fig3b_own_not_top", figures.fig3b_not_top(own, name), "Fig. 3b. " + caption),
             ],
-            [claims.own_contribution_falls(tables["fig3a_own_contribution"]), extra["fig3b"]],
+            [
+                claims.own_contribution_falls(tables["fig3a_own_contribution"], own),
+                extra["fig3b"],
+            ],
             [
                 ("fig3a_own_summary", own),
                 ("fig4_special_share", tables["fig4_special_share"]),
@@ -309,9 +323,11 @@ def _attribution_sections(
                 ),
             ],
             [
-                claims.neighbours_spread(groups),
+                claims.neighbours_spread(tables["fig4a_groups_summary"], tables["fig34_trends"]),
                 claims.peak_at_neighbours(
-                    tables["fig4b_relative_position"], tables["fig34_trends"]
+                    tables["fig4b_relative_position"],
+                    tables["fig34_trends"],
+                    tables["fig4b_positions_summary"],
                 ),
             ],
             [
@@ -416,28 +432,9 @@ def _beyond(tables: dict[str, pd.DataFrame], name: str, fig: Any) -> list[Sectio
     return out
 
 
-PIPELINE_CHECK = (
-    "Pipeline check: this budget only proves that every stage runs end to end. Its samples are far "
-    "too small for findings, so no claim is tested here: the sentences below show what the rules "
-    "computed, not what the model does. Run the quick or paper budget for findings."
-)
-
-
-def pipeline_check(settings: dict[str, Any]) -> bool:
-    """Whether the run's budget is a pipeline check (smoke), whose verdicts are no findings."""
-    return bool(settings.get("budget", {}).get("pipeline_check", False))
-
-
-def headline(summary: dict[str, Any]) -> str:
-    """The one-line result: the claim count, or for a pipeline check that it is one."""
-    if summary.get("pipeline_check"):
-        return "pipeline check (no claim tested: the budget's samples are too small for findings)"
-    return f"{summary['supported']} of {summary['claims_tested']} tested claims supported"
-
-
 def _badge(status: str, check: bool = False) -> Markup:
     if check:
-        return h("span", "pipeline check", class_="badge mixed")
+        return h("span", NOT_EVIDENCE, class_="badge mixed")
     cls = {"supported": "ok", "not supported": "no"}.get(status, "mixed")
     return h("span", status, class_=f"badge {cls}")
 
@@ -499,11 +496,15 @@ def write_report(
         "settings": settings,
         "versions": package_versions(),
         "claims": {
-            v.key: {"status": v.status, "sentence": v.sentence, **v.numbers} for v in verdicts
+            v.key: {"status": NOT_EVIDENCE if check else v.status, "sentence": v.sentence}
+            | ({"rule_status": v.status} if check else {})
+            | v.numbers
+            for v in verdicts
         },
         "pipeline_check": check,
         "supported": None if check else sum(v.status == "supported" for v in verdicts),
         "claims_tested": None if check else sum(v.status != "not tested" for v in verdicts),
+        "counts": None if check else tally(verdicts),
         "paper_reference": PAPER_LABEL,
         "output_change": claims.output_change(tables["fig1_output_change"], info.head_dim)
         if not tables["fig1_output_change"].empty

@@ -11,12 +11,15 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never open a window
 
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
 from matplotlib import pyplot as plt
 from matplotlib.figure import Figure
 
 from identifiable.report.claims import NOT_SUPPORTED, NOT_TESTED, PARTLY, SUPPORTED
+from identifiable.report.verdicts import settle
 
 SUMMARY_COLUMNS = ("layer", "method", "reference", "mean", "ci_low", "ci_high", "n_sequences")
 RAW = "attention"
@@ -66,13 +69,19 @@ def mixing_figure(summary: pd.DataFrame) -> Figure:
     return fig
 
 
+def _layers_rule(ok: Sequence[bool]) -> str:
+    return SUPPORTED if all(ok) else PARTLY if any(ok) else NOT_SUPPORTED
+
+
 def mixing_claim(summary: pd.DataFrame, reference: str = "hta") -> tuple[str, str]:
     """Does some account of mixing track `reference` better than raw attention?
 
     Test, per layer: the best method other than raw attention (highest mean ρ averaged over
-    layers) beats raw attention in a layer when its interval lies wholly above attention's.
-    Supported: it does so in every layer; partly supported: in some layers; not supported:
-    in none. Not tested: raw attention or any other method is missing for the reference.
+    layers) beats raw attention in a layer when its 95 % interval lies wholly above
+    attention's, loses when it lies wholly below, and is open when they overlap.
+    Supported: it beats it in every layer; partly supported: in some layers; not supported:
+    in none; not settled when open layers decide it. Not tested: raw attention or any other
+    method is missing for the reference.
     Returns (verdict, sentence quoting the numbers).
     """
     _check(summary)
@@ -89,14 +98,22 @@ def mixing_claim(summary: pd.DataFrame, reference: str = "hta") -> tuple[str, st
     layers = sorted(set(rows.index) & set(raw.index))
     if not layers:
         return NOT_TESTED, f"Not tested: {best} and raw attention share no layer."
-    above = [layer for layer in layers if rows.loc[layer, "ci_low"] > raw.loc[layer, "ci_high"]]
-    status = SUPPORTED if len(above) == len(layers) else PARTLY if above else NOT_SUPPORTED
+    outcomes = [
+        True
+        if rows.loc[layer, "ci_low"] > raw.loc[layer, "ci_high"]
+        else False
+        if rows.loc[layer, "ci_high"] < raw.loc[layer, "ci_low"]
+        else None
+        for layer in layers
+    ]
+    status = settle(_layers_rule, outcomes)
     n_seq = int(part["n_sequences"].max())
     sentence = (
         f"{status.capitalize()}: against {reference}, {best} tracks best (mean ρ "
         f"{ranking.iloc[0]:.2f} over layers, raw attention {raw.loc[layers, 'mean'].mean():.2f}); "
-        f"its 95% interval lies above raw attention's in {len(above)} of {len(layers)} layers "
-        f"({n_seq} sequences)."
+        f"its 95% bootstrap interval lies above raw attention's in {outcomes.count(True)} of "
+        f"{len(layers)} layers, below it in {outcomes.count(False)}, and overlaps it in "
+        f"{outcomes.count(None)} ({n_seq} sequences)."
     )
     return status, sentence
 

@@ -24,6 +24,7 @@ from identifiable.experiments import compare as cmp
 from identifiable.experiments.pipeline import corpus_items
 from identifiable.experiments.stages import resolve_budget
 from identifiable.report.compare_section import write_compare_report
+from identifiable.report.verdicts import PIPELINE_CHECK
 from identifiable.runs.finetune import load_attention_model
 from identifiable.store.cache import CACHE_DIR, RunCache
 from identifiable.store.files import atomic_write_text
@@ -119,7 +120,10 @@ def compare(
             .reset_index()
         )
         tables["token_counts_per_text"] = counts
-        write_compare_report(work, tables, _meta(loaded, labels, texts, counts, corpus_info))
+        meta = _meta(loaded, labels, texts, counts, corpus_info)
+        if plan.pipeline_check:
+            meta["verdict_note"] = PIPELINE_CHECK + " No claim is compared between the models."
+        write_compare_report(work, tables, meta)
         timings["total_s"] = time.perf_counter() - t0
         atomic_write_text(work / CACHE_DIR / "timings.json", json.dumps(timings, indent=2))
     return Comparison(Path(out), tables, timings)
