@@ -276,7 +276,8 @@ def discover_spec(base: nn.Module, tokenizer: Any = None) -> Discovery:
             except IdentifiableError as exc:
                 if causal and "outside the mask" in str(exc):
                     continue  # attends beyond the diagonal: try it as an encoder
-                if _rank(cand) <= 1 and "does not reproduce" in str(exc):
+                named = spec.out_proj.rsplit(".", 1)[-1].lower() in _OUT_NAMES
+                if _rank(cand) <= 1 and named and "does not reproduce" in str(exc):
                     _refuse_if_gated(base, stack, inputs, enc, cand, model_type)
                 tried.append(f"{label}: {str(exc).split(';')[0][:120]}")
                 break
@@ -307,7 +308,7 @@ def _refuse_if_gated(
     attention (Qwen3-Next's query-dependent output gate)."""
     try:
         one = trace_batch(base, stack, inputs, [enc], TraceMeta("", spec.name), heads=[0])[0]
-        one.verify()
+        one.verify(rtol=0.05)  # far beyond rounding: reduced precision stays inside it
     except IdentifiableError as exc:
         if "does not reproduce" not in str(exc):
             return
