@@ -88,20 +88,13 @@ LATENT: dict[str, Any] = {
 }
 # Families whose default layout puts no softmax attention in their first two layers.
 OVERRIDES: dict[str, dict[str, Any]] = {
-    "jamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_offset": 1},
-}
-# Multi-head latent attention: value width 12, query/key width 16 + 8 (RoPE), latent 32.
-LATENT: dict[str, Any] = {
-    "kv_lora_rank": 32,
-    "q_lora_rank": 24,
-    "qk_rope_head_dim": 8,
-    "qk_nope_head_dim": 16,
-    "v_head_dim": 12,
-    "num_key_value_heads": 4,
-}
-# Families whose default layout puts no softmax attention in their first two layers.
-OVERRIDES: dict[str, dict[str, Any]] = {
-    "jamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_offset": 1},
+    # use_mamba_kernels: transformers 4.x asks for the CUDA kernels otherwise
+    "jamba": {
+        "num_hidden_layers": 4,
+        "attn_layer_period": 2,
+        "attn_layer_offset": 1,
+        "use_mamba_kernels": False,
+    },
     "deepseek_v3": {
         "kv_lora_rank": 32,
         "q_lora_rank": 24,
