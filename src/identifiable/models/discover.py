@@ -417,9 +417,11 @@ class NormProbe:
             ]
         else:
             second_in = self.x + self.a if layout.kind == "pre" else self.x
+            # latent attention: E is the latent projected from N1's output, not N1's output
+            same = self.e.shape == f.outs.shape
             checks = [
                 ("N1 reads x", f.ins, self.x),
-                ("N1's output is E", f.outs, self.e),
+                *([("N1's output is E", f.outs, self.e)] if same else []),
                 (f"N2 reads {'x + Attn' if layout.kind == 'pre' else 'x'}", s.ins, second_in),
             ]
         for what, got, want in checks:
