@@ -85,6 +85,22 @@ _VISION = {
     "patch_size": 8,
 }
 
+_MLA = {
+    **{k: v for k, v in _LLAMA_LIKE.items() if k != "head_dim"},  # head_dim: the RoPE width
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 12,
+    "first_k_dense_replace": 1,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "n_group": 1,
+    "topk_group": 1,
+    **_IDS,
+}
+
 TINY_CONFIGS: dict[str, Tiny] = {
     # "core": every test of tests/models, attention, attribution and mixing runs on these.
     "bert": Tiny("core", _BERT_LIKE),
@@ -211,6 +227,10 @@ TINY_CONFIGS: dict[str, Tiny] = {
     "qwen2": Tiny("spec", {**_LLAMA_LIKE, **_IDS}, causal=True),
     "xlm-roberta": Tiny("spec", _ROBERTA_LIKE),
     "camembert": Tiny("spec", _ROBERTA_LIKE),
+    # multi-head latent attention: value width 12 ≠ query/key width 16 + 8; v3 with a query
+    # low-rank path, a dense first layer and mixture-of-experts after it; v2 without
+    "deepseek_v3": Tiny("spec", {**_MLA, "q_lora_rank": 24}, causal=True),
+    "deepseek_v2": Tiny("spec", {**_MLA, "q_lora_rank": None}, causal=True),
     "clip": Tiny(
         "spec",
         {

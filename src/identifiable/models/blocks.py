@@ -284,6 +284,11 @@ def rerun_layers_zeroing_values(
             "the attention from raw parameters, with no value module whose output can be zeroed; "
             "use another method (see identifiable.mixing.method_names())"
         )
+    if model.stack.others:  # a trace's next state is not the next attention layer's input
+        raise IdentifiableError(
+            f"value zeroing is not available for a hybrid stack ({model.stack.others_line()}): "
+            "it re-runs each attention layer from the previous one's output; use another method"
+        )
     b = int(zero.shape[0])
     device = model.device
     rows = torch.arange(b, device=device)[:, None]
@@ -297,7 +302,8 @@ def rerun_layers_zeroing_values(
 
     def zero_values(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         out = output.clone()
-        out[rows, cols, v_cols] = 0
+        # latent attention feeds its expansion as one head, [B, 1, n, width]: same rows
+        out.view(out.shape[0], -1, out.shape[-1])[rows, cols, v_cols] = 0
         return out
 
     def feed(module: nn.Module, args: Any, kwargs: Any) -> Any:

@@ -196,7 +196,9 @@ class TraceBuilder:
                 capture_dtype=str(self.capture_dtype or torch.float32).removeprefix("torch."),
                 key_tokens=list(self.keys[b].tokens) if self.cross else None,
                 key_input_ids=self.keys[b].input_ids.clone() if self.cross else None,
-                layers=None if full else list(self.layers),
+                layers=None
+                if full and not self.stack.others
+                else self.stack.model_layers(self.layers),
                 heads=None if self.heads is None else list(self.heads),
             )
             for b, rows in enumerate(self.rows)

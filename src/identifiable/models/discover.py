@@ -34,6 +34,7 @@ from identifiable.models.blocks import norm_params
 from identifiable.models.capture import TraceMeta, trace_batch
 from identifiable.models.encoding import InputEncoder, input_encoder, pair
 from identifiable.models.hooks import HookSet, first_tensor
+from identifiable.models.latent import MLA
 from identifiable.models.specs import ArchSpec, NormLayout, NormRule
 from identifiable.models.stack import AttentionStack, Captured, Tap, distinct, stack_of
 
@@ -125,7 +126,7 @@ def _candidates(base: nn.Module, layers_path: str, layer: nn.Module) -> list[Arc
         if d_in == n_heads * d_v and d_out == d:
             outs.append((name, layout))
     mlp_width = next((a for a in _MLP_WIDTHS if getattr(config, a, None)), _MLP_WIDTHS[0])
-    specs = []
+    specs = _latent_candidates(config, layers_path, mods, mlp_width)
     for _, v_name, v_layout, fused in sorted(values, key=lambda t: t[0]):
         ranked = sorted(
             (o for o in outs if o[1] == v_layout),
@@ -148,6 +149,65 @@ def _candidates(base: nn.Module, layers_path: str, layer: nn.Module) -> list[Arc
                 )
             )
     return specs
+
+
+def _latent_candidates(
+    config: Any, layers_path: str, mods: dict[str, tuple[nn.Module, str]], mlp_width: str
+) -> list[ArchSpec]:
+    """Multi-head latent attention (config names `MLA`'s widths): the latent expansion
+    r → H·(d_k + d_v) as the value module and H·d_v → d as the output projection."""
+    try:
+        r, d_k, d_v = (
+            int(getattr(config, a)) for a in (MLA.latent_attr, MLA.key_attr, MLA.value_attr)
+        )
+    except (AttributeError, TypeError, ValueError):
+        return []
+    d, n_heads = int(config.hidden_size), int(config.num_attention_heads)
+    shapes = {name: _in_out(mod, layout) for name, (mod, layout) in mods.items()}
+    values = [n for n, io in shapes.items() if io == (r, n_heads * (d_k + d_v))]
+    outs = [n for n, io in shapes.items() if io == (n_heads * d_v, d)]
+    return [
+        ArchSpec(
+            name=str(config.model_type),
+            model_types=(str(config.model_type),),
+            layers=layers_path,
+            value=v,
+            out_proj=o,
+            source="discovered",
+            mlp_width=mlp_width,
+            latent=MLA,
+        )
+        for v in values
+        for o in outs
+    ]
+
+
+def layer_candidates(base: nn.Module, layers_path: str, layers: nn.ModuleList) -> list[ArchSpec]:
+    """The candidates of every distinct layer structure, in layer order, each once: layers
+    may differ in their MLP (dense, mixture of experts) or their token mixer (hybrids)."""
+    seen: set[tuple[str, ...]] = set()
+    found: dict[tuple[str, str, str | None, bool], ArchSpec] = {}
+    for layer in layers:
+        shape = tuple(sorted(linears(layer)))
+        if shape in seen:
+            continue
+        seen.add(shape)
+        for spec in _candidates(base, layers_path, layer):
+            found.setdefault((spec.value, spec.out_proj, spec.fused, spec.latent is None), spec)
+    # by how well the names match, then one every layer holds before one some layers hold
+    return sorted(
+        found.values(),
+        key=lambda s: (_rank(s), not all(s.value in linears(x) for x in layers)),
+    )
+
+
+def _rank(spec: ArchSpec) -> int:
+    name = spec.value.rsplit(".", 1)[-1].lower()
+    if spec.latent is not None:
+        return 0
+    if spec.fused is None and name in _VALUE_NAMES:
+        return 1
+    return 2 if name in _FUSED_NAMES else 3
 
 
 def probe_ids(base: nn.Module) -> torch.Tensor:
@@ -192,11 +252,12 @@ def discover_spec(base: nn.Module, tokenizer: Any = None) -> Discovery:
             f"layers (nn.ModuleList) in {type(base).__name__}; {how}"
         )
     layers_path, layer_list = found
-    candidates = _candidates(base, layers_path, layer_list[0])
+    candidates = layer_candidates(base, layers_path, layer_list)
     if not candidates:
         raise IdentifiableError(
             f"architecture '{model_type}' is not in the table and discovery found no value and "
-            f"output projections (linear d→H_kv·d_v and H·d_v→d) in '{layers_path}.0'; {how}"
+            f"output projections (linear d→H_kv·d_v and H·d_v→d) in any layer of "
+            f"'{layers_path}' (no softmax attention it can prove); {how}"
         )
     ids = probe_ids(base)
     tried: list[str] = []
@@ -215,6 +276,9 @@ def discover_spec(base: nn.Module, tokenizer: Any = None) -> Discovery:
             except IdentifiableError as exc:
                 if causal and "outside the mask" in str(exc):
                     continue  # attends beyond the diagonal: try it as an encoder
+                named = spec.out_proj.rsplit(".", 1)[-1].lower() in _OUT_NAMES
+                if _rank(cand) <= 1 and named and "does not reproduce" in str(exc):
+                    _refuse_if_gated(base, stack, inputs, enc, cand, model_type)
                 tried.append(f"{label}: {str(exc).split(';')[0][:120]}")
                 break
             except Exception as exc:  # a forward pass that breaks under this spec
@@ -228,6 +292,36 @@ def discover_spec(base: nn.Module, tokenizer: Any = None) -> Discovery:
         f"architecture '{model_type}' is not in the table and no discovered spec reproduced "
         f"the model on a probe (tried {len(tried)} in '{layers_path}': {shown}); {how}"
     )
+
+
+def _refuse_if_gated(
+    base: nn.Module,
+    stack: AttentionStack,
+    inputs: InputEncoder,
+    enc: Any,
+    spec: ArchSpec,
+    model_type: str,
+) -> None:
+    """Raise one line when a well-named value → output pair fails because the output
+    projection does not read A·(E W_V): a trace of head 0 alone reconstructs from the output
+    projection's own input, so it fails only when the heads' outputs are changed after the
+    attention (Qwen3-Next's query-dependent output gate)."""
+    try:
+        one = trace_batch(base, stack, inputs, [enc], TraceMeta("", spec.name), heads=[0])[0]
+        one.verify(rtol=0.05)  # far beyond rounding: reduced precision stays inside it
+    except IdentifiableError as exc:
+        if "does not reproduce" not in str(exc):
+            return
+        where = f"layer {stack.model_index[0]}'s {spec.value.rsplit('.', 1)[0]}"
+        raise IdentifiableError(
+            f"architecture '{model_type}': {where} is softmax attention, but its output "
+            f"projection '{spec.out_proj}' does not read A·(E W_V): each head's output is "
+            "changed after the attention (a query-dependent output gate, as in gated "
+            "attention), which the decomposition identifiable analyses does not describe; "
+            "this family is not supported"
+        ) from None
+    except Exception:  # a forward pass that breaks: the candidate's own failure stands
+        return
 
 
 def _with_norms(
@@ -323,9 +417,11 @@ class NormProbe:
             ]
         else:
             second_in = self.x + self.a if layout.kind == "pre" else self.x
+            # latent attention: E is the latent projected from N1's output, not N1's output
+            same = self.e.shape == f.outs.shape
             checks = [
                 ("N1 reads x", f.ins, self.x),
-                ("N1's output is E", f.outs, self.e),
+                *([("N1's output is E", f.outs, self.e)] if same else []),
                 (f"N2 reads {'x + Attn' if layout.kind == 'pre' else 'x'}", s.ins, second_in),
             ]
         for what, got, want in checks:

@@ -245,7 +245,7 @@ class Model:
         return (
             f"Model({info.name!r}, family={info.architecture!r}, layers={info.n_layers}, "
             f"heads={info.n_heads}{kv}, head_dim={info.head_dim}, dtype={dtype}, "
-            f"device={self.device})"
+            f"device={self.device})" + (f"; {info.not_analysed}" if info.not_analysed else "")
         )
 
     @property
@@ -303,7 +303,7 @@ class Model:
         models/budget.py) exceeds it is refused before the forward pass; on a GPU its
         forward part is checked against the GPU's free memory, and the budget bounds the
         result (host memory)."""
-        chosen = layer_range(indices(layers, self.stack.n_layers, "layers"), self.stack.n_layers)
+        chosen = layer_range(self.stack.requested(layers), self.stack.n_layers)
         kept = indices(heads, self.stack.n_heads, "heads")
         enc = self.inputs.encode_any(text, truncate)
         self.check_memory(len(enc), len(chosen), kept, memory_budget, "this trace")
@@ -375,7 +375,7 @@ class Model:
         """
         if batch_size < 1:
             raise IdentifiableError(f"batch_size must be ≥ 1, got {batch_size}")
-        chosen = layer_range(indices(layers, self.stack.n_layers, "layers"), self.stack.n_layers)
+        chosen = layer_range(self.stack.requested(layers), self.stack.n_layers)
         kept = indices(heads, self.stack.n_heads, "heads")
         if memory_budget is not None:  # a bad value is refused before any text is read
             self.check_memory(1, len(chosen), kept, memory_budget, "trace_many")
@@ -457,7 +457,7 @@ class Model:
         `heads` and `memory_budget` as for `trace` (the budget is checked before the
         pass, from the streaming formula of docs/families.md, 'Memory and streaming').
         """
-        chosen = indices(layers, self.stack.n_layers, "layers")
+        chosen = self.stack.requested(layers)
         kept = indices(heads, self.stack.n_heads, "heads")
         enc = self.inputs.encode_any(text, truncate)
         self.check_memory(len(enc), 1, kept, memory_budget, "iter_layers", streaming=True)

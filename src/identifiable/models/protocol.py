@@ -38,6 +38,8 @@ class ModelInfo:
     intermediate_size: int = 0  # MLP width, for memory estimates
     # "GGUF Q4_1" where the weights were dequantized from a quantized file, else ""
     dequantized_from: str = ""
+    # hybrid stacks: the layers that are not softmax attention, in one line ("" if none)
+    not_analysed: str = ""
 
     @classmethod
     def of_stack(
@@ -59,6 +61,7 @@ class ModelInfo:
             is_causal=spec.causal,
             intermediate_size=int(getattr(config, spec.mlp_width, None) or 4 * stack.hidden_size),
             dequantized_from=dequantized_label(config),
+            not_analysed=stack.others_line(),
         )
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from identifiable.errors import IdentifiableError
+from identifiable.models.latent import MLA, LatentValues
 
 FusedLayout = Literal["qkv_blocks", "per_kv_group"]
 """Where W_V sits inside a fused QKV weight (output dimension, d_v = head width):
@@ -142,6 +143,9 @@ class ArchSpec:
             name windowed layers in transformers 4.x instead of `window_attr` and
             `layer_types_attr` (4.x ModernBERT: layer i is global when i is a multiple of
             the period, otherwise it sees |i − j| ≤ width / 2).
+        latent: multi-head latent attention: how the value module (the latent expansion)
+            holds each head's values (`identifiable.models.latent.LatentValues`); None: the
+            value module reads the hidden states.
     """
 
     name: str
@@ -171,6 +175,7 @@ class ArchSpec:
     tower: str | None = None
     tf4_paths: tuple[str, str, str] | None = None
     tf4_windows: tuple[str, str] | None = None
+    latent: LatentValues | None = None
 
     def __post_init__(self) -> None:
         """One line for a spec of the wrong kind, when it is made (not at its first trace)."""
@@ -452,6 +457,14 @@ SPECS: tuple[ArchSpec, ...] = (
         norm_rules=(NormRule("model_type", "olmo2", reason=_SANDWICH),),
     ),
     replace(_LLAMA, name="mixtral", model_types=("mixtral",)),
+    # multi-head latent attention: values from the normalised latent (models/latent.py)
+    replace(
+        _LLAMA,
+        name="deepseek",
+        model_types=("deepseek_v2", "deepseek_v3"),
+        value="self_attn.kv_b_proj",
+        latent=MLA,
+    ),
 )
 
 

@@ -27,7 +27,9 @@ from identifiable.errors import IdentifiableError
 from identifiable.models import recompute as recomputed
 from identifiable.models.compat import adapt_spec, ask_for_attention_weights, window_config
 from identifiable.models.hooks import HookSet, first_tensor, get_submodule, hidden_input
+from identifiable.models.hybrid import has_attention, kind_of, others_line, ranges
 from identifiable.models.recompute import AttentionCall
+from identifiable.models.selection import indices
 from identifiable.models.specs import ArchSpec
 
 Tap = Literal["input", "e", "values", "maps", "block", "output", "head_outputs"]
@@ -81,6 +83,10 @@ class AttentionStack:
         weights: per layer, `HeadWeights` (detached views of the parameters).
         windows: per layer, the attention window (None: every key the row may see).
         label: "" for a model's only stack, else "encoder", "decoder" or "cross" (messages).
+        model_index: per layer, its index among the model's layers (hybrid stacks trace
+            only their softmax-attention layers); None: 0, 1, ….
+        others: the model's layers that are not softmax attention, index → kind
+            ("linear_attn (Qwen3NextGatedDeltaNet)").
     """
 
     def __init__(
@@ -93,8 +99,12 @@ class AttentionStack:
         hidden_size: int,
         windows: Sequence[int | None] | None = None,
         label: str = "",
+        model_index: Sequence[int] | None = None,
+        others: dict[int, str] | None = None,
     ) -> None:
         self.layers, self.spec, self.label = list(layers), spec, label
+        self.model_index = list(model_index or range(len(self.layers)))
+        self.others = dict(others or {})
         self.n_heads, self.head_dim, self.hidden_size = n_heads, head_dim, hidden_size
         self.value_modules = [_e_module(layer, spec) for layer in self.layers]
         self.out_modules = [
@@ -142,7 +152,9 @@ class AttentionStack:
     def _head_weights(self, layer: int) -> HeadWeights:
         w_v, b_v, w_o, b_o = self.projections(layer)
         w_v, b_v = w_v[:, self.v_cols], b_v[self.v_cols]
-        expected_v = (self.hidden_size, self.n_kv_heads * self.head_dim)
+        # latent attention: E is the normalised latent, not the hidden state
+        e_width = w_v.shape[0] if self.spec.latent is not None else self.hidden_size
+        expected_v = (e_width, self.n_kv_heads * self.head_dim)
         expected_o = (self.n_heads * self.head_dim, self.hidden_size)
         if tuple(w_v.shape) != expected_v or tuple(w_o.shape) != expected_o:
             raise IdentifiableError(
@@ -287,10 +299,10 @@ class AttentionStack:
                 )
         if "e" in taps:
             for mod in distinct(self.value_modules):
-                hooks.pre(mod, lambda m, a: emit("e", self.batch_first(a[0])))
+                hooks.pre(mod, lambda m, a: emit("e", self.e_rows(a[0])))
         if "values" in taps:  # resolved now: an adapter (peft) may have replaced the module
             for mod in distinct([get_submodule(layer, self.spec.value) for layer in self.layers]):
-                hooks.post(mod, lambda m, a, o: emit("values", self.batch_first(first_tensor(o))))
+                hooks.post(mod, lambda m, a, o: emit("values", self.e_rows(first_tensor(o))))
         if "maps" in taps and recompute:
             for mod in distinct(self.attention_modules):
                 recomputed.watch(hooks, mod, called)
@@ -318,6 +330,38 @@ class AttentionStack:
         if "output" in taps:
             for mod in distinct(self.layers):
                 hooks.post(mod, lambda m, a, o: emit("output", self.batch_first(first_tensor(o))))
+
+    def e_rows(self, e: torch.Tensor) -> torch.Tensor:
+        """The value module's input as E `[B, n_k, width]`."""
+        e = self.batch_first(e)
+        return self.spec.latent.rows(e) if self.spec.latent is not None else e
+
+    def model_layers(self, chosen: Sequence[int]) -> list[int]:
+        """The model's indices of the stack's layers `chosen`."""
+        return [self.model_index[i] for i in chosen]
+
+    def requested(self, layers: Sequence[int] | None) -> list[int] | None:
+        """The stack's indices of the model's layers `layers` (None: all), checked."""
+        chosen = indices(layers, len(self.model_index) + len(self.others), "layers")
+        return None if chosen is None else self.stack_layers(chosen)
+
+    def stack_layers(self, requested: Sequence[int]) -> list[int]:
+        """The stack's indices of the model's layers `requested`, or one line naming a
+        layer that is not softmax attention (or does not exist)."""
+        where = {m: i for i, m in enumerate(self.model_index)}
+        for m in requested:
+            if m not in where:
+                kind = self.others.get(m)
+                what = f"is {kind}: not softmax attention" if kind else "does not exist"
+                raise IdentifiableError(
+                    f"{self.prefix}layer {m} {what}; choose among the softmax-attention "
+                    f"layers {ranges(self.model_index)}"
+                )
+        return [where[m] for m in requested]
+
+    def others_line(self) -> str:
+        """One line naming the layers that are not traced, with their kind ("" if none)."""
+        return others_line(self.others)
 
     def _maps_in(self, out: Any, shape: tuple[int, int] | None, layer: int) -> torch.Tensor:
         """The attention probabilities `[B, H, n, n_k]` in an attention module's output."""
@@ -370,17 +414,33 @@ def stack_of(base: nn.Module, spec: ArchSpec, *, label: str = "") -> AttentionSt
     encoder–decoder model), sized from its config; transformers 4.x paths where they differ."""
     config: Any = base.config
     spec = adapt_spec(base, spec)
-    layers = logical_layers(base, spec)
+    every = logical_layers(base, spec)
+    # hybrid stacks: only the layers holding the spec's attention are traced
+    kept = [i for i, layer in enumerate(every) if has_attention(layer, spec)]
+    if not kept:
+        if spec.weight_layout != "heads":  # the message names the first missing module
+            for path in (spec.value, spec.block_output_at or spec.out_proj):
+                get_submodule(every[0] if every else base, path)
+        raise IdentifiableError(
+            f"no layer of '{spec.layers}' holds the spec's '{spec.value}' and "
+            f"'{spec.out_proj}'; the spec does not match this model class (see "
+            "docs/families.md, 'Adding an architecture')."
+        )
+    others = {i: kind_of(layer, every[kept[0]]) for i, layer in enumerate(every) if i not in kept}
     n_heads = int(config.num_attention_heads)
     hidden = int(config.hidden_size)
+    windows = layer_windows(config, spec, len(every))
+    head_dim = getattr(config, "head_dim", None) or hidden // n_heads
     return AttentionStack(
-        layers,
+        [every[i] for i in kept],
         spec,
         n_heads=n_heads,
-        head_dim=int(getattr(config, "head_dim", None) or hidden // n_heads),
+        head_dim=spec.latent.head_dim(config) if spec.latent is not None else int(head_dim),
         hidden_size=hidden,
-        windows=layer_windows(config, spec, len(layers)),
+        windows=[windows[i] for i in kept],
         label=label,
+        model_index=kept,
+        others=others,
     )
 
 
@@ -442,6 +502,8 @@ def value_columns(
     Args:
         width: output width of the value module (the fused width for fused QKV).
     """
+    if spec.latent is not None:  # every query head has its own value block
+        return n_heads, spec.latent.columns(width, n_heads, head_dim)
     if spec.fused_qkv is not None:
         chunks, index = spec.fused_qkv
         part = width // chunks

@@ -23,7 +23,7 @@ from identifiable.report.files import write_figure, write_tables
 from identifiable.report.html import Markup, h, page, png_img, table_html
 from identifiable.report.methods import first_value, methods_section
 from identifiable.report.paper import PAPER_LABEL
-from identifiable.report.prose import EFFECTIVE_NOTE, PROSE, dequantized
+from identifiable.report.prose import EFFECTIVE_NOTE, PROSE, dequantized, not_analysed
 from identifiable.report.tables import (
     AttentionStageTables,
     AttributionStageTables,
@@ -492,6 +492,7 @@ def write_report(
             "hidden_size": info.hidden_size,
             "fingerprint": settings.get("model_fingerprint"),
             **({"dequantized_from": q} if (q := getattr(info, "dequantized_from", "")) else {}),
+            **({"not_analysed": o} if (o := getattr(info, "not_analysed", "")) else {}),
         },
         "settings": settings,
         "versions": package_versions(),
@@ -559,7 +560,7 @@ def render_index(
                 "p",
                 f"Model {info.name} ({info.architecture}, {info.n_layers} layers × {info.n_heads} heads, "
                 f"head width d_v = {info.head_dim}, width d = {info.hidden_size}"
-                f"{dequantized(info)}) · corpus "
+                f"{dequantized(info)}{not_analysed(info)}) · corpus "
                 f"{settings['corpus']['name']} ({settings['corpus']['items']} items) · budget {budget['name']} · "
                 f"seed {settings['seed']}",
                 class_="meta",

@@ -83,6 +83,13 @@ PROSE: dict[str, Prose] = {
 """Section key → its prose, in report order."""
 
 
+def not_analysed(info: Any) -> str:
+    """ "; layers 0, 2 are mamba (…): not softmax attention, not analysed" for a hybrid
+    stack (only its softmax-attention layers are traced), else ""."""
+    line = getattr(info, "not_analysed", "")
+    return f"; {line}" if line else ""
+
+
 def dequantized(info: Any) -> str:
     """ ", weights dequantized from GGUF Q4_1" for a model loaded from a GGUF file, else ""."""
     q = getattr(info, "dequantized_from", "")
