@@ -140,14 +140,19 @@ def _alternate(sides: list, repeats: int, out: dict, what):
     if not what:
         return
     runs: dict = {name: [] for name, _ in sides}
+    cpu: dict = {name: [] for name, _ in sides}
     for r in range(repeats):
         for name, payload in sides if r % 2 == 0 else sides[::-1]:
             t = [time.perf_counter()]
+            c0 = time.process_time()
             yield name, payload, t
+            cpu[name].append(time.process_time() - c0)
             runs[name].append(t[0])
     for name, times in runs.items():
         out[f"{what}_{name}_runs_s"] = times
         out[f"{what}_{name}_s"] = float(np.median(times))
+        out[f"{what}_{name}_cpu_runs_s"] = cpu[name]
+        out[f"{what}_{name}_cpu_s"] = float(np.median(cpu[name]))
 
 
 def main() -> None:
@@ -246,9 +251,14 @@ def main() -> None:
                 pairs = [a / b for a, b in zip(out[f"{what}_after_runs_s"],
                                                out[f"{what}_before_runs_s"], strict=True)]  # fmt: skip
                 out[f"{what}_pair_ratios"] = pairs
+                cpu = [a / b for a, b in zip(out[f"{what}_after_cpu_runs_s"],
+                                             out[f"{what}_before_cpu_runs_s"], strict=True)]  # fmt: skip
+                out[f"{what}_cpu_pair_ratios"] = cpu
+                out[f"{what}_cpu_ratio"] = out[f"{what}_after_cpu_s"] / out[f"{what}_before_cpu_s"]
                 print(
                     f"{what}: after/before {ratio:.3f} (medians; pairs "
-                    f"{min(pairs):.3f}-{max(pairs):.3f}), max |bound difference| {diff:.2e}"
+                    f"{min(pairs):.3f}-{max(pairs):.3f}), CPU time {out[f'{what}_cpu_ratio']:.3f} "
+                    f"(pairs {min(cpu):.3f}-{max(cpu):.3f}), max |bound difference| {diff:.2e}"
                 )
             else:
                 print(

@@ -20,6 +20,9 @@ from identifiable.attention.lp.crossover import PIVOT_TOL
 # into it, under a key that covers this file's source (see `lockstep`).
 FASTMATH = {"reassoc", "contract", "nsz"}
 jit = numba.njit(nogil=True, error_model="numpy", fastmath=FASTMATH)
+# Per-pivot functions on a whole `state.Chain` are inlined: a call passes all its arrays
+# field by field, at a cost per call (benchmarks/bench_chain_call.py, records/engine.md).
+jit_inline = numba.njit(inline="always", nogil=True, error_model="numpy", fastmath=FASTMATH)
 
 OPT_TOL = 1e-11  # largest reduced cost accepted at an optimum (bounds the gap, `solve.OPT_TOL`)
 FEAS_TOL = 1e-10  # basic values down to −FEAS_TOL count as 0 (round-off)
@@ -135,7 +138,7 @@ def fresh_d(a, ch):
     st.drift = 0
 
 
-@jit
+@jit_inline
 def price(ch, slow, steep):
     """Primal entering key: the largest d_k² / γ_k (steepest edge) or d_k (Dantzig) over
     unblocked keys with d_k > OPT_TOL; the lowest such key when slow (Bland); −1: optimal.
@@ -165,7 +168,7 @@ def price(ch, slow, steep):
     return -1
 
 
-@jit
+@jit_inline
 def primal_ratio(ch, col, slow):
     """Leaving row of a primal pivot (ties to the largest pivot, the lowest basic key when
     slow), −1 if no row bounds the step; counts degenerate pivots."""
@@ -195,7 +198,7 @@ def primal_ratio(ch, col, slow):
     return r
 
 
-@jit
+@jit_inline
 def dual_leave(ch, slow):
     """Leaving row of a dual pivot: the largest x_p² / ‖e_pᵀB⁻¹‖² over x_p < −FEAS_TOL (dual
     steepest edge, exact weights); the lowest basic key when slow."""
@@ -216,7 +219,7 @@ def dual_leave(ch, slow):
     return p
 
 
-@jit
+@jit_inline
 def dual_enter(ch, alpha, slow):
     """Entering key of a dual pivot on tableau row alpha: the smallest d_k / α_k over
     unblocked α_k < −PIVOT_TOL (ties to the largest |α_k|, the lowest key when slow).

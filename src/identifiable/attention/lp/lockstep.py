@@ -32,7 +32,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from identifiable.attention.lp import kernel, panels
-from identifiable.attention.lp.kernel import FEAS_TOL, PIVOT_TOL, jit
+from identifiable.attention.lp.kernel import FEAS_TOL, PIVOT_TOL, jit, jit_inline
 from identifiable.attention.lp.state import Buffers, Chain, Config
 
 DONE, PAUSED, FALLBACK, SINGULAR = range(4)  # what `run_chains` returns
@@ -124,7 +124,7 @@ def _clear(st):
     st.j = -1
 
 
-@jit
+@jit_inline
 def _settle_or_price(prob, shared, ch, tasks, certs, counters, cfg, work):
     """Phase 1 of a chain whose basis is primal feasible: settle what its vertex settles,
     or return the entering key of a primal pivot (−1: nothing to pivot this step)."""
@@ -154,7 +154,7 @@ def _settle_or_price(prob, shared, ch, tasks, certs, counters, cfg, work):
     return -1
 
 
-@jit
+@jit_inline
 def decide(prob, shared, ch, tasks, certs, counters, cfg, work):
     """Phase 1 for one chain: settle what its vertex settles, or pick its pivot. Returns
     the pivot's mode (0: none this step); state.wait = 1 hands the LP to HiGHS."""
@@ -184,7 +184,7 @@ def decide(prob, shared, ch, tasks, certs, counters, cfg, work):
     return _PRIMAL
 
 
-@jit
+@jit_inline
 def dual_pivot(prob, ch, alpha, cfg):
     """Phase 2 of a dual pivot on tableau row alpha: the entering key and column, then the
     first half of the pivot; ρ = alpha / α_rq into ch.rho. False: hand the LP to HiGHS."""
@@ -206,7 +206,7 @@ def dual_pivot(prob, ch, alpha, cfg):
     return True
 
 
-@jit
+@jit_inline
 def queue_products(prob, ch, y, n_y, steep):
     """Phase 2, after the first half of the chain's pivot: queue its new row of B⁻¹
     (primal) and v (steepest edge) for the shared product at rows state.zrow…, or, when
@@ -246,7 +246,7 @@ def _put(x, out):
         out[c] = x[c]
 
 
-@jit
+@jit_inline
 def finish_pivot(allowed, ch, z2, steep, drift):
     """Phase 3 of a pivot whose products came from the shared product z2 (double or single
     precision): ρ of a primal pivot (and Aᵀv) from z2; a dual pivot's ρ is its tableau row
