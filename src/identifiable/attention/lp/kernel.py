@@ -242,7 +242,7 @@ def dual_enter(ch, alpha, slow):
     return e
 
 
-@jit
+@jit_inline
 def pivot_basis(ch, r, col, steep):
     """First half of a pivot at basis row r (col = B⁻¹A_q): x_B and B⁻¹ −= col ⊗ prow (prow
     = (B⁻¹)_r / α_rq, the new row r). With steepest edge the same pass accumulates v =
@@ -287,7 +287,7 @@ def pivot_basis(ch, r, col, steep):
     binv[r] = prow
 
 
-@jit
+@jit_inline
 def pivot_pricing(allowed, ch, r, q, col, rho, av, steep):
     """Second half of the pivot (key q enters at row r), given ρ = (new B⁻¹)[r]·A and, for
     steepest edge, Aᵀv: d −= d_q ρ; γ_k by Goldfarb and Reid (γ_q exactly from col, at least
