@@ -128,6 +128,14 @@ def test_a_small_sweep_writes_its_pareto_report(tmp_path, tiny_dir, corpus, caps
         held_out_options={"token_max_tokens": 300, "probe_steps": 5, "hta_pairs": 1},
     )
     assert list(r.pareto["model"]) == ["original", "w=0", "w=2"]
+    # the evaluation says what it does, how to skip it, and each model as it finishes
+    err = capsys.readouterr().err
+    assert "skip with --no-evaluate" in err, err
+    assert [line.split(" (")[0] for line in err.splitlines() if line.startswith("evaluated ")] == [
+        "evaluated original",
+        "evaluated w=0",
+        "evaluated w=2",
+    ]
     assert r.pareto.loc[0, "null_ratio_to_original"] == 1.0
     assert r.pareto.loc[0, "cosine_mean"] == pytest.approx(1.0)
     assert set(r.checkpoints) == {0.0, 2.0}

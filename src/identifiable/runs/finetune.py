@@ -153,7 +153,9 @@ def finetune(
         if evaluate:
             t_e = time.perf_counter()
             held = (held_docs, held_out_pairs, held_out_sentences)
-            pareto = _evaluate(base, model, weights, work, *held, s.seed, log_df, len(items))
+            pareto = _evaluate(
+                base, model, weights, work, *held, s.seed, log_df, len(items), log or _stderr
+            )
             timings["evaluate_s"] = time.perf_counter() - t_e
         else:
             write_table(log_df, work / "tables" / "training_log")
@@ -327,21 +329,31 @@ def _evaluate(
     seed: int,
     log_df: pd.DataFrame,
     n_train: int,
+    log: Callable[[str], None],
 ) -> pd.DataFrame:
     from identifiable.models import Model, load_model
 
+    # the evaluation can outlast the training: say what it does and how to skip it
+    log(
+        f"evaluating the original and {len(weights)} fine-tuned model(s) on {pairs} held-out "
+        f"pairs and {sentences} sentences (null fraction, embeddings, token identifiability, "
+        "HTA); skip with --no-evaluate (evaluate=False)"
+    )
     held = sweep.held_out_texts(base, held_docs, pairs=pairs, sentences=sentences, seed=seed)
     cache = work / CACHE_DIR / "tokens"
+    total, t0 = len(weights) + 1, time.perf_counter()
     results = {"original": sweep.evaluate_model(base, None, held, seed, cache / "original")}
+    log(f"evaluated original (1/{total}, {time.perf_counter() - t0:.0f} s)")
     ref = results["original"]["embeddings"]
     labels: dict[str, float | None] = {"original": None}
-    for w in weights:
+    for k, w in enumerate(weights, 2):
         label = f"w={w:g}"
         m = load_model(str(checkpoint_dir(work, weights, w)))
         if not isinstance(m, Model):  # the penalty refused encoder–decoder models before
             raise IdentifiableError(f"checkpoint {label} is not a self-attention model")
         results[label] = sweep.evaluate_model(m, ref, held, seed, cache / label)
         labels[label] = w
+        log(f"evaluated {label} ({k}/{total}, {time.perf_counter() - t0:.0f} s)")
     pareto, by_layer = sweep.pareto_table(results, labels)
     tokens = pd.concat([r["tokens"].assign(model=k) for k, r in results.items()], ignore_index=True)
     tables = {
