@@ -17,7 +17,7 @@ test: setup
 	.venv/bin/mypy
 	OMP_NUM_THREADS=2 .venv/bin/python -m pytest -q
 
-# The unit tier: no model download, no browser, no torchrun, no test that took over a second
+# The unit tier: no embedded model, no browser, no torchrun, no test that took over 0.5 s
 # when last recorded (tests/helpers/tiers.py, tests/durations.json).
 test-fast: setup
 	OMP_NUM_THREADS=2 .venv/bin/python -m pytest -q -m "not slow"

@@ -45,6 +45,13 @@ def _is_worker(pid: int) -> bool:
     return b"spawn_main" in cmdline or b"multiprocessing-fork" in cmdline
 
 
+def _sigint_default() -> None:
+    """In the child before it runs: Ctrl-C as a terminal gives it. A shell starts background
+    jobs with SIGINT ignored, and Python keeps an inherited SIG_IGN, so without this the
+    test would depend on how the suite was launched."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _certify(model_dir: Path, cwd: Path, workers: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     return subprocess.Popen(
@@ -54,6 +61,7 @@ def _certify(model_dir: Path, cwd: Path, workers: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,  # its own process group, which Ctrl-C signals as a whole
+        preexec_fn=_sigint_default,
     )
 
 
@@ -126,8 +134,14 @@ def test_pool_workers_ignore_sigint_and_the_parent_stops_them(tmp_path) -> None:
     script = tmp_path / "pool.py"
     script.write_text(POOL)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_sigint_default,
+    )
     assert proc.stdout is not None
     assert proc.stdout.readline() == b"STARTED\n"
     deadline = time.monotonic() + 60

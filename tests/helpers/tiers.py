@@ -4,7 +4,8 @@ A test joins the full tier only (marker `slow`) when it is marked integration, b
 distributed, or when its last recorded run took longer than `FAST_LIMIT_S` (setup, call and
 teardown together; `tests/durations.json`). A test with no record is in the fast tier until
 one exists. `make test-durations` runs the whole suite once and rewrites the record, so the
-tiers follow the suite as it grows; the record holds seconds rounded to 0.01.
+tiers follow the suite as it grows; the record keeps the tests over half the limit (seconds,
+rounded to 0.01), a newer measurement replacing an older one.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 RECORD = Path(__file__).resolve().parents[1] / "durations.json"
-FAST_LIMIT_S = 1.0
+FAST_LIMIT_S = 0.5
 # markers whose tests are never in the fast tier, whatever they took
 FULL_ONLY = ("integration", "browser", "distributed")
 # where `make test-durations` asks for the record to be written
@@ -54,4 +55,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not target or not _seconds:
         return
     merged = {**_recorded(), **{k: round(v, 2) for k, v in _seconds.items()}}
-    Path(target).write_text(json.dumps(dict(sorted(merged.items())), indent=0) + "\n", "utf-8")
+    kept = {k: v for k, v in sorted(merged.items()) if v > FAST_LIMIT_S / 2}
+    Path(target).write_text(json.dumps(kept, indent=0) + "\n", "utf-8")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +31,13 @@ from identifiable.experiments.distributed import (
 )
 from identifiable.experiments.pipeline import concat_reduce, progress_bars, run_stages
 from identifiable.experiments.scan import PREVIEW, STAGE, scan_result, scan_stage
+from identifiable.models.arguments import check_model
 from identifiable.models.budget import available_memory, check_analysis, device_room
 from identifiable.models.selection import indices
 from identifiable.store.cache import RunCache, settings_key
 from identifiable.store.files import atomic_write_bytes, atomic_write_text
 from identifiable.store.outdir import OutputFolder
+from identifiable.utils.checks import count, shown
 from identifiable.utils.precision import float32_matmuls_exact, has_float64
 
 RESULT_FILE = "scan.safetensors"
@@ -97,8 +99,11 @@ def scan(
     shared out across the ranks as `reproduce` shares its shards, rank 0 writes `out`,
     and every rank returns the same result as one process would.
     """
-    if variant not in VARIANTS:
+    check_model(model)
+    if not isinstance(variant, str) or variant not in VARIANTS:
         raise IdentifiableError(f"unknown variant {variant!r}: use one of {', '.join(VARIANTS)}")
+    if memory_budget is not None:
+        memory_budget = count(memory_budget, "memory_budget", "--memory-budget")
     where = check_device(model, device)
     items = scan_items(texts, column)
     chosen = indices(layers, model.info.n_layers, "layers") or list(range(model.info.n_layers))
@@ -171,6 +176,10 @@ def scan_items(texts: Any, column: str) -> list[Any]:
         raise IdentifiableError(
             "texts= takes a list of texts, a Corpus or a datasets.Dataset; for one text pass "
             "[text], for a corpus file load_corpus(path)"
+        )
+    if not is_dataset(texts) and not isinstance(texts, Iterable):
+        raise IdentifiableError(
+            f"texts= takes a list of texts, a Corpus or a datasets.Dataset, got {shown(texts)}"
         )
     items = dataset_items(texts, column) if is_dataset(texts) else list(texts)
     if not items:
