@@ -50,6 +50,18 @@ def whole_values(table: Any) -> Any:
     return table
 
 
+def index_list(text: str | None, flag: str) -> list[int] | None:
+    """`--layers 1,2` / `--heads 0,3` (numbered from 0, as printed) as a list, or one line."""
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise IdentifiableError(
+            f"{flag} takes comma-separated integers, e.g. 0,3; got '{text}'"
+        ) from None
+
+
 def check_seed(seed: int) -> None:
     """One line for a --seed the random generators cannot take."""
     if not 0 <= seed <= SEED_MAX:

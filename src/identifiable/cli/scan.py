@@ -9,7 +9,14 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from identifiable.cli.common import check_model_name, console, load, resumable, whole_values
+from identifiable.cli.common import (
+    check_model_name,
+    console,
+    index_list,
+    load,
+    resumable,
+    whole_values,
+)
 from identifiable.cli.options import (
     DeviceOption,
     ForceOption,
@@ -78,7 +85,7 @@ def scan(
         raise IdentifiableError("give texts to scan or --corpus, not both (and not neither)")
     if memory_budget is not None and memory_budget < 1:
         raise IdentifiableError(f"--memory-budget must be at least 1 MiB, got {memory_budget}")
-    layer_list, head_list = _indices(layers, "--layers"), _indices(heads, "--heads")
+    layer_list, head_list = index_list(layers, "--layers"), index_list(heads, "--heads")
     pairs = _keep(keep)
     where = local_device(device)
     resolve_device(where)
@@ -95,17 +102,6 @@ def scan(
             )  # fmt: skip
     if is_main_process():
         _print_summary(result, out)
-
-
-def _indices(text: str | None, flag: str) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise IdentifiableError(
-            f"{flag} takes comma-separated integers, e.g. 0,3; got '{text}'"
-        ) from None
 
 
 def _keep(text: str | None) -> list[tuple[int, int]] | None:

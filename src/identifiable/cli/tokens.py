@@ -9,7 +9,14 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from identifiable.cli.common import check_model_name, check_seed, console, err_console, load
+from identifiable.cli.common import (
+    check_model_name,
+    check_seed,
+    console,
+    err_console,
+    index_list,
+    load,
+)
 from identifiable.cli.options import ForceOption, MaxCorpusOption, MaxLineOption, ModelOption
 from identifiable.errors import IdentifiableError
 
@@ -32,17 +39,6 @@ _TOKEN_CACHE_FILE = re.compile(r"^token-pairs-[0-9a-f]{16}\.(safetensors|json)$"
 
 def _is_token_cache_file(name: str) -> bool:
     return bool(_TOKEN_CACHE_FILE.match(name))
-
-
-def _parse_layers(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise IdentifiableError(
-            f"--layers takes comma-separated integers, e.g. 1,6,12; got '{text}'"
-        ) from None
 
 
 _CorpusArg = Annotated[
@@ -152,7 +148,7 @@ def tokens(
     folder.check()
     if cache_dir is not None:
         cache_dir = check_cache_dir(cache_dir, _is_token_cache_file, out=out)
-    layer_list = _parse_layers(layers)
+    layer_list = index_list(layers, "--layers")
     check_model_name(model)
     m = load(model)
     _announce_cost(m, cap, layer_list)

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from identifiable.cli.common import check_writable, console, load, write_json
+from identifiable.cli.common import check_writable, console, index_list, load, write_json
 from identifiable.cli.options import (
     DeviceOption,
     ForceOption,
@@ -121,21 +121,6 @@ TargetOption = Annotated[
 ]
 
 
-def _index_list(text: str | None, flag: str) -> list[int] | None:
-    """`--layers 1,2` / `--heads 0,3` (numbered from 0, as printed) as a list, or one line."""
-    from identifiable.errors import IdentifiableError
-
-    if text is None:
-        return None
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise IdentifiableError(
-            f"{flag} takes comma-separated integers, e.g. 0,3; got '{text}'"
-        ) from None
-    return values
-
-
 LayersOption = Annotated[
     str | None,
     typer.Option("--layers", help="Consecutive layers to trace, 0..L-1 as printed, e.g. 1,2."),
@@ -193,8 +178,8 @@ def _model_parts(
         tr = m.trace(
             source,
             truncate=truncate,
-            layers=_index_list(layers, "--layers"),
-            heads=_index_list(heads, "--heads"),
+            layers=index_list(layers, "--layers"),
+            heads=index_list(heads, "--heads"),
             memory_budget=None if memory_budget is None else memory_budget * 1024**2,
         )
     return {"": tr}, {"": f"{m.info.name}: {tr.n_tokens} tokens"}

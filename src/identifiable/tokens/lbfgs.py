@@ -58,21 +58,7 @@ def refine_linear(
     score: Score | None = None,
 ) -> FitInfo:
     """Refine the linear probe `start` on the exact objective by full-batch L-BFGS, on one
-    intra-op thread (`identifiable.utils.threads.one_thread`)."""
-    return _refine(x, y, x_val, y_val, objective, start, cfg, score)
-
-
-def _refine(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    x_val: torch.Tensor,
-    y_val: torch.Tensor,
-    objective: Objective,
-    start: Probe,
-    cfg: ProbeConfig,
-    score: Score | None = None,
-) -> FitInfo:
-    """`refine_linear`'s work.
+    intra-op thread (`identifiable.utils.threads.one_thread`).
 
     Args:
         x: `[N, d]` training inputs; y: `[N, d_out]` targets (raw: cosine ignores norms).
