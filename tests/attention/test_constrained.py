@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -118,3 +119,26 @@ def test_any_reference_in_col_t1_gives_the_uniform_answer():
 def test_unknown_reference():
     with pytest.raises(IdentifiableError, match=r"unknown reference 'raw'.*uniform, entropy"):
         constrained_attention(synthetic_trace(), 0, 0, reference="raw")
+
+
+def test_a_time_budget_changes_nothing_it_can_fit(capsys):
+    trace = synthetic_trace(n=40, d_v=3, causal=True, seed=5)
+    plain = constrained_attention(trace, 1, 0)
+    timed = constrained_attention(trace, 1, 0, time_budget=600.0, progress=True)
+    assert torch.equal(timed.weights, plain.weights) and torch.equal(timed.raw, plain.raw)
+    assert "constrained attention (rows): 40/40" in capsys.readouterr().err
+
+
+def test_a_time_budget_out_of_reach_is_refused_in_one_line():
+    """The whole head takes seconds (160 causal rows, null spaces up to 155 wide)."""
+    trace = synthetic_trace(n=160, d_v=4, d=16, causal=True, seed=3)
+    start = time.monotonic()
+    with pytest.raises(
+        IdentifiableError,
+        match=r"^constrained_attention of 160 rows needs (about|more than) .* solved in .*\), "
+        r"more than the time budget of 0.2 s: raise time_budget= or ask for fewer rows",
+    ):
+        constrained_attention(trace, 0, 0, time_budget=0.2)
+    assert time.monotonic() - start < 2.0
+    with pytest.raises(IdentifiableError, match="time_budget"):
+        constrained_attention(trace, 0, 0, time_budget=0)

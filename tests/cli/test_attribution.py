@@ -46,6 +46,11 @@ def test_attribution_estimate_with_json(tmp_path):
             "probes must be between 1 and the model width d = 384",
         ),
         ([" ".join(["word"] * 400), "--memory-budget", "64"], "--probes"),
+        (
+            ["Paris is nice.", "--time-budget", "0.0001"],
+            "more than the time budget of 0.0001 s: raise --time-budget or pass fewer probes",
+        ),
+        (["Paris is nice.", "--time-budget", "0"], "--time-budget"),
     ],
 )
 def test_attribution_bad_input(args, message, capsys):

@@ -46,14 +46,17 @@ A diag(x) Aᵀ). Damped Newton from the uniform row; accepted when ‖A x − b�
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from identifiable.attention.checks import check_trace
-from identifiable.errors import IdentifiableError
+from identifiable.attention.lp import OutOfTime
+from identifiable.errors import IdentifiableError, seconds
 from identifiable.models.trace import Trace
 from identifiable.results import Result
 from identifiable.utils.checks import indices
@@ -63,12 +66,18 @@ _TOL = 1e-10
 
 
 def project_onto_rows(
-    aq: np.ndarray, b: np.ndarray, r: np.ndarray, a: np.ndarray | None = None
+    aq: np.ndarray,
+    b: np.ndarray,
+    r: np.ndarray,
+    a: np.ndarray | None = None,
+    *,
+    deadline: float | None = None,
 ) -> np.ndarray:
     """argmin ‖x − r‖₂ over {x ≥ 0 : aq x = b} (see the module docstring for the proof).
 
     Args: aq `[m, s]` with orthonormal rows, b `[m]`, r `[s]`; a `[s]` a feasible
-        point (default: the least-norm solution of aq x = b, which must then be ≥ 0).
+        point (default: the least-norm solution of aq x = b, which must then be ≥ 0);
+        deadline: a `time.monotonic()` instant after which OutOfTime is raised.
     Returns x `[s]`. Raises IdentifiableError when no feasible start is given or found.
     """
     m, s = aq.shape
@@ -84,6 +93,8 @@ def project_onto_rows(
     at_sub_optimum = False  # after a full step, z solves the working-set sub-problem
     dropped = -1  # the key just released: the next step moves away from its bound
     for _ in range(10 * s + 10):
+        if deadline is not None and time.monotonic() > deadline:
+            raise OutOfTime
         rows = null[work]  # [w, k] active constraints x_i = 0 (independent by construction)
         g = z0 - z
         if work:
@@ -131,15 +142,20 @@ def project_onto_rows(
     return np.maximum(x, 0.0)
 
 
-def max_entropy_row(aq: np.ndarray, b: np.ndarray, *, max_iter: int = 200) -> np.ndarray:
+def max_entropy_row(
+    aq: np.ndarray, b: np.ndarray, *, max_iter: int = 200, deadline: float | None = None
+) -> np.ndarray:
     """argmax −Σ x log x over {x ≥ 0 : aq x = b} (see the module docstring).
 
-    Args: aq `[m, s]` orthonormal rows whose span contains the ones vector, b `[m]`.
+    Args: aq `[m, s]` orthonormal rows whose span contains the ones vector, b `[m]`;
+        deadline: as for `project_onto_rows`.
     """
     s = aq.shape[1]
     y = aq @ np.full(s, -np.log(s))  # exp(aqᵀ y) = uniform, since 1 ∈ row space
     phi = lambda y: float(np.exp(aq.T @ y).sum() - b @ y)  # noqa: E731
     for _ in range(max_iter):
+        if deadline is not None and time.monotonic() > deadline:
+            raise OutOfTime
         x = np.exp(aq.T @ y)
         grad = aq @ x - b
         if np.linalg.norm(grad) <= _TOL:
@@ -222,23 +238,38 @@ def constrained_attention(
     reference: str = "uniform",
     key_mask: Tensor | None = None,
     memory_budget: int | None = None,
+    time_budget: float | None = None,
+    progress: bool | None = None,
 ) -> ConstrainedAttention:
     """The valid attention row closest to `reference`, for rows of one head.
 
     Rows with no null space (dim LN([T, 1]) = 0) are their own answer. `memory_budget`:
     bytes the call may use (default: the memory free now); over it, the call is refused
-    before any work (`preflight.constrained_bytes`). Raises IdentifiableError for an
-    unknown reference, out-of-range indices, a corrupt trace or a request over the budget.
+    before any work (`preflight.constrained_bytes`). `time_budget`: seconds; the rows are
+    then built and solved in chunks, the widest row alone first, and the call raises,
+    saying how long it would take, when the rows solved say the rest needs more than
+    twice the budget (a row's cost taken as growing with the square of its key count) or
+    when the budget (plus 5 %) runs out. `progress`: a bar of the rows solved
+    (None: when a person is watching). Raises IdentifiableError for an unknown
+    reference, out-of-range indices, a corrupt trace or a request over a budget.
     """
+    from identifiable.attention.keysets import layer_key_mask
     from identifiable.attention.mapwork import head_rows
     from identifiable.attention.preflight import constrained_bytes
     from identifiable.models.budget import check_analysis
+    from identifiable.utils.checks import expect, number
+    from identifiable.utils.progress import task_bar, watching
 
+    start = time.monotonic()
     check_trace(trace)
     if not isinstance(reference, str) or reference not in REFERENCES:
         raise IdentifiableError(
             f"unknown reference {reference!r}: use one of {', '.join(REFERENCES)}"
         )
+    if time_budget is not None:
+        number(time_budget, "time_budget", low_open=True)
+    if progress is not None:
+        expect(progress, bool, "progress", "True, False or None (a bar when a person watches)")
     n = trace.n_tokens
     # the rule of interval_map's rows= and the CLI's --row
     order = list(range(n)) if rows is None else indices(rows, n, "rows", "--row")
@@ -246,28 +277,92 @@ def constrained_attention(
         constrained_bytes(trace, len(order)), memory_budget, "constrained_attention",
         python="ask for fewer rows (rows=)", cli="ask for one row (--row) or raise --memory-budget",
     )  # fmt: skip
-    sets = head_rows(trace, layer, head, None if rows is None else order, key_mask=key_mask)
+    widths: list[int] = []
+    if time_budget is None:
+        chunks: list[list[int] | None] = [None if rows is None else order]
+    else:  # the widest row alone first: its build and solve price the others
+        trace.check_layer(layer)
+        widths = layer_key_mask(trace, layer, key_mask)[order].sum(1).tolist()
+        ranked = [order[w] for w in sorted(range(len(order)), key=lambda w: -widths[w])]
+        chunks = [ranked[:1]]
+        chunks += [ranked[c : c + 32] for c in range(1, len(ranked), 32)]
+    budget = _Budget(time_budget, start, [])
     where = {r: i for i, r in enumerate(order)}
     raw = np.zeros((len(order), n))
     eff, out, res = np.zeros_like(raw), np.zeros_like(raw), np.zeros(len(order))
-    for rs in sets:
-        for i, row in enumerate(rs.rows):
-            k = where[int(row)]
-            keys = rs.keys[i]
-            aq = rs.aq[0 if rs.aq.shape[0] == 1 else i][:, keys]
-            pb = rs.paper_basis[0 if rs.paper_basis.shape[0] == 1 else i][keys]
-            a = rs.raw[i, keys]
-            a_eff = pb @ (pb.T @ a)
-            b = aq @ a
-            if rs.null_dim[i] == 0:
-                x = a.copy()
-            elif reference == "entropy":
-                x = max_entropy_row(aq, b)
-            else:
-                x = project_onto_rows(aq, b, np.full(a.size, a.sum() / a.size), a)
-            raw[k, keys], eff[k, keys], out[k, keys] = a, a_eff, x
-            res[k] = float(np.linalg.norm(aq @ (x - a)))
+    shown = watching() if progress is None else progress
+    with task_bar("constrained attention (rows)", len(order), enabled=shown) as bar:
+        for chunk in chunks:
+            sets = head_rows(trace, layer, head, chunk, key_mask=key_mask)
+            for rs, i in [(part, i) for part in sets for i in range(len(part.rows))]:
+                k, keys = where[int(rs.rows[i])], rs.keys[i]
+                try:
+                    a, a_eff, x, res[k] = _solve_row(rs, i, reference, budget.deadline)
+                except OutOfTime:
+                    raise budget.refusal(len(order), cut=True) from None
+                raw[k, keys], eff[k, keys], out[k, keys] = a, a_eff, x
+                budget.keys.append(int(np.count_nonzero(keys)))
+                bar.advance()
+            budget.check(len(order), widths)
     return ConstrainedAttention(
         layer, head, tuple(order), reference, torch.from_numpy(raw), torch.from_numpy(eff),
         torch.from_numpy(out), torch.from_numpy(res), tokens=list(trace.tokens),
     )  # fmt: skip
+
+
+def _solve_row(
+    rs: Any, i: int, reference: str, deadline: float | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """Row i of a row set (`mapwork.head_rows`): (raw, paper A_eff, constrained, residual)
+    over the row's keys."""
+    keys = rs.keys[i]
+    aq = rs.aq[0 if rs.aq.shape[0] == 1 else i][:, keys]
+    pb = rs.paper_basis[0 if rs.paper_basis.shape[0] == 1 else i][keys]
+    a = rs.raw[i, keys]
+    b = aq @ a
+    if rs.null_dim[i] == 0:
+        x = a.copy()
+    elif reference == "entropy":
+        x = max_entropy_row(aq, b, deadline=deadline)
+    else:
+        x = project_onto_rows(aq, b, np.full(a.size, a.sum() / a.size), a, deadline=deadline)
+    return a, pb @ (pb.T @ a), x, float(np.linalg.norm(aq @ (x - a)))
+
+
+@dataclass
+class _Budget:
+    """`constrained_attention`'s time budget: a hard deadline at 1.05×, and after each
+    chunk of rows (the first is the widest row alone) an estimate of the rest, each row
+    costing in proportion to the square of its key count, that refuses at once what is
+    clearly out of reach."""
+
+    seconds: float | None
+    start: float
+    keys: list[int]  # key counts of the rows solved so far
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.seconds is None else self.start + 1.05 * self.seconds
+
+    def estimate(self, widths: list[int]) -> float:
+        elapsed = time.monotonic() - self.start
+        done = sum(k * k for k in self.keys)
+        rest = sum(k * k for k in sorted(widths, reverse=True)[len(self.keys) :])
+        return elapsed + elapsed * rest / max(done, 1)
+
+    def check(self, total: int, widths: list[int]) -> None:
+        # the estimate is rough (rows that pin many keys at 0 cost more): refuse early only
+        # at twice the budget; the deadline stops the rest
+        if self.seconds is not None and self.estimate(widths) > 2 * self.seconds:
+            raise self.refusal(total, cut=False, widths=widths)
+
+    def refusal(
+        self, total: int, *, cut: bool, widths: list[int] | None = None
+    ) -> IdentifiableError:
+        took = seconds(time.monotonic() - self.start)
+        need = f"more than {took}" if cut else f"about {seconds(self.estimate(widths or []))}"
+        return IdentifiableError(
+            f"constrained_attention of {total} rows needs {need} ({len(self.keys)} solved "
+            f"in {took}), more than the time budget of {self.seconds:g} s: raise "
+            "time_budget= or ask for fewer rows (rows=)"
+        )

@@ -15,13 +15,13 @@ from typing import Any
 import torch
 
 from identifiable.attribution.contributions import contribution_stderr, contributions
-from identifiable.attribution.jacobian import ProgressFn, jacobian_sq_norms
+from identifiable.attribution.jacobian import Pace, ProgressFn, jacobian_sq_norms
 from identifiable.attribution.memory import DEFAULT_MEMORY_BUDGET, ModelDims, plan_chunk_size
-from identifiable.errors import IdentifiableError
+from identifiable.errors import IdentifiableError, seconds
 from identifiable.models.arguments import check_model
 from identifiable.models.protocol import TracedModel
 from identifiable.results import Result
-from identifiable.utils.checks import count
+from identifiable.utils.checks import count, number
 from identifiable.utils.progress import task_bar, watching
 from identifiable.utils.seeds import SEED_MAX
 
@@ -195,6 +195,20 @@ def _progress_bar(enabled: bool, description: str) -> Iterator[ProgressFn | None
         yield bar.update
 
 
+def _refusal(budget: float) -> Callable[[float, int, int], IdentifiableError]:
+    def refuse(estimate: float, done: int, total: int) -> IdentifiableError:
+        head = (
+            f"hidden_token_attribution needs about {seconds(estimate)} ({total} JVPs, "
+            f"{done} of them run), more than the time budget of {budget:g} s: raise "
+        )
+        return IdentifiableError(
+            head + "time_budget= or pass fewer probes (probes=k; k = 1 is the cheapest)",
+            cli=head + "--time-budget or pass fewer probes (--probes K)",
+        )
+
+    return refuse
+
+
 def hidden_token_attribution(
     model: TracedModel,
     text: TextOrPair,
@@ -205,6 +219,7 @@ def hidden_token_attribution(
     chunk_size: int | None = None,
     truncate: bool = True,
     progress: bool | Callable[[int, int], None] | None = None,
+    time_budget: float | None = None,
 ) -> HTAResult:
     """Contribution c^l_{i,j} of each input token j to each hidden token i, every layer.
 
@@ -220,12 +235,17 @@ def hidden_token_attribution(
         progress: show a rich progress bar on stderr (True), none (False), or call this
             function with (done, total). None (the default): a bar for exact mode (n·d
             JVPs, seconds to minutes) in an interactive session (a terminal or Jupyter).
+        time_budget: seconds; a few timed JVPs price the rest, and a run that will not fit
+            is refused at once, with its estimate (an overrun stops at the budget + 5 %).
     """
     check_model(model)
     count(seed, "seed", "--seed", minimum=0, maximum=SEED_MAX)
     count(memory_budget, "memory_budget")
     if chunk_size is not None:
         count(chunk_size, "chunk_size")
+    if time_budget is not None:
+        number(time_budget, "time_budget", "--time-budget", low_open=True)
+    start = time.perf_counter()
     enc = model.encode(text, truncate=truncate)
     input_ids = enc.input_ids
     _check_plan(model, len(input_ids), probes, memory_budget, chunk_size)
@@ -235,7 +255,6 @@ def hidden_token_attribution(
     def f(x: torch.Tensor) -> torch.Tensor:
         return model.layer_outputs(x, ids_dev)
 
-    start = time.perf_counter()
     label = "exact attribution" if probes is None else f"attribution, {probes} probes"
     show = progress is True or (progress is None and probes is None and _interactive())
     with _progress_bar(show, label) as bar:
@@ -249,8 +268,8 @@ def hidden_token_attribution(
             memory_budget=memory_budget,
             chunk_size=chunk_size,
             on_progress=callback,
+            pace=None if time_budget is None else Pace(time_budget, _refusal(time_budget), start),
         )
-    seconds = time.perf_counter() - start
     sq = norms.sq.cpu()
     var = None if norms.sq_var is None else norms.sq_var.cpu()
     return HTAResult(
@@ -265,7 +284,7 @@ def hidden_token_attribution(
         seed=seed,
         n_jvps=norms.n_jvps,
         chunk_size=norms.chunk_size,
-        seconds=seconds,
+        seconds=time.perf_counter() - start,
         model_name=model.info.name,
         is_causal=bool(model.info.is_causal),
         truncated=int(getattr(enc, "n_dropped", 0)),

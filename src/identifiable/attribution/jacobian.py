@@ -18,6 +18,7 @@ which is 0 at k = d (exact) and undefined (NaN) at k = 1.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -96,19 +97,19 @@ def jacobian_sq_norms(
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     chunk_size: int | None = None,
     on_progress: ProgressFn | None = None,
+    pace: Pace | None = None,
 ) -> JacobianNorms:
     """Exact (probes=None) or estimated (probes=k) squared Jacobian block norms.
 
     Args:
         f: e0 `[n, d]` -> `[L+1, n, d]`, compatible with `torch.func.jvp` under `vmap`.
         e0: `[n, d]` the primal input x = e^0.
-        probes: None for exact mode, or k in 1..d random orthonormal probes per token.
-        seed: seeds the probes (ignored in exact mode).
+        probes: None for exact mode, or k in 1..d random orthonormal probes per token;
+            seeded by `seed` (ignored in exact mode).
         dims: model sizes for the memory estimate (guessed from f's output if None).
         memory_budget: bytes one chunk may use; checked before any JVP runs.
-        chunk_size: tangents per batch (default: as many as the budget allows, at most
-            `CPU_MAX_CHUNK` on the CPU).
-        on_progress: called with (done, total) after each chunk.
+        chunk_size: tangents per batch (default: what the budget allows, ≤ `CPU_MAX_CHUNK` on CPU).
+        on_progress: called with (done, total) after each chunk; pace: a time budget.
     """
     _check_input(e0)
     n, d = e0.shape
@@ -135,8 +136,9 @@ def jacobian_sq_norms(
     s1 = torch.zeros(n_layers, n, n, dtype=torch.float64, device=e0.device)
     s2 = None if bank.exact else torch.zeros_like(s1)
     scale = float(d)  # estimator: y_a = d·‖J p_a‖²; exact mode sums ‖J e_a‖² unscaled
-    for start in range(0, total, chunk):
-        stop = min(start + chunk, total)
+    start = 0
+    while start < total:
+        stop = min(start + (chunk if pace is None else pace.chunk(chunk, start)), total)
         tokens, vectors = bank.directions(start, stop)
         tokens = tokens.to(e0.device)
         tangents = torch.zeros(stop - start, n, d, dtype=e0.dtype, device=e0.device)
@@ -158,10 +160,43 @@ def jacobian_sq_norms(
             s2.index_add_(2, tokens, y.square())  # type: ignore[union-attr]
         if on_progress is not None:
             on_progress(stop, total)
+        if pace is not None:
+            pace.check(stop, total)
+        start = stop
     if bank.exact:
         return JacobianNorms(s1, None, d, True, total, chunk)
     mean, var = _estimate(s1, s2, bank.k, d)  # type: ignore[arg-type]
     return JacobianNorms(mean, var, bank.k, False, total, chunk)
+
+
+class Pace:
+    """A time budget for `jacobian_sq_norms`. Every JVP costs about one forward pass, so
+    a few timed ones price the rest: the first chunk is small, later chunks take at most
+    a twentieth of the budget, and the run is refused as soon as its estimate exceeds
+    the budget (twice it after the first chunk, whose small batch runs slower per JVP),
+    or when the budget plus 5 % has run out. `refusal(estimate, done, total)` builds the
+    error."""
+
+    def __init__(
+        self, seconds: float, refusal: Callable[[float, int, int], Exception], start: float
+    ) -> None:
+        self.seconds, self.refusal, self.start = seconds, refusal, start
+        self.first: tuple[int, float] | None = None  # (tangents, seconds) of chunk one
+
+    def chunk(self, planned: int, done: int) -> int:
+        if self.first is None:
+            return min(planned, 8)
+        per_jvp = self.first[1] / self.first[0]
+        return max(1, min(planned, int(self.seconds / 20 / max(per_jvp, 1e-9))))
+
+    def check(self, done: int, total: int) -> None:
+        elapsed = time.perf_counter() - self.start
+        if self.first is None:
+            self.first = (done, elapsed)
+        estimate = elapsed + elapsed / done * (total - done)
+        slack = 2.0 if done == self.first[0] else 1.0
+        if done < total and (estimate > slack * self.seconds or elapsed > 1.05 * self.seconds):
+            raise self.refusal(estimate, done, total)
 
 
 def _layers_of(primal: torch.Tensor, n: int, d: int) -> int:

@@ -8,7 +8,13 @@ import typer
 from rich.table import Table
 
 from identifiable.cli.common import check_seed, check_writable, console, load, write_json
-from identifiable.cli.options import ForceOption, JsonOption, ModelOption, PairOption
+from identifiable.cli.options import (
+    ForceOption,
+    JsonOption,
+    ModelOption,
+    PairOption,
+    TimeBudgetOption,
+)
 from identifiable.errors import IdentifiableError
 
 MemoryOption = Annotated[
@@ -31,6 +37,7 @@ def attribution(
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random probes.")] = 0,
     memory_budget: MemoryOption = 2048,
+    time_budget: TimeBudgetOption = None,
     json_out: JsonOption = None,
     force: ForceOption = False,
 ) -> None:
@@ -53,6 +60,7 @@ def attribution(
         seed=seed,
         memory_budget=memory_budget * 1024**2,
         progress=True,
+        time_budget=time_budget,
     )
     own, top = result.own_contribution(), result.top_contributor()
     is_top = own_is_top(result.contributions)

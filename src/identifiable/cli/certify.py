@@ -22,6 +22,7 @@ from identifiable.cli.options import (
     ModelOption,
     NoTruncateOption,
     PairOption,
+    TimeBudgetOption,
 )
 from identifiable.errors import IdentifiableError
 
@@ -41,11 +42,6 @@ _RowArg = Annotated[int | None, typer.Option("--row", "-r", help="Only this quer
 
 _OutArg = Annotated[
     Path | None, typer.Option("--out", "-o", help="Write the interval map here (Parquet).")
-]
-
-_TimeBudgetArg = Annotated[
-    float | None,
-    typer.Option("--time-budget", help="Seconds; refuse (with an estimate) maps that need more."),
 ]
 
 _WorkersArg = Annotated[
@@ -69,7 +65,7 @@ def certify(
     head: _HeadArg = None,
     row: _RowArg = None,
     out: _OutArg = None,
-    time_budget: _TimeBudgetArg = None,
+    time_budget: TimeBudgetOption = None,
     workers: _WorkersArg = 1,
     threads: _ThreadsArg = None,
     force: ForceOption = False,

@@ -56,3 +56,7 @@ MemoryBudgetOption = Annotated[
         "work from the formulas in docs/families.md, 'Memory and streaming'.",
     ),
 ]
+TimeBudgetOption = Annotated[
+    float | None,
+    typer.Option("--time-budget", help="Seconds; refuse (with an estimate) work that needs more."),
+]

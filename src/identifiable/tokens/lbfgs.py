@@ -61,12 +61,11 @@ def refine_linear(
     intra-op thread (`identifiable.utils.threads.one_thread`).
 
     Args:
-        x: `[N, d]` training inputs; y: `[N, d_out]` targets (raw: cosine ignores norms).
+        x: `[N, d]` training inputs; y: `[N, d_out]` targets (raw: cosine ignores norms);
         x_val, y_val: validation tokens for early stopping.
         objective: "cos" (the Fig. 2 use) or "l2" (a check against the closed form).
         start: a linear probe on raw inputs (`in_mean`/`in_scale` None).
-        cfg: `cos_steps` (iteration cap), `lbfgs_every`, `lbfgs_history`, `cos_patience`,
-            `cos_tol`.
+        cfg: `cos_steps` (cap), `lbfgs_every`, `lbfgs_history`, `cos_patience`, `cos_tol`.
         score: validation score of predictions `[N_val, d_out]` (higher is better) that
             chooses the kept state and drives patience; None: the validation loss does.
     Returns:
