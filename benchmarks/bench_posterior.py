@@ -17,7 +17,8 @@ Sections:
   dim P = 383), the same measurements.
 
 Run: python benchmarks/bench_posterior.py [--threads 2] [--samples 200]
-     [--k 2 4 8 16 32 64] [--json out.json]
+     [--k 2 4 8 16 32 64] [--budget 60] [--head-budget 300] [--parts scaling minilm llama]
+     [--scaling-from earlier.json] [--json out.json]
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def polytope(k: int, d: int, seed: int) -> hitrun.Polytopes:
 
 def run(poly: hitrun.Polytopes, walk: str, samples: int, budget: float) -> dict:
     """`chains.sample` with 4 chains on every row of `poly`: wall time, the worst row's
-    ESS and R̂, draws per chain, steps per chain after the warm-up, flags."""
+    ESS and R̂, draws and steps after the warm-up (pooled over the chains), flags."""
     cfg = chains.Settings(samples, 4, 0.95, 25 * samples // 4 + 8,
                           time.perf_counter() + budget, walk=walk)  # fmt: skip
     t0 = time.perf_counter()
@@ -136,7 +137,7 @@ def case(name: str, poly: hitrun.Polytopes, fits: dict, args: argparse.Namespace
     per_es = math.exp(c) * k**e  # steps per (pooled) effective sample
     out["hitrun_projected_s"] = out["hitrun_ms_per_step"] / 1e3 * per_es * args.head_samples / 4
     print(f"{name}: {rec['rows']} rows, dim ≤ {k}; billiard: ESS {rec['ess']:.0f} (worst row) "
-          f"in {rec['wall_s']:.1f} s, R̂ {rec['rhat']:.4f}, {rec['draws']} draws/chain, "
+          f"in {rec['wall_s']:.1f} s, R̂ {rec['rhat']:.4f}, {rec['draws']} draws (pooled), "
           f"{'; '.join(f for f in rec['flags'] if f) or 'no flags'}; time for "
           f"{args.head_samples} ESS {rec['s_for_target']:.1f} s; ms/step billiard "
           f"{out['billiard_ms_per_step']:.1f}, hit-and-run {out['hitrun_ms_per_step']:.2f}; "
@@ -155,12 +156,17 @@ def main() -> None:
     ap.add_argument("--head-budget", type=float, default=180.0)
     ap.add_argument("--parts", nargs="+", default=["scaling", "minilm", "llama"])
     ap.add_argument("--json", type=str, default=None)
+    ap.add_argument("--scaling-from", type=str, default=None, help="reuse a record's scaling")
     args = ap.parse_args()
     args.steps = {"billiard": 5, "hitrun": 200}
     torch.set_num_threads(args.threads)
     print(f"threads {args.threads}, load average {os.getloadavg()[0]:.1f}", flush=True)
     record: dict = {"threads": args.threads, "load_start": os.getloadavg()[0]}
-    rows = scaling(args.k, args.samples, args.budget, args.hitrun_kmax)
+    if args.scaling_from:
+        with open(args.scaling_from, encoding="utf-8") as fh:
+            rows = json.load(fh)["scaling"]
+    else:
+        rows = scaling(args.k, args.samples, args.budget, args.hitrun_kmax)
     record["scaling"] = rows
     fits = {}
     for walk in WALKS:

@@ -157,3 +157,11 @@ def test_ess_and_rhat_against_known_chains() -> None:
     assert float(mcmc.split_rhat(iid)) < 1.01
     shifted = iid + torch.tensor([0.0, 0.0, 0.0, 0.5], dtype=torch.float64)[:, None]
     assert float(mcmc.split_rhat(shifted)) > 1.01
+
+
+def test_auto_takes_hit_and_run_up_to_dim_16_and_the_billiard_walk_above() -> None:
+    from identifiable.attention.chains import AUTO_HITRUN, resolve
+
+    assert [resolve("auto", k) for k in (1, AUTO_HITRUN, AUTO_HITRUN + 1, 383)] == [
+        "hitrun", "hitrun", "billiard", "billiard"]  # fmt: skip
+    assert resolve("hitrun", 383) == "hitrun" and resolve("billiard", 2) == "billiard"
