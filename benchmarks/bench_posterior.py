@@ -1,21 +1,24 @@
-"""The attention posterior's hit-and-run sampler: time and steps per effective sample
-against dim P_i, with a fitted exponent, and what that means for a MiniLM head and a
-Llama-3-width causal row.
+"""The attention posterior's samplers side by side (the billiard walk and hit-and-run, same
+run, same threads): steps and seconds per effective sample against dim P_i with fitted
+exponents, a whole MiniLM head and one Llama-3-width causal row.
 
 Sections:
-- scaling: one polytope per k (random T of width 8 over k + 9 keys, a softmax row),
-  4 chains run by `chains.sample` to `--samples` effective samples of the worst weight;
-  steps per effective sample (after the warm-up) and seconds per effective sample (all
-  in), and the least-squares exponent of each against k (log-log).
-- minilm: the embedded MiniLM, one head (layer 2, head 5) at n ≈ 100, every row at
-  once: the wall time of `--steps` hit-and-run steps of all rows × 4 chains, and the time
-  that 1,000 effective samples per row need from the fitted steps per effective sample at
-  the head's largest dim P_i (a projection, labelled as such).
+- scaling: one polytope per k (random T of width 8 over k + 9 keys, a softmax row), 4
+  chains run by `chains.sample` to `--samples` effective samples of the worst weight, for
+  each walk; steps per effective sample (after the warm-up) and seconds per effective
+  sample (all in), and the least-squares exponent of each against k (log-log). Each run
+  stops at `--budget` seconds (flagged); hit-and-run runs up to `--hitrun-kmax`.
+- minilm: the embedded MiniLM, layer 2 head 5 on the packaged text (n ≈ 100), every row
+  with dim P_i > 0 at once, 4 chains: the billiard walk run to `--head-samples` effective
+  samples per row (or `--head-budget` seconds; its ESS per second of the worst row then
+  gives the time for the target), and the time per step of both walks with hit-and-run's
+  time for the target projected from its fitted steps per effective sample.
 - llama: one causal row of 512 keys with T of width 128 (Llama-3's head width:
-  dim P = 383): the time per step of 4 chains and the same projection.
+  dim P = 383), the same measurements.
 
 Run: python benchmarks/bench_posterior.py [--threads 2] [--samples 200]
-     [--k 2 4 8 16 32] [--steps 200] [--json out.json]
+     [--k 2 4 8 16 32 64] [--budget 60] [--head-budget 300] [--parts scaling minilm llama]
+     [--scaling-from earlier.json] [--json out.json]
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import torch
 
 from identifiable.attention import chains, hitrun
 
+WALKS = ("billiard", "hitrun")
+
 
 def polytope(k: int, d: int, seed: int) -> hitrun.Polytopes:
     """A row of k + d + 1 keys with T random of width d: dim P = k."""
@@ -38,29 +43,44 @@ def polytope(k: int, d: int, seed: int) -> hitrun.Polytopes:
     s = k + d + 1
     t = torch.randn(s, d, generator=g, dtype=torch.float64)
     a = torch.softmax(torch.randn(s, generator=g, dtype=torch.float64), 0)
-    q = torch.linalg.qr(torch.cat([t, torch.ones(s, 1, dtype=torch.float64)], 1), mode="complete")[
-        0
-    ]
+    ones = torch.ones(s, 1, dtype=torch.float64)
+    q = torch.linalg.qr(torch.cat([t, ones], 1), mode="complete")[0]
     null = q[:, d + 1 :]
     live = torch.ones(1, s, dtype=torch.bool)
     return hitrun.Polytopes(a[None], null[None], live, torch.zeros(1, s, dtype=torch.float64))
 
 
-def scaling(ks: list[int], samples: int) -> list[dict]:
+def run(poly: hitrun.Polytopes, walk: str, samples: int, budget: float) -> dict:
+    """`chains.sample` with 4 chains on every row of `poly`: wall time, the worst row's
+    ESS and R̂, draws and steps after the warm-up (pooled over the chains), flags."""
+    cfg = chains.Settings(samples, 4, 0.95, 25 * samples // 4 + 8,
+                          time.perf_counter() + budget, walk=walk)  # fmt: skip
+    t0 = time.perf_counter()
+    summary = chains.sample(poly, torch.zeros_like(poly.raw), cfg, torch.Generator().manual_seed(0))
+    wall = time.perf_counter() - t0
+    k = int(poly.null.shape[-1])
+    draws = int(summary.draws.min())
+    ess = torch.where(summary.ess.isfinite(), summary.ess, 0.0)  # inf: no weight moved
+    return {"walk": walk, "k": k, "rows": int(poly.raw.shape[0]), "wall_s": wall,
+            "ess": float(ess.min()), "rhat": float(summary.rhat.max()),
+            "draws": draws, "steps": draws * chains.sweep(k, walk),
+            "flags": sorted({chains.flag_text(int(f)) for f in summary.flags})}  # fmt: skip
+
+
+def scaling(ks: list[int], samples: int, budget: float, hitrun_kmax: int) -> list[dict]:
     out = []
     for k in ks:
-        poly = polytope(k, 8, k)
-        cfg = chains.Settings(samples, 4, 0.95, 25 * samples // 4 + 8)
-        t0 = time.perf_counter()
-        summary = chains.sample(poly, torch.zeros(1, poly.raw.shape[1], dtype=torch.float64), cfg,
-                                torch.Generator().manual_seed(0))  # fmt: skip
-        wall = time.perf_counter() - t0
-        ess, draws = float(summary.ess[0]), int(summary.draws[0])
-        steps = draws * chains.sweep(k)
-        out.append({"k": k, "ess": ess, "rhat": float(summary.rhat[0]), "draws": draws,
-                    "steps_per_es": steps / ess, "seconds_per_es": wall / ess, "wall_s": wall})  # fmt: skip
-        print(f"k={k:4d}  ESS {ess:7.0f}  R̂ {out[-1]['rhat']:.4f}  steps/ES "
-              f"{steps / ess:9.1f}  s/ES {wall / ess:.2e}  wall {wall:.1f} s", flush=True)  # fmt: skip
+        for walk in WALKS:
+            if walk == "hitrun" and k > hitrun_kmax:
+                continue
+            rec = run(polytope(k, 8, k), walk, samples, budget)
+            rec["steps_per_es"] = rec["steps"] / rec["ess"]
+            rec["seconds_per_es"] = rec["wall_s"] / rec["ess"]
+            out.append(rec)
+            print(f"{walk:8s} k={k:3d}  ESS {rec['ess']:6.0f}  R̂ {rec['rhat']:.4f}  steps/ES "
+                  f"{rec['steps_per_es']:9.2f}  s/ES {rec['seconds_per_es']:.2e}  wall "
+                  f"{rec['wall_s']:.1f} s  {'; '.join(f for f in rec['flags'] if f)}",
+                  flush=True)  # fmt: skip
     return out
 
 
@@ -72,21 +92,20 @@ def fit(rows: list[dict], key: str) -> tuple[float, float]:
     return float(e), float(c)
 
 
-def step_time(poly: hitrun.Polytopes, steps: int) -> float:
-    """Seconds per hit-and-run step of 4 chains on every row of `poly`."""
+def step_time(poly: hitrun.Polytopes, walk: str, steps: int) -> float:
+    """Seconds per step of 4 chains on every row of `poly` (Dikin rounding)."""
     gen = torch.Generator().manual_seed(0)
     x_c = hitrun.centre(poly)
     spread = hitrun.rounding(poly, x_c)
     x = hitrun.starts(spread, x_c, 4, gen)
+    move = chains.mover(walk, poly, spread)
     t0 = time.perf_counter()
-    for i in range(steps):
-        x = hitrun.step(poly, spread, x, gen)
-        if i % hitrun.PROJECT_EVERY == 0:
-            x = hitrun.project(poly, x)
+    for _ in range(steps):
+        x = move(x, gen)
     return (time.perf_counter() - t0) / steps
 
 
-def minilm_head(steps: int) -> tuple[hitrun.Polytopes, int]:
+def minilm_head() -> tuple[hitrun.Polytopes, int]:
     import identifiable as idf
     from identifiable.attention.posterior import _row_problems, _stack
 
@@ -103,39 +122,66 @@ def minilm_head(steps: int) -> tuple[hitrun.Polytopes, int]:
     return poly, tr.n_tokens
 
 
+def case(name: str, poly: hitrun.Polytopes, fits: dict, args: argparse.Namespace) -> dict:
+    """The billiard walk run on `poly` (to the target or the budget) and both walks' time
+    per step; hit-and-run's time for the target projected from its fit."""
+    k = int(poly.null.shape[-1])
+    rec = run(poly, "billiard", args.head_samples, args.head_budget)
+    rate = rec["ess"] / rec["wall_s"]
+    rec["s_for_target"] = rec["wall_s"] if rec["ess"] >= args.head_samples else (
+        args.head_samples / rate if rate > 0 else math.inf)  # fmt: skip
+    out = {"billiard": rec}
+    for walk in WALKS:
+        out[f"{walk}_ms_per_step"] = 1e3 * step_time(poly, walk, args.steps[walk])
+    e, c = fits["hitrun"]
+    per_es = math.exp(c) * k**e  # steps per (pooled) effective sample
+    out["hitrun_projected_s"] = out["hitrun_ms_per_step"] / 1e3 * per_es * args.head_samples / 4
+    print(f"{name}: {rec['rows']} rows, dim ≤ {k}; billiard: ESS {rec['ess']:.0f} (worst row) "
+          f"in {rec['wall_s']:.1f} s, R̂ {rec['rhat']:.4f}, {rec['draws']} draws (pooled), "
+          f"{'; '.join(f for f in rec['flags'] if f) or 'no flags'}; time for "
+          f"{args.head_samples} ESS {rec['s_for_target']:.1f} s; ms/step billiard "
+          f"{out['billiard_ms_per_step']:.1f}, hit-and-run {out['hitrun_ms_per_step']:.2f}; "
+          f"hit-and-run projected {out['hitrun_projected_s']:.3g} s", flush=True)  # fmt: skip
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--samples", type=int, default=200)
-    ap.add_argument("--k", type=int, nargs="+", default=[2, 4, 8, 16, 32])
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--k", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
+    ap.add_argument("--budget", type=float, default=120.0)
+    ap.add_argument("--hitrun-kmax", type=int, default=32)
+    ap.add_argument("--head-samples", type=int, default=1000)
+    ap.add_argument("--head-budget", type=float, default=180.0)
+    ap.add_argument("--parts", nargs="+", default=["scaling", "minilm", "llama"])
     ap.add_argument("--json", type=str, default=None)
+    ap.add_argument("--scaling-from", type=str, default=None, help="reuse a record's scaling")
     args = ap.parse_args()
+    args.steps = {"billiard": 5, "hitrun": 200}
     torch.set_num_threads(args.threads)
     print(f"threads {args.threads}, load average {os.getloadavg()[0]:.1f}", flush=True)
-    rows = scaling(args.k, args.samples)
-    e_steps, c_steps = fit(rows, "steps_per_es")
-    e_sec, _ = fit(rows, "seconds_per_es")
-    print(f"fitted: steps/ES ∝ k^{e_steps:.2f}, seconds/ES ∝ k^{e_sec:.2f}", flush=True)
-    record: dict = {"threads": args.threads, "scaling": rows, "exponent_steps": e_steps,
-                    "exponent_seconds": e_sec}  # fmt: skip
-    poly, n = minilm_head(args.steps)
-    k_max = int(poly.null.shape[-1])
-    per_step = step_time(poly, args.steps)
-    per_es = math.exp(c_steps) * k_max**e_steps
-    est = per_step * per_es * 1000 / 4  # 4 chains share the samples
-    print(f"minilm: n {n}, {poly.raw.shape[0]} rows with dim > 0 (max dim {k_max}): "
-          f"{per_step * 1e3:.2f} ms per step of all rows × 4 chains; projected 1,000 ESS "
-          f"per row: {est:.0f} s", flush=True)  # fmt: skip
-    record["minilm"] = {"n": n, "k_max": k_max, "ms_per_step": per_step * 1e3,
-                        "projected_s_1000_ess": est}  # fmt: skip
-    llama = polytope(383, 128, 0)
-    per_step = step_time(llama, max(20, args.steps // 4))
-    est = per_step * math.exp(c_steps) * 383**e_steps * 1000 / 4
-    print(f"llama row (512 keys, width 128, dim 383): {per_step * 1e3:.2f} ms per step of 4 "
-          f"chains; projected 1,000 ESS: {est:.0f} s", flush=True)  # fmt: skip
-    record["llama"] = {"ms_per_step": per_step * 1e3, "projected_s_1000_ess": est}
-    record["load_average"] = os.getloadavg()[0]
+    record: dict = {"threads": args.threads, "load_start": os.getloadavg()[0]}
+    if args.scaling_from:
+        with open(args.scaling_from, encoding="utf-8") as fh:
+            rows = json.load(fh)["scaling"]
+    else:
+        rows = scaling(args.k, args.samples, args.budget, args.hitrun_kmax)
+    record["scaling"] = rows
+    fits = {}
+    for walk in WALKS:
+        mine = [r for r in rows if r["walk"] == walk]
+        fits[walk] = fit(mine, "steps_per_es")
+        e_sec, _ = fit(mine, "seconds_per_es")
+        record[f"{walk}_exponent_steps"], record[f"{walk}_exponent_seconds"] = fits[walk][0], e_sec
+        print(f"{walk}: steps/ES ∝ k^{fits[walk][0]:.2f}, seconds/ES ∝ k^{e_sec:.2f}", flush=True)
+    if "minilm" in args.parts:
+        poly, n = minilm_head()
+        record["minilm"] = {"n": n, **case(f"minilm (n {n})", poly, fits, args)}
+    if "llama" in args.parts:
+        record["llama"] = case("llama row (512 keys, width 128)", polytope(383, 128, 0), fits,
+                               args)  # fmt: skip
+    record["load_end"] = os.getloadavg()[0]
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(record, fh, indent=1)

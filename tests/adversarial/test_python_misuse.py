@@ -197,6 +197,7 @@ MISUSE: dict[str, list[Case]] = {
         lambda c: idf.attention_posterior(c.tr, 0, 0, seed="0"),
         lambda c: idf.attention_posterior(c.tr, 0, 0, level=2),
         lambda c: idf.attention_posterior(c.tr, 0, 0, time_budget="1"),
+        lambda c: idf.attention_posterior(c.tr, 0, 0, walk="gibbs"),
     ],
     "interval_map": [
         lambda c: idf.interval_map(None),

@@ -22,10 +22,12 @@ def trace():
     return synthetic_trace(9, d_v=3, heads=2, seed=4)
 
 
-@pytest.fixture(scope="module")
-def post(trace) -> AttentionPosterior:
-    return attention_posterior(trace, 1, [0, 1], rows=[0, 3, 8], samples=SAMPLES,
-                               keep_draws=True, progress=False)  # fmt: skip
+@pytest.fixture(scope="module", params=["billiard", "hitrun"])
+def post(trace, request) -> AttentionPosterior:
+    out = attention_posterior(trace, 1, [0, 1], rows=[0, 3, 8], samples=SAMPLES,
+                              keep_draws=True, walk=request.param, progress=False)  # fmt: skip
+    assert out.walk == request.param
+    return out
 
 
 def _t(trace, layer: int, head: int) -> torch.Tensor:
@@ -76,9 +78,11 @@ def test_summaries_are_consistent(post) -> None:
     assert len(table) == 6 and set(table.columns) >= {"ess", "rhat", "flags", "p_top_stays"}
 
 
-def test_a_fixed_seed_repeats_bit_for_bit(trace) -> None:
+@pytest.mark.parametrize("walk", ["billiard", "hitrun"])
+def test_a_fixed_seed_repeats_bit_for_bit(trace, walk) -> None:
     def run(seed: int) -> AttentionPosterior:
-        return attention_posterior(trace, 0, 1, rows=[2, 5], samples=50, seed=seed, progress=False)
+        return attention_posterior(trace, 0, 1, rows=[2, 5], samples=50, seed=seed, walk=walk,
+                                   progress=False)  # fmt: skip
 
     one, two, other = run(7), run(7), run(8)
     for f in ("mean", "credible_lower", "credible_upper", "p_top", "p_half", "ess", "rhat"):
@@ -97,8 +101,10 @@ def test_permuting_keys_permutes_the_output(trace) -> None:
         tokens=[trace.tokens[i] for i in perm],
         input_ids=trace.input_ids[perm],
     )
-    base = attention_posterior(trace, 0, 0, rows=[4], samples=400, progress=False)
-    perm_post = attention_posterior(moved, 0, 0, rows=[0], samples=400, progress=False)
+    base = attention_posterior(trace, 0, 0, rows=[4], samples=400, walk="billiard",
+                               progress=False)  # fmt: skip
+    perm_post = attention_posterior(moved, 0, 0, rows=[0], samples=400, walk="billiard",
+                                    progress=False)  # fmt: skip
     assert torch.allclose(perm_post.upper[0, 0], base.upper[0, 0, perm], atol=1e-9)
     assert torch.allclose(perm_post.raw[0, 0], base.raw[0, 0, perm], atol=1e-7)
     gap = (perm_post.mean[0, 0] - base.mean[0, 0, perm]).abs()
@@ -146,6 +152,7 @@ def test_result_tables_files_and_html(post, tmp_path) -> None:
     ("kwargs", "words"),
     [
         ({"prior": "gauss"}, "unknown prior 'gauss'"),
+        ({"walk": "gibbs"}, "unknown walk 'gibbs': use one of auto, billiard, hitrun"),
         ({"prior": "dirichlet", "alpha": 0.0}, "alpha must be a positive number"),
         ({"alpha": -1.0}, "alpha must be a positive number"),
         ({"samples": 0}, "samples must be an integer ≥ 1"),

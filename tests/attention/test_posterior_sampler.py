@@ -1,10 +1,11 @@
-"""The hit-and-run sampler against the exact uniform distribution on small polytopes.
+"""The samplers (billiard walk, hit-and-run) against the exact uniform distribution on
+small polytopes.
 
 Polytopes of dimension 1-3 come from hand-built T (s keys, d value columns: dim P =
 s − d − 1); the exact CDF of each weight is a volume ratio (tests/helpers/polytopes.py,
 scipy's ConvexHull). Draws are the end states of many independent chains after a long
 walk, so a Kolmogorov-Smirnov test applies; each is run at the level 0.001 (Bonferroni
-over the weights tested), and a deliberately biased walk must fail it.
+over the weights tested), and a deliberately biased variant of each walk must fail it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from scipy.stats import kstest
 
 from helpers.polytopes import ExactMarginal, null_basis
-from identifiable.attention import hitrun, mcmc
+from identifiable.attention import billiard, hitrun, mcmc
 
 LEVEL = 1e-3
 CHAINS = 600
@@ -39,8 +40,19 @@ def _poly(a: np.ndarray, null: np.ndarray, weights: np.ndarray | None = None) ->
     )
 
 
+def _billiard(poly, spread, x, gen):
+    k = spread.shape[-1]
+    metric, length = billiard.gram(spread), billiard.scale(poly)
+    return billiard.step(poly, spread, metric, length, x, gen, billiard.cap(k))
+
+
+WALKS = {"hitrun": (hitrun.step, lambda k: 30 * k * k + 60),
+         "billiard": (_billiard, lambda k: 10 * k + 30)}  # fmt: skip
+
+
 def _walk(poly: hitrun.Polytopes, steps: int, step=hitrun.step, seed: int = 0) -> np.ndarray:
-    """`[CHAINS, s]` end states of independent chains started at the analytic centre."""
+    """`[CHAINS, s]` end states of independent chains started in the Dikin ellipsoid
+    (directions from its rounding)."""
     gen = torch.Generator().manual_seed(seed)
     x_c = hitrun.centre(poly)
     spread = hitrun.rounding(poly, x_c)
@@ -61,42 +73,62 @@ def _biased_step(poly, spread, x, gen):
     return torch.addcmul(x, t.unsqueeze(-1), u).clamp_min(0.0)
 
 
+def _biased_billiard(poly, spread, x, gen):
+    """A billiard step whose path ends at the first wall it meets (no reflection): mass
+    piles up on the facets."""
+    g = torch.randn(*x.shape[:2], spread.shape[-1], generator=gen, dtype=x.dtype)
+    u = (g / g.norm(dim=-1, keepdim=True)) @ spread.mT
+    tau = 2 * billiard.scale(poly)[:, None] * torch.rand(x.shape[:2], generator=gen, dtype=x.dtype)
+    _, hi = hitrun.chord(x, u)
+    return torch.addcmul(x, torch.minimum(hi, tau).unsqueeze(-1), u).clamp_min(0.0)
+
+
+BIASED = {"hitrun": _biased_step, "billiard": _biased_billiard}
+
+
+@pytest.mark.parametrize("walk", list(WALKS))
 @pytest.mark.parametrize(("s", "d", "seed"), [(4, 2, 0), (5, 2, 1), (6, 2, 2)])
-def test_marginals_match_the_exact_uniform_distribution(s: int, d: int, seed: int) -> None:
+def test_marginals_match_the_exact_uniform_distribution(
+    s: int, d: int, seed: int, walk: str
+) -> None:
     a, null = _polytope(s, d, seed)
     k = null.shape[1]
     assert k == s - d - 1
-    x = _walk(_poly(a, null), 30 * k * k + 60)
+    step, steps = WALKS[walk]
+    x = _walk(_poly(a, null), steps(k), step=step)
     for j in range(s):
         cdf = ExactMarginal(a, null, j)
         result = kstest(x[:, j], cdf)
         assert result.pvalue > LEVEL / s, (k, j, result)
 
 
+@pytest.mark.parametrize("walk", list(WALKS))
 @pytest.mark.parametrize(("s", "d", "seed"), [(5, 2, 1), (6, 2, 2)])
-def test_a_biased_walk_fails_the_test(s: int, d: int, seed: int) -> None:
+def test_a_biased_walk_fails_the_test(s: int, d: int, seed: int, walk: str) -> None:
     a, null = _polytope(s, d, seed)
     k = null.shape[1]
-    x = _walk(_poly(a, null), 30 * k * k + 60, step=_biased_step)
+    x = _walk(_poly(a, null), WALKS[walk][1](k), step=BIASED[walk])
     worst = min(kstest(x[:, j], ExactMarginal(a, null, j)).pvalue for j in range(s))
     assert worst < LEVEL / s / 100
 
 
-def test_every_state_stays_in_the_polytope() -> None:
+@pytest.mark.parametrize("walk", list(WALKS))
+def test_every_state_stays_in_the_polytope(walk: str) -> None:
     a, null = _polytope(8, 3, 3)
     poly = _poly(a, null)
-    x = _walk(poly, 500)
+    x = _walk(poly, 500 if walk == "hitrun" else 100, step=WALKS[walk][0])
     assert x.min() >= 0
     np.testing.assert_allclose(x.sum(-1), 1.0, atol=1e-12)
     assert np.abs((x - a) @ (np.eye(8) - null @ null.T)).max() < 1e-12
 
 
-def test_the_dirichlet_prior_pulls_towards_the_raw_row() -> None:
+@pytest.mark.parametrize("walk", list(WALKS))
+def test_the_dirichlet_prior_pulls_towards_the_raw_row(walk: str) -> None:
     """On a segment (dim 1) the exact Dirichlet marginal is a 1-D density ∝ Π x_i^{w_i}:
     the walk's mean matches its numerical integral."""
     a, null = _polytope(4, 2, 0)
     weights = 20.0 * a
-    x = _walk(_poly(a, null, weights), 150)
+    x = _walk(_poly(a, null, weights), 150, step=WALKS[walk][0])
     cdf = ExactMarginal(a, null, 0)
     lo, hi = cdf.ends
     grid = np.linspace(lo, hi, 20001)[1:-1]
@@ -125,3 +157,11 @@ def test_ess_and_rhat_against_known_chains() -> None:
     assert float(mcmc.split_rhat(iid)) < 1.01
     shifted = iid + torch.tensor([0.0, 0.0, 0.0, 0.5], dtype=torch.float64)[:, None]
     assert float(mcmc.split_rhat(shifted)) > 1.01
+
+
+def test_auto_takes_hit_and_run_up_to_dim_16_and_the_billiard_walk_above() -> None:
+    from identifiable.attention.chains import AUTO_HITRUN, resolve
+
+    assert [resolve("auto", k) for k in (1, AUTO_HITRUN, AUTO_HITRUN + 1, 383)] == [
+        "hitrun", "hitrun", "billiard", "billiard"]  # fmt: skip
+    assert resolve("hitrun", 383) == "hitrun" and resolve("billiard", 2) == "billiard"

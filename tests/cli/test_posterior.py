@@ -27,7 +27,7 @@ def test_a_row_table_and_a_parquet_table(model, capsys, tmp_path) -> None:
     got = _run(capsys, TEXT_LONG, "--layer", "1", "--head", "0", "--row", "20",
                "--samples", "100", "--out", str(out))  # fmt: skip
     assert got.code == 0, got.err
-    assert "P(top stays)" in got.out and "R̂" in got.out
+    assert "P(top stays)" in got.out and "R̂" in got.out and "auto" in got.out
     df = pd.read_parquet(out)
     assert {"mean", "credible_lower", "credible_upper", "ess", "rhat", "flags"} <= set(df.columns)
     assert set(df["row"]) == {20} and len(df) == 21  # causal: row 20 has 21 keys
@@ -38,6 +38,7 @@ def test_a_row_table_and_a_parquet_table(model, capsys, tmp_path) -> None:
     ("args", "words"),
     [
         (["--prior", "gauss"], "unknown prior 'gauss'"),
+        (["--walk", "gibbs"], "unknown walk 'gibbs': use one of auto, billiard, hitrun"),
         (["--prior", "dirichlet", "--alpha", "0"], "alpha must be a positive number"),
         (["--samples", "0"], "samples must be an integer ≥ 1"),
         (["--row", "999"], "row"),

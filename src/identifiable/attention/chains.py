@@ -1,10 +1,11 @@
-"""Running hit-and-run chains until every row has its effective samples, and the
-summaries of their draws (what `attention_posterior` reports).
+"""Running Markov chains (the billiard walk, `billiard`, or hit-and-run, `hitrun`) until
+every row has its effective samples, and the summaries of their draws (what
+`attention_posterior` reports).
 
 Per batch of polytopes: centre and rounding (`hitrun.centre`, `hitrun.rounding`), `chains`
-chains per row from dispersed starts in the Dikin ellipsoid; `WARMUP` sweeps (a sweep
-is `sweep(k)` steps) whose states give the covariance the directions are drawn
-from (`hitrun.adapted`), `WARMUP` more discarded, then one draw kept per sweep in rounds: the chains
+chains per row from dispersed starts in the Dikin ellipsoid; `warmup(k, walk)` sweeps (a
+sweep is `sweep(k, walk)` steps) whose states give the rounding the walk uses from then on
+(`hitrun.adapted`), as many more discarded, then one draw kept per sweep in rounds: the chains
 run until they hold the round's draws; each row whose smallest per-weight ESS reaches
 `samples` with split-R̂ ≤ `RHAT_MAX` is summarised and leaves the batch; the others get
 more draws, scaled by the ESS still missing, up to `max_draws` per chain or the deadline.
@@ -21,11 +22,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from identifiable.attention import hitrun, mcmc
+from identifiable.attention import billiard, hitrun, mcmc
 
+WALKS: tuple[str, ...] = ("auto", "billiard", "hitrun")
+AUTO_HITRUN = 16  # "auto" runs hit-and-run on batches up to this dim P_i (cheaper there)
 RHAT_MAX = 1.01
 WARMUP = 20  # sweeps per chain in each half of the warm-up (rounding, then burn-in)
 TAU_GUESS = 3.0  # kept draws per effective sample of the worst weight (first round's plan)
+TAU_BILLIARD = 1.5  # the same for the billiard walk
 FLAG_RHAT, FLAG_ESS, FLAG_POINT, FLAG_BUDGET = 1, 2, 4, 8
 FLAG_TEXT = {
     FLAG_RHAT: f"R̂ > {RHAT_MAX}",
@@ -45,7 +49,7 @@ class Settings:
     """What the chains aim for: `samples` effective samples per row from `chains` chains,
     central credible intervals at `level`, at most `max_draws` kept draws per chain,
     stopping at `deadline` (a `time.perf_counter()` value, or None); `keep` draws per row
-    are returned (thinned, pooled over chains)."""
+    are returned (thinned, pooled over chains); `walk` is one of `WALKS` ("auto": `resolve`)."""
 
     samples: int
     chains: int
@@ -53,6 +57,7 @@ class Settings:
     max_draws: int
     deadline: float | None = None
     keep: int = 0
+    walk: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -95,11 +100,41 @@ def summarise(draws: Tensor, half_max: Tensor, cfg: Settings, budget_hit: bool) 
                    pooled[..., pick].transpose(1, 2))  # fmt: skip
 
 
-def sweep(k: int) -> int:
-    """Steps between kept draws in dimension k: hit-and-run needs about k^2.4 steps per
-    effective sample of its worst weight here (benchmarks/records/posterior.md), so a
-    draw is kept every k^2.4 / 4 steps (`TAU_GUESS` ≈ 3 draws per effective sample)."""
-    return max(1, math.ceil(k**2.4 / 4))
+def sweep(k: int, walk: str = "hitrun") -> int:
+    """Steps between kept draws in dimension k: hit-and-run needs about k^2.2-2.4 steps
+    per effective sample of its worst weight here (benchmarks/records/posterior.md), so
+    it keeps a draw every k^2.4 / 4 steps (`TAU_GUESS` ≈ 3 draws per effective sample);
+    the billiard walk needs about one step per effective sample and keeps every step."""
+    return 1 if walk == "billiard" else max(1, math.ceil(k**2.4 / 4))
+
+
+def warmup(k: int, walk: str = "hitrun") -> int:
+    """Sweeps in each half of the warm-up: `WARMUP`, and for the billiard walk (one step a
+    sweep, each close to an independent draw) k / 2 more, so that the covariance it
+    rounds with sees more than 2k states of its 4 chains."""
+    return WARMUP + (k // 2 if walk == "billiard" else 0)
+
+
+def resolve(walk: str, k: int) -> str:
+    """The walk that runs a batch of largest dim k: "auto" is hit-and-run up to
+    `AUTO_HITRUN` (its steps are cheap there) and the billiard walk above, where it wins
+    on seconds per effective sample (benchmarks/records/posterior.md)."""
+    if walk != "auto":
+        return walk
+    return "hitrun" if k <= AUTO_HITRUN else "billiard"
+
+
+Move = Callable[[Tensor, torch.Generator], Tensor]
+
+
+def mover(walk: str, poly: hitrun.Polytopes, spread: Tensor) -> Move:
+    """One step of `walk` for every chain, `x` `[R, C, s]` → next states, with directions
+    from the rounding `spread`."""
+    if walk == "hitrun":
+        return lambda x, gen: hitrun.step(poly, spread, x, gen)
+    metric, length = billiard.gram(spread), billiard.scale(poly)
+    most = billiard.cap(poly.null.shape[-1])
+    return lambda x, gen: billiard.step(poly, spread, metric, length, x, gen, most)
 
 
 def _flags(ess: Tensor, rhat: Tensor, samples: int) -> Tensor:
@@ -107,7 +142,7 @@ def _flags(ess: Tensor, rhat: Tensor, samples: int) -> Tensor:
 
 
 def _sweeps(
-    poly: hitrun.Polytopes, spread: Tensor, x: Tensor, n: int, thin: int, gen: torch.Generator,
+    poly: hitrun.Polytopes, move: Move, x: Tensor, n: int, thin: int, gen: torch.Generator,
     deadline: float | None, moments: hitrun.Moments | None = None,
 ) -> tuple[Tensor, list[Tensor], bool]:  # fmt: skip
     """`n` sweeps of `thin` steps from `x`; returns the last states, one draw per sweep
@@ -117,7 +152,7 @@ def _sweeps(
     steps = 0
     for _ in range(n):
         for _ in range(thin):
-            x = hitrun.step(poly, spread, x, gen)
+            x = move(x, gen)
             if moments is not None:
                 moments.add(poly, x)
             steps += 1
@@ -146,24 +181,28 @@ def sample(
     rows = poly.raw.shape[0]
     x_c = hitrun.centre(poly)
     spread = hitrun.rounding(poly, x_c)
-    thin = sweep(poly.null.shape[-1])
+    walk = resolve(cfg.walk, poly.null.shape[-1])
+    thin, warm = sweep(poly.null.shape[-1], walk), warmup(poly.null.shape[-1], walk)
+    tau = TAU_BILLIARD if walk == "billiard" else TAU_GUESS
     x = hitrun.starts(spread, x_c, cfg.chains, gen)
-    if probe is not None:  # time a few steps, before the warm-up's k^2.4-step sweeps
-        t0, tries = time.perf_counter(), min(thin, hitrun.PROJECT_EVERY)
+    move = mover(walk, poly, spread)
+    if probe is not None:  # time a few steps, before the warm-up's sweeps
+        t0, tries = time.perf_counter(), min(thin, 8 if walk == "billiard" else 64)
         for _ in range(tries):
-            x = hitrun.step(poly, spread, x, gen)
-        planned = thin * (2 * WARMUP + TAU_GUESS * cfg.samples / cfg.chains)
+            x = move(x, gen)
+        planned = thin * (2 * warm + tau * cfg.samples / cfg.chains)
         probe((time.perf_counter() - t0) / tries, planned)
     moments = hitrun.Moments(poly)
-    x, _, on_time = _sweeps(poly, spread, x, WARMUP, thin, gen, cfg.deadline, moments)
+    x, _, on_time = _sweeps(poly, move, x, warm, thin, gen, cfg.deadline, moments)
     spread = hitrun.adapted(poly, spread, moments)
-    x, _, on_time = _sweeps(poly, spread, x, WARMUP, thin, gen, cfg.deadline)
-    target = min(cfg.max_draws, max(4, math.ceil(TAU_GUESS * cfg.samples / cfg.chains)))
+    move = mover(walk, poly, spread)
+    x, _, on_time = _sweeps(poly, move, x, warm, thin, gen, cfg.deadline)
+    target = min(cfg.max_draws, max(4, math.ceil(tau * cfg.samples / cfg.chains)))
     kept: list[Tensor] = []
     ids = torch.arange(rows, device=x.device)
     results: dict[int, Summary] = {}
     while len(ids):
-        x, more, on_time = _sweeps(poly, spread, x, target - len(kept), thin, gen, cfg.deadline)
+        x, more, on_time = _sweeps(poly, move, x, target - len(kept), thin, gen, cfg.deadline)
         kept += more
         draws = torch.stack(kept, -1).permute(0, 2, 1, 3)  # [R', s, C, D]
         if draws.shape[-1] < 4:  # the deadline came before four draws: repeat what there is
@@ -178,6 +217,7 @@ def sample(
         left = (~finished).nonzero().flatten()
         ids, poly, x = ids[left], poly.select(left), x.index_select(0, left)
         spread, half_max = spread.index_select(0, left), half_max
+        move = mover(walk, poly, spread)
         kept = [k.index_select(0, left) for k in kept]
         grow = max(1.25, 1.1 * cfg.samples / worst)
         target = min(cfg.max_draws, math.ceil(len(kept) * grow))

@@ -7,7 +7,8 @@ For query row i of a head, with key set K_i, the valid rows form the polytope
 
 (T = E W_V H; with Σ ã = 1 the value bias changes nothing). `attention_posterior` puts a
 prior on P_i (uniform, or a Dirichlet centred on the raw row) and summarises it from
-hit-and-run chains (`hitrun`, `chains`): the mean row, central credible intervals, P(key j is
+Markov chains (the billiard walk, `billiard`, by default, or hit-and-run, `hitrun`; run by
+`chains`): the mean row, central credible intervals, P(key j is
 the top key), P(the raw top key stays on top), P(a weight reaches half its certified
 maximum), beside the certified intervals (`interval_map`), the paper's A_eff and the
 constrained row (`constrained_attention`). Each row carries its effective sample size and
@@ -74,7 +75,7 @@ class AttentionPosterior(
         "samples_kept": ("head", "row", "draw", "key"),
     },
     plot={"kind": "interval"},
-    summary=("layer", "heads", "prior", "alpha", "samples", "chains", "seed", "level"),
+    summary=("layer", "heads", "prior", "alpha", "samples", "chains", "seed", "level", "walk"),
 ):
     """A posterior over the valid attention rows of some rows of some heads of one layer.
 
@@ -104,6 +105,7 @@ class AttentionPosterior(
         samples_kept: `[H, R, S, n]` S = `samples` draws per row spread over the chains
             (`keep_draws=True`), else None.
         seconds: wall time; tokens, key_tokens, model_name: labels of the trace.
+        walk: the Markov chain asked for ("auto", "billiard" or "hitrun").
     """
 
     layer: int
@@ -137,6 +139,7 @@ class AttentionPosterior(
     tokens: list[str] | None = None
     key_tokens: list[str] | None = None
     model_name: str = ""
+    walk: str = "auto"
 
     @property
     def p_top_stays(self) -> Tensor:
@@ -197,10 +200,14 @@ class AttentionPosterior(
 
 
 def _check_request(prior: str, alpha: float, samples: int, chains: int, level: float,
-                   time_budget: float | None) -> None:  # fmt: skip
+                   time_budget: float | None, walk: str = "auto") -> None:  # fmt: skip
     """One line for each setting that cannot work, before anything runs."""
     if prior not in PRIORS:
         raise IdentifiableError(f"unknown prior {prior!r}: use one of {', '.join(PRIORS)}")
+    if walk not in chain_runs.WALKS:
+        raise IdentifiableError(
+            f"unknown walk {walk!r}: use one of {', '.join(chain_runs.WALKS)} (--walk)"
+        )
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not alpha > 0:
         raise IdentifiableError(f"alpha must be a positive number, got {alpha!r}")
     if not math.isfinite(alpha):
@@ -228,6 +235,7 @@ def attention_posterior(
     time_budget: float | None = None,
     level: float = 0.95,
     keep_draws: bool = False,
+    walk: str = "auto",
     device: str | torch.device | None = None,
     progress: bool | None = None,
 ) -> AttentionPosterior:
@@ -249,14 +257,18 @@ def attention_posterior(
             and rows still short at the deadline are flagged.
         level: the probability of the central credible intervals.
         keep_draws: keep `samples` draws per row (`samples_kept`).
+        walk: "billiard" (the billiard walk: about two steps per effective sample, each
+            meeting about k facets, k = dim P_i), "hitrun" (hit-and-run: about k^2.2
+            cheap steps) or "auto" (hit-and-run on batches of rows with k ≤ 16, the
+            billiard walk above); all are exact (docs/posterior.md#the-sampler).
         device: where the chains run (default: the trace's device).
         progress: a bar of the rows done on stderr (None: when a person is watching).
 
-    Raises IdentifiableError for an unknown prior, alpha ≤ 0, samples or chains < 1,
+    Raises IdentifiableError for an unknown prior or walk, alpha ≤ 0, samples or chains < 1,
     an index out of range, a corrupt trace, or a budget too small for the request.
     """
     check_trace(trace)
-    _check_request(prior, alpha, samples, chains, level, time_budget)
+    _check_request(prior, alpha, samples, chains, level, time_budget, walk)
     seed = count(seed, "seed", "--seed", minimum=0)
     start = time.perf_counter()
     trace.check_layer(whole(layer, "layer", "--layer"))
@@ -279,10 +291,10 @@ def attention_posterior(
     with task_bar("attention posterior (rows)", len(heads) * len(row_list), enabled=shown) as bar:
         bar.advance(sum(p.dim == 0 for p in problems))
         out = _sample_all(problems, weight, samples, chains, level, keep_draws, deadline,
-                          budget, where, gen, bar.advance)  # fmt: skip
+                          budget, where, gen, bar.advance, walk)  # fmt: skip
     return _assemble(trace, layer, heads, row_list, imap, eff, con, problems, out,
                      (prior, float(alpha), samples, chains, int(seed), level, keep_draws),
-                     start)  # fmt: skip
+                     start, walk)  # fmt: skip
 
 
 def _references(
@@ -389,7 +401,7 @@ def _stack(problems: list[_Row], idx: list[int], weight: float, where: torch.dev
 
 
 def _sample_all(problems, weight, samples, chains, level, keep, deadline, budget, where,
-                gen, advance) -> dict[int, tuple[chain_runs.Summary, int]]:  # fmt: skip
+                gen, advance, walk) -> dict[int, tuple[chain_runs.Summary, int]]:  # fmt: skip
     """Sample every batch; returns, per problem index, its summary and its place in it."""
     out: dict[int, tuple[chain_runs.Summary, int]] = {}
     batches = _batches(problems, chains, samples)
@@ -398,8 +410,11 @@ def _sample_all(problems, weight, samples, chains, level, keep, deadline, budget
         s = poly.raw.shape[1]
         room = MEMORY // max(1, 8 * len(idx) * chains * s)
         cap = max(8, min(MAX_TAU * samples // chains + 8, room))
-        cfg = chain_runs.Settings(samples, chains, level, cap, deadline, samples if keep else 0)
-        share = _cost(problems, idx) / max(1.0, sum(_cost(problems, i) for i in batches))
+        cfg = chain_runs.Settings(samples, chains, level, cap, deadline, samples if keep else 0,
+                                  walk)  # fmt: skip
+        share = _cost(problems, idx, walk) / max(
+            1.0, sum(_cost(problems, i, walk) for i in batches)
+        )
         probe = _probe(budget, share, chains, samples) if b == 0 else None
         summary = chain_runs.sample(poly, half, cfg, gen, advance, probe)
         for j, i in enumerate(idx):
@@ -407,10 +422,13 @@ def _sample_all(problems, weight, samples, chains, level, keep, deadline, budget
     return out
 
 
-def _cost(problems: list[_Row], idx: list[int]) -> float:
-    """The work of a sweep of every row of `idx`, up to a constant: steps × keys × dim."""
-    return float(sum(chain_runs.sweep(problems[i].dim) * len(problems[i].keys)
-                     * problems[i].dim for i in idx))  # fmt: skip
+def _cost(problems: list[_Row], idx: list[int], walk: str) -> float:
+    """The work of a sweep of every row of `idx`, up to a constant: steps × keys × dim
+    (a billiard step meets about dim facets)."""
+    ways = [chain_runs.resolve(walk, problems[i].dim) for i in idx]
+    return float(sum(chain_runs.sweep(problems[i].dim, w) * len(problems[i].keys)
+                     * problems[i].dim ** (2 if w == "billiard" else 1)
+                     for i, w in zip(idx, ways, strict=True)))  # fmt: skip
 
 
 def _probe(budget: tuple[float | None, float, int], share: float, chains: int, samples: int):
@@ -434,7 +452,8 @@ def _probe(budget: tuple[float | None, float, int], share: float, chains: int, s
     return check
 
 
-def _assemble(trace, layer, heads, rows, imap, eff, con, problems, out, settings, start):
+def _assemble(trace, layer, heads, rows, imap, eff, con, problems, out, settings, start,
+              walk):  # fmt: skip
     """The result's `[H, R, n]` arrays from the summaries (points: the raw row itself)."""
     n_h, n_r, n = len(heads), len(rows), trace.n_keys
     prior, alpha, samples, chains, seed, level, keep = settings
@@ -469,7 +488,7 @@ def _assemble(trace, layer, heads, rows, imap, eff, con, problems, out, settings
         imap.raw[0], eff, con, imap.lower[0], imap.upper[0], **key_arrays,
         keys=imap.keys[0], dim=dims, ess=ess, rhat=rhat, draws=draws, flags=flags,
         seconds=time.perf_counter() - start, samples_kept=kept, tokens=list(trace.tokens),
-        key_tokens=trace.key_tokens, model_name=trace.model_name,
+        key_tokens=trace.key_tokens, model_name=trace.model_name, walk=walk,
     )  # fmt: skip
 
 

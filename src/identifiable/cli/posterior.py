@@ -32,6 +32,12 @@ _AlphaArg = Annotated[
 ]
 _SamplesArg = Annotated[int, typer.Option("--samples", help="Effective samples per row (≥ 1).")]
 _ChainsArg = Annotated[int, typer.Option("--chains", help="Chains per row (≥ 1).")]
+_WalkArg = Annotated[
+    str,
+    typer.Option(
+        "--walk", help="'auto' (hit-and-run up to dim P 16, billiard above), 'billiard', 'hitrun'."
+    ),
+]
 _SeedArg = Annotated[int, typer.Option("--seed", help="Seed of every random draw.")]
 _TimeBudgetArg = Annotated[
     float | None,
@@ -54,6 +60,7 @@ def posterior(
     samples: _SamplesArg = 1000,
     chains: _ChainsArg = 4,
     seed: _SeedArg = 0,
+    walk: _WalkArg = "auto",
     time_budget: _TimeBudgetArg = None,
     out: _OutArg = None,
     force: ForceOption = False,
@@ -61,10 +68,11 @@ def posterior(
 ) -> None:
     """Attention posterior: across all attention rows with the same head output, the mean
     row, 95 % credible bands, P(top key stays) and per-row ESS and split-R̂ (flagged rows
-    are marked). Hit-and-run on each row's polytope of valid rows."""
+    are marked). The billiard walk or hit-and-run (--walk) on each row's polytope of valid
+    rows."""
     from identifiable.attention.posterior import _check_request, attention_posterior
 
-    _check_request(prior, alpha, samples, chains, 0.95, time_budget)
+    _check_request(prior, alpha, samples, chains, 0.95, time_budget, walk)
     if out is not None and out.suffix != ".parquet":
         raise IdentifiableError(f"--out '{out}' must end in .parquet")
     check_writable(out, "--out", force=force)
@@ -73,9 +81,10 @@ def posterior(
     check_ranges(tr, layer, head, row)
     post = attention_posterior(tr, layer, head, rows=None if row is None else [row],
                                prior=prior, alpha=alpha, samples=samples, chains=chains,
-                               seed=seed, time_budget=time_budget, progress=True)  # fmt: skip
+                               seed=seed, time_budget=time_budget, walk=walk,
+                               progress=True)  # fmt: skip
     rows = post.rows_table()
-    table = Table(title=f"{m.info.name}: layer {layer}, head {head}, prior {prior}; "
+    table = Table(title=f"{m.info.name}: layer {layer}, head {head}, prior {prior}, {walk}; "
                   f"{samples} effective samples per row wanted ({post.seconds:.1f} s)")  # fmt: skip
     for col in ("row", "token", "dim P", "ESS", "R̂", "top key", "P(top stays)", "flags"):
         table.add_column(col, justify="left" if col in ("token", "flags") else "right")
