@@ -156,22 +156,23 @@ def test_token_ids_give_the_same_attribution_as_the_text(tiny_model):
 
 def test_a_time_budget_changes_nothing_it_can_fit(exact_results, tiny_model):
     timed = hidden_token_attribution(tiny_model("bert"), TEXT, time_budget=600.0)
+    # other chunk sizes: batched float32 kernels round differently, nothing more
     torch.testing.assert_close(
-        timed.contributions, exact_results["bert"].contributions, rtol=1e-12, atol=1e-14
+        timed.contributions, exact_results["bert"].contributions, rtol=1e-6, atol=1e-9
     )
 
 
 def test_a_time_budget_out_of_reach_is_refused_after_a_few_jvps(tiny_model):
-    """Exact mode on the tiny BERT is n·d JVPs; the first chunk of 8 prices them."""
+    """Exact mode on the tiny BERT is n·d JVPs; the first, a chunk of one, prices them."""
     seen: list[tuple[int, int]] = []
     with pytest.raises(
         IdentifiableError,
-        match=r"^hidden_token_attribution needs about .* JVPs, 8 of them run\), more than the "
+        match=r"^hidden_token_attribution needs about .* JVPs, 1 of them run\), more than the "
         r"time budget of 1e-05 s: raise time_budget= or pass fewer probes \(probes=k",
     ):
         hidden_token_attribution(
             tiny_model("bert"), TEXT, time_budget=1e-5, progress=lambda *a: seen.append(a)
         )
-    assert seen[-1][0] == 8 < seen[-1][1]
+    assert seen[-1][0] == 1 < seen[-1][1]
     with pytest.raises(IdentifiableError, match="time_budget"):
         hidden_token_attribution(tiny_model("bert"), TEXT, time_budget=-1.0)

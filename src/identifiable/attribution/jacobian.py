@@ -171,30 +171,38 @@ def jacobian_sq_norms(
 
 class Pace:
     """A time budget for `jacobian_sq_norms`. Every JVP costs about one forward pass, so
-    a few timed ones price the rest: the first chunk is small, later chunks take at most
-    a twentieth of the budget, and the run is refused as soon as its estimate exceeds
-    the budget (twice it after the first chunk, whose small batch runs slower per JVP),
+    timed chunks price the rest: the first chunk is one JVP, later chunks take at most a
+    twentieth of the budget, and the run is refused as soon as its estimate exceeds the
+    budget (twice it after the first chunk, a batch of one, which runs slower per JVP),
     or when the budget plus 5 % has run out. `refusal(estimate, done, total)` builds the
-    error."""
+    error. Setup (encoding, the primal forward) counts as elapsed, not as JVP time."""
 
     def __init__(
         self, seconds: float, refusal: Callable[[float, int, int], Exception], start: float
     ) -> None:
         self.seconds, self.refusal, self.start = seconds, refusal, start
-        self.first: tuple[int, float] | None = None  # (tangents, seconds) of chunk one
+        self.checks, self.done = 0, 0
+        self.jvps, self.secs = 0, 0.0  # the chunk timed first; from the second on, the rest
+        self.chunk_start = start
 
     def chunk(self, planned: int, done: int) -> int:
-        if self.first is None:
-            return min(planned, 8)
-        per_jvp = self.first[1] / self.first[0]
+        self.chunk_start = time.perf_counter()
+        if self.checks == 0:
+            return 1
+        per_jvp = self.secs / self.jvps
         return max(1, min(planned, int(self.seconds / 20 / max(per_jvp, 1e-9))))
 
     def check(self, done: int, total: int) -> None:
-        elapsed = time.perf_counter() - self.start
-        if self.first is None:
-            self.first = (done, elapsed)
-        estimate = elapsed + elapsed / done * (total - done)
-        slack = 2.0 if done == self.first[0] else 1.0
+        now = time.perf_counter()
+        jvps, secs = done - self.done, now - self.chunk_start
+        if self.checks <= 1:  # the batch of one prices alone, then gives way to real chunks
+            self.jvps, self.secs = jvps, secs
+        else:
+            self.jvps, self.secs = self.jvps + jvps, self.secs + secs
+        self.checks, self.done = self.checks + 1, done
+        elapsed = now - self.start
+        estimate = elapsed + self.secs / self.jvps * (total - done)
+        slack = 2.0 if self.checks == 1 else 1.0
         if done < total and (estimate > slack * self.seconds or elapsed > 1.05 * self.seconds):
             raise self.refusal(estimate, done, total)
 
