@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from identifiable.attention.linalg import rank_tolerance
+from identifiable.attention.linalg import rank_tolerance, sigma_max
 
 _ROW_CHUNK = 256  # rows per GEMM chunk of the n×n products (lower triangle only)
 
@@ -71,13 +71,20 @@ class Prefixes:
     tol: Tensor
 
 
-def prefixes(x: Tensor, scale: Tensor) -> Prefixes:
+def prefixes(
+    x: Tensor, scale: Tensor, group: Tensor | None = None, smax: Tensor | None = None
+) -> Prefixes:
     """Pivots, prefix ranks and echelon coordinates of each X (see the module docstring).
 
     Args:
         x: `[B, n, m]` float64.
         scale: `[B]` σ_max of each X (the relative tolerance's scale; one per sequence
             and head): tolerance σ_max · max(n, m) · eps(float64).
+        group: `[B, n]` int64, the first row of each X bit-for-bit equal to each row
+            (`first_occurrence`, or `linalg.row_ids` of the matrix X is a product of),
+            where the caller knows it; else found here for the heads that need it.
+        smax: `[B]` σ_max of each X, the rounding level of `_floor` for heads with
+            dependent rows among the first k (default: computed for those heads).
     """
     bsz, n, m = x.shape
     k = min(n, m)
@@ -86,22 +93,34 @@ def prefixes(x: Tensor, scale: Tensor) -> Prefixes:
     rows = torch.arange(n, device=dev)
     coords = x.new_zeros(bsz, n, k)
     rank = (rows + 1).clamp(max=k).expand(bsz, n).clone()
-    group = rows.expand(bsz, n).clone()
+    groups = rows.expand(bsz, n).clone()
     mean_end = torch.full((bsz,), k, dtype=torch.long, device=dev)
     pivot_min = torch.full((bsz,), float("inf"), dtype=torch.float64, device=dev)
     dependent_max = torch.zeros(bsz, dtype=torch.float64, device=dev)
     if k == 0:
-        return Prefixes(coords, rank * 0, group, mean_end * 0, pivot_min, dependent_max, tol)
-    _, r = torch.linalg.qr(x.transpose(-1, -2))  # r: [B, k, n]
+        return Prefixes(coords, rank * 0, groups, mean_end * 0, pivot_min, dependent_max, tol)
+    r = torch.linalg.qr(x.transpose(-1, -2), mode="r")[1]  # r: [B, k, n]
     diag = torch.diagonal(r, dim1=-2, dim2=-1).abs()  # [B, k]
     fast = (diag > _floor(diag, torch.linalg.vector_norm(x[:, :k], dim=-1), scale, tol, m)).all(-1)
     coords[fast] = r[fast].transpose(-1, -2)  # lower trapezoidal: echelon already
     pivot_min[fast] = diag[fast].amin(-1)
-    for b in torch.nonzero(~fast).flatten().tolist():
-        one = _slow_prefix(x[b], float(tol[b]), k)
-        coords[b], rank[b], group[b] = one[0], one[1], one[2]
-        mean_end[b], pivot_min[b], dependent_max[b] = one[3], one[4], one[5]
-    return Prefixes(coords, rank, group, mean_end, pivot_min, dependent_max, tol)
+    slow = torch.nonzero(~fast).flatten()
+    if slow.numel():
+        if group is None:
+            group = torch.stack([first_occurrence(x[int(b)]) for b in slow.tolist()])
+        else:
+            group = group[slow]
+        smax = sigma_max(x[slow]) if smax is None else smax[slow]
+        # Heads with the same equal rows (all heads of a first layer's latent values) share
+        # the distinct rows' positions: one batched QR for them.
+        kinds, which = torch.unique(group, dim=0, return_inverse=True)
+        for kind in range(kinds.shape[0]):
+            sub = which == kind
+            idx = slow[sub]
+            out = _slow_prefixes(x[idx], kinds[kind], tol[idx], smax[sub], k)
+            coords[idx], rank[idx], groups[idx] = out[0], out[1], out[2]
+            mean_end[idx], pivot_min[idx], dependent_max[idx] = out[3], out[4], out[5]
+    return Prefixes(coords, rank, groups, mean_end, pivot_min, dependent_max, tol)
 
 
 def prefix_coordinates(x: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
@@ -112,10 +131,6 @@ def prefix_coordinates(x: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
 
 _EPS = torch.finfo(torch.float64).eps
 _NOISE = 4.0  # rounding in a distance to the span of ill-conditioned pivots: 4·m·eps·κ·‖x_j‖
-
-
-def _smax(x: Tensor) -> Tensor:
-    return torch.linalg.matrix_norm(x, ord=2).reshape(1)
 
 
 def _floor(
@@ -143,36 +158,62 @@ def first_occurrence(x: Tensor) -> Tensor:
     return first[inverse]
 
 
-def _slow_prefix(x: Tensor, tol: float, k: int) -> tuple:
-    """One head whose first k rows are not independent: merge duplicates, find pivots."""
-    n, m = x.shape
+def first_rows(ids: Tensor) -> Tensor:
+    """`[B, n]` int64: for each row, the first row of its matrix with the same id (`ids`
+    `[B, n]` from `linalg.row_ids`, which gives equal rows equal ids)."""
+    bsz, n = ids.shape
+    dev = ids.device
+    per_matrix = ids + (ids.amax() + 1) * torch.arange(bsz, device=dev)[:, None]
+    key = torch.unique(per_matrix, return_inverse=True)[1].flatten()
+    first = torch.full((bsz * n,), n, dtype=torch.long, device=dev)
+    first.scatter_reduce_(0, key, torch.arange(n, device=dev).repeat(bsz), reduce="amin")
+    return first[key].reshape(bsz, n)
+
+
+def _slow_prefixes(x: Tensor, group: Tensor, tol: Tensor, smax: Tensor, k: int) -> tuple:
+    """Heads `x` `[b, n, m]` with the same equal rows `group` `[n]` whose first k rows are
+    not independent: merge duplicates, find pivots (`[b, ...]` fields of `Prefixes`)."""
+    bsz, n, m = x.shape
     dev = x.device
-    group = first_occurrence(x)
     firsts = torch.nonzero(group == torch.arange(n, device=dev)).flatten()  # distinct, in order
-    d = x[firsts]
-    q, r = torch.linalg.qr(d.T)  # q: [m, k_u], r: [k_u, n_u]
+    slot = torch.zeros(n, dtype=torch.long, device=dev)
+    slot[firsts] = torch.arange(firsts.numel(), device=dev)
+    slot = slot[group]  # each row's position among the distinct rows
+    d = x[:, firsts]
+    r = torch.linalg.qr(d.transpose(-1, -2), mode="r")[1]  # r: [b, k_u, n_u]
     k_u = min(m, firsts.numel())
-    diag = torch.diagonal(r).abs()
-    dependent_max = 0.0
-    norms = torch.linalg.vector_norm(d[:k_u], dim=-1)[None]
-    floor = _floor(diag[None], norms, _smax(x), x.new_full((1,), tol), m)
-    if bool((diag > floor[0]).all()):  # the usual case: only duplicates were dependent
-        basis, piv = q, firsts[:k_u]
-        pivot_min = float(diag.min()) if k_u else float("inf")
-        first_dependent = int(firsts[k_u]) if firsts.numel() > k_u else n
-    else:
-        basis, piv, pivot_min, dependent_max, first_dependent = _scan_pivots(d, firsts, tol, n)
+    diag = torch.diagonal(r, dim1=-2, dim2=-1).abs()
+    norms = torch.linalg.vector_norm(d[:, :k_u], dim=-1)
+    ok = (diag > _floor(diag, norms, smax, tol, m)).all(-1)
+    coords = x.new_zeros(bsz, n, k)
+    # the usual case, only duplicates dependent: the distinct rows' R is echelon already
+    coords[:, :, :k_u] = r.transpose(-1, -2)[:, slot]
+    rank = (slot + 1).clamp(max=k_u).expand(bsz, n).clone()
+    rank = torch.cummax(rank, -1).values  # a duplicate adds no pivot
+    first_dependent = int(firsts[k_u]) if firsts.numel() > k_u else n
+    mean_end = torch.full((bsz,), first_dependent, dtype=torch.long, device=dev)
+    pivot_min = diag.amin(-1) if k_u else x.new_full((bsz,), float("inf"))
+    dependent_max = x.new_zeros(bsz)
+    for b in torch.nonzero(~ok).flatten().tolist():
+        one = _pivot_prefix(x[b], group, firsts, float(tol[b]), k)
+        coords[b], rank[b], mean_end[b], pivot_min[b], dependent_max[b] = one
+    return coords, rank, group.expand(bsz, n), mean_end, pivot_min, dependent_max
+
+
+def _pivot_prefix(x: Tensor, group: Tensor, firsts: Tensor, tol: float, k: int) -> tuple:
+    """One head with a dependent distinct row: its pivots by `_scan_pivots`."""
+    n = x.shape[0]
+    dev = x.device
+    basis, piv, pivot_min, dependent_max, first_dependent = _scan_pivots(x[firsts], firsts, tol, n)
     is_pivot = torch.zeros(n, dtype=torch.bool, device=dev)
     is_pivot[piv] = True
     rank = torch.cumsum(is_pivot.long(), 0)
     coords = x.new_zeros(n, k)
-    r_total = basis.shape[1]
-    coords[:, :r_total] = x @ basis
+    coords[:, : basis.shape[1]] = x @ basis
     # Drop sub-tolerance components outside each row's own prefix span (what the rank
     # decision means; it makes the coordinates echelon), and make equal rows equal.
     coords *= torch.arange(k, device=dev)[None, :] < rank[:, None]
-    coords = coords[group]
-    return coords, rank, group, first_dependent, pivot_min, dependent_max
+    return coords[group], rank, first_dependent, pivot_min, dependent_max
 
 
 def _scan_pivots(d: Tensor, firsts: Tensor, tol: float, n: int) -> tuple:
