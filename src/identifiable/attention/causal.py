@@ -72,7 +72,11 @@ class Prefixes:
 
 
 def prefixes(
-    x: Tensor, scale: Tensor, group: Tensor | None = None, smax: Tensor | None = None
+    x: Tensor,
+    scale: Tensor,
+    group: Tensor | None = None,
+    smax: Tensor | None = None,
+    r: Tensor | None = None,
 ) -> Prefixes:
     """Pivots, prefix ranks and echelon coordinates of each X (see the module docstring).
 
@@ -85,6 +89,9 @@ def prefixes(
             where the caller knows it; else found here for the heads that need it.
         smax: `[B]` σ_max of each X, the rounding level of `_floor` for heads with
             dependent rows among the first k (default: computed for those heads).
+        r: `[C, k, n]` the R factor of Xᵀ = Q R for the C heads whose first k rows are
+            distinct (`distinct_start`; all heads without `group`), where the caller
+            has it (`append_row` makes [X, s·1]'s from X's).
     """
     bsz, n, m = x.shape
     k = min(n, m)
@@ -99,11 +106,18 @@ def prefixes(
     dependent_max = torch.zeros(bsz, dtype=torch.float64, device=dev)
     if k == 0:
         return Prefixes(coords, rank * 0, groups, mean_end * 0, pivot_min, dependent_max, tol)
-    r = torch.linalg.qr(x.transpose(-1, -2), mode="r")[1]  # r: [B, k, n]
-    diag = torch.diagonal(r, dim1=-2, dim2=-1).abs()  # [B, k]
-    fast = (diag > _floor(diag, torch.linalg.vector_norm(x[:, :k], dim=-1), scale, tol, m)).all(-1)
-    coords[fast] = r[fast].transpose(-1, -2)  # lower trapezoidal: echelon already
-    pivot_min[fast] = diag[fast].amin(-1)
+    # A head with an exact duplicate among its first k rows is decided by the pivots.
+    cand = torch.ones_like(tol, dtype=torch.bool) if group is None else distinct_start(group, k)
+    if r is None:
+        xc = x if bool(cand.all()) else x[cand]
+        r = torch.linalg.qr(xc.transpose(-1, -2), mode="r")[1]  # r: [C, k, n]
+    diag = torch.diagonal(r, dim1=-2, dim2=-1).abs()  # [C, k]
+    norms = torch.linalg.vector_norm(x[cand, :k], dim=-1)
+    ok = (diag > _floor(diag, norms, scale[cand], tol[cand], m)).all(-1)
+    fast = torch.zeros_like(cand)
+    fast[cand] = ok
+    coords[fast] = r[ok].transpose(-1, -2)  # lower trapezoidal: echelon already
+    pivot_min[fast] = diag[ok].amin(-1)
     slow = torch.nonzero(~fast).flatten()
     if slow.numel():
         if group is None:
@@ -156,6 +170,31 @@ def first_occurrence(x: Tensor) -> Tensor:
     first = torch.full((n,), n, dtype=torch.long, device=x.device)
     first.scatter_reduce_(0, inverse, torch.arange(n, device=x.device), reduce="amin")
     return first[inverse]
+
+
+def distinct_start(group: Tensor, k: int) -> Tensor:
+    """`[B]` bool: the first k rows of each matrix are distinct (`group` `[B, n]` as in
+    `Prefixes`), so that one QR may find them independent (`prefixes`' fast route)."""
+    return (group[:, :k] == torch.arange(k, device=group.device)).all(-1)
+
+
+def append_row(r: Tensor, w: Tensor) -> Tensor:
+    """The R factor of [Xᵀ; wᵀ] from R `[B, k, n]` of Xᵀ = Q R (upper trapezoidal) and the
+    new row w `[B, n]`: `[B, min(k + 1, n), n]`, by one Givens rotation per row of R
+    (O(k·n), against O(k²·n) for a new QR; backward stable as it is)."""
+    bsz, k, n = r.shape
+    r, w = r.clone(), w.clone()
+    for j in range(min(k, n)):
+        a, b = r[:, j, j], w[:, j]
+        rho = torch.hypot(a, b)
+        nz = rho > 0
+        c = torch.where(nz, a / torch.where(nz, rho, 1.0), 1.0)[:, None]
+        s = torch.where(nz, b / torch.where(nz, rho, 1.0), 0.0)[:, None]
+        rj, wj = r[:, j, j:].clone(), w[:, j:]
+        r[:, j, j:] = c * rj + s * wj
+        w[:, j:] = c * wj - s * rj
+        w[:, j] = 0.0  # eliminated exactly
+    return torch.cat([r, w[:, None]], 1) if k < n else r
 
 
 def first_rows(ids: Tensor) -> Tensor:
@@ -283,6 +322,10 @@ def project_prefixes(
 ) -> Tensor:
     """Project each row a_i onto col(X[:i+1]); masked keys stay exactly 0.
 
+    Consecutive heads whose matrices share their pivots and equal rows (every head of a
+    generic layer, or of a first layer whose repeated tokens repeat in every head) are
+    projected together: one batched product per row chunk, one batched block solve.
+
     Args:
         a: `[H, n, n]` lower triangular (causal attention), any float dtype.
         p: `Prefixes` of P matrices; head h uses matrix `owner[h]` (default: h), so
@@ -292,32 +335,16 @@ def project_prefixes(
         block: rows per Woodbury block (default k // 2, at least 16).
         small: a context the small float64 solves run in (the scan's `one_thread` on
             the CPU); the n×n products run outside it.
-        rows: rows per chunk of the n×n products (fewer, larger kernels for the scan).
+        rows: rows per chunk of the n×n products, per head (fewer, larger kernels for
+            the scan); a batch of heads takes `_BATCH_ROWS` rows in all.
     Returns: `out`. Rows whose prefix has full row rank are copied, not rounded.
     """
     n_h, n, _ = a.shape
     owner = torch.arange(n_h, device=p.coords.device) if owner is None else owner
     out = torch.empty(a.shape, dtype=dtype, device=a.device) if out is None else out
-    exact = p.coords.device  # float64 solves; a device without float64 leaves them here
-    for b in range(p.coords.shape[0]):
-        heads = torch.nonzero(owner == b).flatten().tolist()
-        if not heads:
-            continue
-        c, rank, group = p.coords[b], p.rank[b], p.group[b]
-        s1 = int(p.mean_end[b])
-        for h in heads:
-            _group_means(a[h], group.to(a.device), s1, out[h], rows)
-        if s1 >= n:
-            continue
-        k = c.shape[1]
-        with small():
-            solve = _BlockSolve(c, rank, s1, block or max(16, k // 2))
-        cw = c.to(a.device, dtype)
-        for h in heads:
-            u = _lower_product(a[h], cw, s1, rows).to(exact, torch.float64)  # rows s1.. of A C
-            with small():
-                y = solve(u).to(a.device, dtype)
-            _write_lower(y, cw, s1, out[h], rows)
+    size = block or max(16, p.coords.shape[-1] // 2)
+    for h0, h1, mats, r in _runs(p, owner.tolist(), max(1, _BATCH_ROWS // rows)):
+        _project_run(a[h0:h1], p, mats, r, out[h0:h1], dtype, (size, rows), small)
     return out
 
 
@@ -326,53 +353,125 @@ def project_rows_causal(a: Tensor, p: Prefixes, **kwargs) -> Tensor:
     return project_prefixes(a, p, **kwargs)
 
 
+_BATCH_ROWS = 2048  # rows of all heads in one chunk of batched products
+_SOLVE_BYTES = 64 * 2**20  # float64 temporaries of one batch of block solves
+
+
+def _runs(p: Prefixes, owner: list[int], most: int) -> list[tuple[int, int, list[int], int]]:
+    """`(h0, h1, mats, r)`: heads h0..h1-1 read matrices `mats` in turn, r consecutive heads
+    each, and those matrices have the same pivots and equal rows; at most `most` heads."""
+    runs: list[tuple[int, int, list[int], int]] = []
+    h, n_h = 0, len(owner)
+    while h < n_h:
+        r = 1
+        while h + r < n_h and owner[h + r] == owner[h] and r < most:
+            r += 1
+        mats, end = [owner[h]], h + r
+        while end + r <= n_h and end + r <= h + most and _same_run(p, owner, mats, end, r):
+            mats.append(owner[end])
+            end += r
+        runs.append((h, end, mats, r))
+        h = end
+    return runs
+
+
+def _same_run(p: Prefixes, owner: list[int], mats: list[int], h: int, r: int) -> bool:
+    """Whether heads h..h+r-1 read one new matrix with the structure of `mats[0]`."""
+    b, first = owner[h], mats[0]
+    if b in mats or owner[h : h + r] != [b] * r or (h + r < len(owner) and owner[h + r] == b):
+        return False
+    return (
+        int(p.mean_end[b]) == int(p.mean_end[first])
+        and torch.equal(p.rank[b], p.rank[first])
+        and torch.equal(p.group[b], p.group[first])
+    )
+
+
+def _project_run(
+    a: Tensor,
+    p: Prefixes,
+    mats: list[int],
+    r: int,
+    out: Tensor,
+    dtype: torch.dtype,
+    sizes: tuple[int, int],
+    small: Callable[[], AbstractContextManager[Any]],
+) -> None:
+    """`project_prefixes` for heads a `[g, n, n]` reading `mats` (r heads each, in turn)."""
+    n = a.shape[-1]
+    size, rows = sizes
+    first = mats[0]
+    s1 = int(p.mean_end[first])
+    _group_means(a, p.group[first].to(a.device), s1, out, rows)
+    if s1 >= n:
+        return
+    c = p.coords[mats]  # [B, n, k] float64, where the solves run
+    k = c.shape[-1]
+    cw = c.to(a.device, dtype)
+    cw = cw.repeat_interleave(r, 0) if r > 1 else cw  # [g, n, k]: each head's matrix
+    exact = c.device  # float64 solves; a device without float64 leaves them here
+    u = _lower_products(a, cw, s1, rows).to(exact, torch.float64)  # rows s1.. of A C
+    u = u.reshape(len(mats), r, n - s1, k)
+    y = torch.empty_like(u)
+    step = max(1, _SOLVE_BYTES // max(1, 80 * n * k + 32 * r * n * k))
+    with small():
+        for m0 in range(0, len(mats), step):
+            solve = _BlockSolve(c[m0 : m0 + step], p.rank[first], s1, size)
+            y[m0 : m0 + step] = solve(u[m0 : m0 + step])
+    del u
+    _write_lower(y.reshape(-1, n - s1, k).to(a.device, dtype), cw, s1, out, rows)
+
+
 def _group_means(a: Tensor, group: Tensor, stop: int, out: Tensor, rows: int) -> None:
-    """Rows 0..stop-1: each weight replaced by the mean weight of its group of equal rows
-    (among keys ≤ i); rows before the first repeat are copied."""
-    n, dev = a.shape[0], a.device
+    """Rows 0..stop-1 of each head a `[g, n, n]`: each weight replaced by the mean weight
+    of its group of equal rows (among keys ≤ i); rows before the first repeat are copied."""
+    n, dev = a.shape[-1], a.device
     if stop <= 0:
         return
     repeats = torch.nonzero(group[:stop] != torch.arange(stop, device=dev)).flatten()
     s0 = int(repeats[0]) if repeats.numel() else stop
-    out[:s0] = a[:s0]
-    out[:s0, s0:] = 0 if s0 < n else out[:s0, s0:]
+    out[:, :s0] = a[:, :s0]
+    out[:, :s0, s0:] = 0 if s0 < n else out[:, :s0, s0:]
     g = group[:stop]
     onehot = torch.zeros(stop, stop, dtype=out.dtype, device=dev)
     onehot[torch.arange(stop, device=dev), g] = 1.0
     for s in range(s0, stop, rows):
         e = min(stop, s + rows)
-        blk = a[s:e, :e].to(out.dtype)
-        sums = torch.zeros(e - s, stop, dtype=out.dtype, device=dev).index_add_(1, g[:e], blk)
+        blk = a[:, s:e, :e].to(out.dtype)
+        sums = blk.new_zeros(blk.shape[0], e - s, stop).index_add_(2, g[:e], blk)
         counts = onehot[:e].cumsum(0)[s:e]  # [e-s, stop]: occurrences of each group ≤ i
-        mean = sums.gather(1, g[:e].expand(e - s, e)) / counts.gather(1, g[:e].expand(e - s, e))
-        out[s:e, :e] = torch.tril(mean, diagonal=s)
-        out[s:e, e:] = 0
+        at = g[:e].expand(e - s, e)
+        mean = sums.gather(2, at.expand(blk.shape[0], e - s, e)) / counts.gather(1, at)
+        out[:, s:e, :e] = torch.tril(mean, diagonal=s)
+        out[:, s:e, e:] = 0
 
 
-def _lower_product(a: Tensor, c: Tensor, start: int, rows: int) -> Tensor:
-    """`[n - start, k]` rows start.. of A C, reading only A's lower triangle."""
-    n = a.shape[0]
-    u = torch.empty(n - start, c.shape[1], dtype=c.dtype, device=c.device)
+def _lower_products(a: Tensor, c: Tensor, start: int, rows: int) -> Tensor:
+    """`[g, n - start, k]` rows start.. of A C per head, reading only A's lower triangle."""
+    n = a.shape[-1]
+    u = torch.empty(a.shape[0], n - start, c.shape[-1], dtype=c.dtype, device=c.device)
     for s in range(start, n, rows):
         e = min(n, s + rows)
-        torch.matmul(a[s:e, :e].to(c.dtype), c[:e], out=u[s - start : e - start])
+        u[:, s - start : e - start] = torch.matmul(a[:, s:e, :e].to(c.dtype), c[:, :e])
     return u
 
 
 def _write_lower(y: Tensor, c: Tensor, start: int, out: Tensor, rows: int) -> None:
-    """out[i] = tril(y_i Cᵀ) for rows start.., zero above the diagonal (each chunk's
-    product written into `out` itself and cut there: no temporary)."""
-    n = out.shape[0]
+    """out[h, i] = tril(y_i C_hᵀ) for rows start.., zero above the diagonal. Each chunk is
+    multiplied into a contiguous temporary and copied: a GEMM writing into `out`'s rows
+    itself took 3-5x as long on this CPU (MKL, n = 2,048, benchmarks/records/mla.md)."""
+    n = out.shape[-1]
     for s in range(start, n, rows):
         e = min(n, s + rows)
-        block = out[s:e, :e]
-        torch.matmul(y[s - start : e - start], c[:e].T, out=block)
-        block.tril_(s)
-        out[s:e, e:] = 0
+        block = torch.matmul(y[:, s - start : e - start], c[:, :e].transpose(-1, -2))
+        block[:, :, s:].tril_()  # keys s..e-1: the chunk's own rows' causal cut
+        out[:, s:e, :e] = block
+        out[:, s:e, e:] = 0
 
 
 class _BlockSolve:
-    """y_i = G_i⁻¹ u_i for rows start..n-1, G_i = C_iᵀ C_i (+1 on inactive coordinates).
+    """y_i = G_i⁻¹ u_i for rows start..n-1, G_i = C_iᵀ C_i (+1 on inactive coordinates),
+    for B matrices C with the same pivots (`rank`), batched.
 
     Blocks start at `start`, at every pivot after it and at most `size` rows apart, so no
     coordinate becomes active inside a block. Block t's first row s is solved with the
@@ -383,7 +482,7 @@ class _BlockSolve:
     """
 
     def __init__(self, c: Tensor, rank: Tensor, start: int, size: int) -> None:
-        n, k = c.shape
+        bsz, n, k = c.shape
         dev = c.device
         rows = torch.arange(start, n, device=dev)
         pivot = torch.zeros(n, dtype=torch.bool, device=dev)
@@ -398,34 +497,39 @@ class _BlockSolve:
         offs = torch.arange(width, device=dev)
         idx = (starts[:, None] + offs[None, :]).clamp_max(n - 1)  # [T, b]
         valid = offs[None, :] < lengths[:, None]
-        blk = c[idx] * valid[..., None]  # [T, b, k]: the block's rows
+        blk = c[:, idx] * valid[..., None]  # [B, T, b, k]: the block's rows
         upd = blk.clone()
-        upd[:, 0] = 0.0  # the first row is inside the block's Gram
+        upd[:, :, 0] = 0.0  # the first row is inside the block's Gram
         # Gram at each block's first row: rows ≤ start, then each block's updates and
         # the next block's first row.
-        g0 = c[: start + 1].T @ c[: start + 1]
-        nxt = torch.cat([blk[1:, 0], c.new_zeros(1, k)])  # [T, k]
-        inc = upd.transpose(-1, -2) @ upd + nxt[:, :, None] * nxt[:, None, :]
-        gram = g0 + torch.cumsum(inc, 0) - inc
+        g0 = c[:, : start + 1].transpose(-1, -2) @ c[:, : start + 1]  # [B, k, k]
+        nxt = torch.cat([blk[:, 1:, 0], c.new_zeros(bsz, 1, k)], 1)  # [B, T, k]
+        inc = upd.transpose(-1, -2) @ upd + nxt[..., :, None] * nxt[..., None, :]
+        gram = g0[:, None] + torch.cumsum(inc, 1) - inc
+        del inc, blk
         inactive = torch.arange(k, device=dev)[None, :] >= rank[starts][:, None]
         lower = torch.linalg.cholesky(gram + torch.diag_embed(inactive.double()))
+        del gram
         eye_k = torch.eye(k, dtype=torch.float64, device=dev)
-        self.l_inv = torch.linalg.solve_triangular(lower, eye_k, upper=False)  # [T, k, k]
-        self.p = upd @ self.l_inv.transpose(-1, -2)  # [T, b, k]
+        self.l_inv = torch.linalg.solve_triangular(lower, eye_k, upper=False)  # [B, T, k, k]
+        del lower
+        self.p = upd @ self.l_inv.transpose(-1, -2)  # [B, T, b, k]
         eye_b = torch.eye(width, dtype=torch.float64, device=dev)
         f = torch.linalg.cholesky(eye_b + self.p @ self.p.transpose(-1, -2))
-        self.f_inv = torch.linalg.solve_triangular(f, eye_b, upper=False)  # [T, b, b]
+        self.f_inv = torch.linalg.solve_triangular(f, eye_b, upper=False)  # [B, T, b, b]
         self.tril = torch.ones(width, width, dtype=torch.float64, device=dev).tril()
         self.idx, self.valid, self.start = idx - start, valid, start
 
     def __call__(self, u: Tensor) -> Tensor:
-        """`[n - start, k]` y for the rows u `[n - start, k]` (float64) belong to."""
-        ub = u[self.idx] * self.valid[..., None]  # [T, b, k]
-        o = ub @ self.l_inv.transpose(-1, -2)  # rows L⁻¹ u_i
+        """`[B, r, n - start, k]` y for the rows u `[B, r, n - start, k]` (float64) of r
+        heads per matrix belong to."""
+        ub = u[:, :, self.idx] * self.valid[..., None]  # [B, r, T, b, k]
+        l_inv, p, f_inv = self.l_inv[:, None], self.p[:, None], self.f_inv[:, None]
+        o = ub @ l_inv.transpose(-1, -2)  # rows L⁻¹ u_i
         tril = self.tril
-        v = (o @ self.p.transpose(-1, -2)) * tril
-        w = ((v @ self.f_inv.transpose(-1, -2)) * tril) @ self.f_inv * tril
-        y = (o - w @ self.p) @ self.l_inv  # rows of L⁻ᵀ ỹ
+        v = (o @ p.transpose(-1, -2)) * tril
+        w = ((v @ f_inv.transpose(-1, -2)) * tril) @ f_inv * tril
+        y = (o - w @ p) @ l_inv  # rows of L⁻ᵀ ỹ
         out = torch.empty_like(u)
-        out[self.idx[self.valid]] = y[self.valid]
+        out[:, :, self.idx[self.valid]] = y[:, :, self.valid]
         return out

@@ -18,7 +18,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from identifiable.attention.causal import Prefixes, first_rows, prefixes, project_prefixes
+from identifiable.attention.causal import (
+    Prefixes,
+    append_row,
+    distinct_start,
+    first_rows,
+    prefixes,
+    project_prefixes,
+)
 from identifiable.attention.checks import check_finite
 from identifiable.attention.keysets import keyset_groups, keyset_ranks, project_rows_keysets
 from identifiable.attention.linalg import (
@@ -219,9 +226,16 @@ def _causal_prefixes(
 
 def _prefix_pair(x: Tensor, group: Tensor) -> tuple[Prefixes, Prefixes]:
     """`prefixes` of X `[P, n, m]` and of [X, s·1] (‖s·1‖ = σ_max(X)); `group` `[P, n]`
-    the first equal row of each row of X (and of [X, s·1])."""
+    the first equal row of each row of X (and of [X, s·1]). One QR of Xᵀ serves both:
+    [X, s·1]'s R appends the row s·1ᵀ to it (`causal.append_row`)."""
     smax, scale, xa, smax_a = _with_ones(x)
-    return prefixes(x, smax, group, smax), prefixes(xa, scale, group, smax_a)
+    n, m = x.shape[-2:]
+    cand = distinct_start(group, min(n, m))
+    xc = x if bool(cand.all()) else x[cand]
+    r = torch.linalg.qr(xc.transpose(-1, -2), mode="r")[1]
+    cand_a = distinct_start(group, min(n, m + 1))  # ⊂ cand: [X, s·1] checks one row more
+    ra = append_row(r[cand_a[cand]], xa[cand_a, :, -1])
+    return prefixes(x, smax, group, smax, r), prefixes(xa, scale, group, smax_a, ra)
 
 
 def _with_ones(x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
