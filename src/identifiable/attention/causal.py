@@ -182,7 +182,7 @@ def append_row(r: Tensor, w: Tensor) -> Tensor:
     """The R factor of [Xᵀ; wᵀ] from R `[B, k, n]` of Xᵀ = Q R (upper trapezoidal) and the
     new row w `[B, n]`: `[B, min(k + 1, n), n]`, by one Givens rotation per row of R
     (O(k·n), against O(k²·n) for a new QR; backward stable as it is)."""
-    bsz, k, n = r.shape
+    k, n = r.shape[-2:]
     r, w = r.clone(), w.clone()
     for j in range(min(k, n)):
         a, b = r[:, j, j], w[:, j]
@@ -339,7 +339,7 @@ def project_prefixes(
             the scan); a batch of heads takes `_BATCH_ROWS` rows in all.
     Returns: `out`. Rows whose prefix has full row rank are copied, not rounded.
     """
-    n_h, n, _ = a.shape
+    n_h = a.shape[0]
     owner = torch.arange(n_h, device=p.coords.device) if owner is None else owner
     out = torch.empty(a.shape, dtype=dtype, device=a.device) if out is None else out
     size = block or max(16, p.coords.shape[-1] // 2)
