@@ -178,23 +178,25 @@ def distinct_start(group: Tensor, k: int) -> Tensor:
     return (group[:, :k] == torch.arange(k, device=group.device)).all(-1)
 
 
-def append_row(r: Tensor, w: Tensor) -> Tensor:
+def append_row(r: Tensor, w: Tensor, panel: int = 16) -> Tensor:
     """The R factor of [Xᵀ; wᵀ] from R `[B, k, n]` of Xᵀ = Q R (upper trapezoidal) and the
-    new row w `[B, n]`: `[B, min(k + 1, n), n]`, by one Givens rotation per row of R
-    (O(k·n), against O(k²·n) for a new QR; backward stable as it is)."""
+    new row w `[B, n]`: `[B, min(k + 1, n), n]`. R's rows are taken `panel` at a time with
+    w: a Householder QR of their (panel + 1) × panel leading block, whose Q then turns the
+    columns after it (one GEMM); O(panel·k·n) against O(k²·n) for a new QR, and backward
+    stable as it is."""
     k, n = r.shape[-2:]
-    r, w = r.clone(), w.clone()
-    for j in range(min(k, n)):
-        a, b = r[:, j, j], w[:, j]
-        rho = torch.hypot(a, b)
-        nz = rho > 0
-        c = torch.where(nz, a / torch.where(nz, rho, 1.0), 1.0)[:, None]
-        s = torch.where(nz, b / torch.where(nz, rho, 1.0), 0.0)[:, None]
-        rj, wj = r[:, j, j:].clone(), w[:, j:]
-        r[:, j, j:] = c * rj + s * wj
-        w[:, j:] = c * wj - s * rj
-        w[:, j] = 0.0  # eliminated exactly
-    return torch.cat([r, w[:, None]], 1) if k < n else r
+    r, w = r.clone(), w[:, None].clone()  # w: [B, 1, n]
+    for j0 in range(0, min(k, n), panel):
+        j1 = min(j0 + panel, k, n)
+        lead = torch.cat([r[:, j0:j1, j0:j1], w[:, :, j0:j1]], 1)  # [B, j1 - j0 + 1, j1 - j0]
+        q, rp = torch.linalg.qr(lead, mode="complete")
+        r[:, j0:j1, j0:j1] = rp[:, :-1]
+        w[:, :, j0:j1] = 0.0  # eliminated: R's last row is exactly zero
+        if j1 < n:
+            rest = q.transpose(-1, -2) @ torch.cat([r[:, j0:j1, j1:], w[:, :, j1:]], 1)
+            r[:, j0:j1, j1:] = rest[:, :-1]
+            w[:, :, j1:] = rest[:, -1:]
+    return torch.cat([r, w], 1) if k < n else r
 
 
 def first_rows(ids: Tensor) -> Tensor:
@@ -332,7 +334,8 @@ def project_prefixes(
             heads that share X (grouped-query heads with V itself) share its solves.
         out: `[H, n, n]` of `dtype` to write into (default: a new tensor).
         dtype: float64, or float32 for the two n×n products (solves stay float64).
-        block: rows per Woodbury block (default k // 2, at least 16).
+        block: rows per Woodbury block (default 3k/4, at least 16: 0.25 s against 0.31-0.36 s
+            for k/2 in one batch of 8 block solves at n = 2,048, k = 128, on one thread).
         small: a context the small float64 solves run in (the scan's `one_thread` on
             the CPU); the n×n products run outside it.
         rows: rows per chunk of the n×n products, per head (fewer, larger kernels for
@@ -342,7 +345,7 @@ def project_prefixes(
     n_h = a.shape[0]
     owner = torch.arange(n_h, device=p.coords.device) if owner is None else owner
     out = torch.empty(a.shape, dtype=dtype, device=a.device) if out is None else out
-    size = block or max(16, p.coords.shape[-1] // 2)
+    size = block or max(16, 3 * p.coords.shape[-1] // 4)
     for h0, h1, mats, r in _runs(p, owner.tolist(), max(1, _BATCH_ROWS // rows)):
         _project_run(a[h0:h1], p, mats, r, out[h0:h1], dtype, (size, rows), small)
     return out
@@ -397,29 +400,36 @@ def _project_run(
     sizes: tuple[int, int],
     small: Callable[[], AbstractContextManager[Any]],
 ) -> None:
-    """`project_prefixes` for heads a `[g, n, n]` reading `mats` (r heads each, in turn)."""
+    """`project_prefixes` for heads a `[g, n, n]` reading `mats` (r heads each, in turn).
+    Only the batched GEMM of A C runs outside `small` (at the caller's threads; its result
+    is a new tensor, so torch splits the batch between them). The copies, masks and solves
+    are many short kernels, and Y Cᵀ is written into `out`'s rows, which MKL's threaded
+    GEMM did at a tenth of the speed of one thread on a loaded 2-core machine
+    (benchmarks/records/mla.md)."""
     n = a.shape[-1]
     size, rows = sizes
     first = mats[0]
     s1 = int(p.mean_end[first])
-    _group_means(a, p.group[first].to(a.device), s1, out, rows)
-    if s1 >= n:
-        return
-    c = p.coords[mats]  # [B, n, k] float64, where the solves run
-    k = c.shape[-1]
-    cw = c.to(a.device, dtype)
-    cw = cw.repeat_interleave(r, 0) if r > 1 else cw  # [g, n, k]: each head's matrix
+    with small():
+        _group_means(a, p.group[first].to(a.device), s1, out, rows)
+        if s1 >= n:
+            return
+        c = p.coords[mats]  # [B, n, k] float64, where the solves run
+        k = c.shape[-1]
+        cw = c.to(a.device, dtype)
+        cw = cw.repeat_interleave(r, 0) if r > 1 else cw  # [g, n, k]: each head's matrix
     exact = c.device  # float64 solves; a device without float64 leaves them here
-    u = _lower_products(a, cw, s1, rows).to(exact, torch.float64)  # rows s1.. of A C
-    u = u.reshape(len(mats), r, n - s1, k)
-    y = torch.empty_like(u)
+    u = _lower_products(a, cw, s1, rows, small)  # rows s1.. of A C
     step = max(1, _SOLVE_BYTES // max(1, 80 * n * k + 32 * r * n * k))
     with small():
+        u = u.to(exact, torch.float64).reshape(len(mats), r, n - s1, k)
+        y = torch.empty_like(u)
         for m0 in range(0, len(mats), step):
             solve = _BlockSolve(c[m0 : m0 + step], p.rank[first], s1, size)
             y[m0 : m0 + step] = solve(u[m0 : m0 + step])
-    del u
-    _write_lower(y.reshape(-1, n - s1, k).to(a.device, dtype), cw, s1, out, rows)
+        del u
+        y = y.reshape(-1, n - s1, k).to(a.device, dtype)
+    _write_lower(y, cw, s1, out, rows, small)
 
 
 def _group_means(a: Tensor, group: Tensor, stop: int, out: Tensor, rows: int) -> None:
@@ -446,27 +456,40 @@ def _group_means(a: Tensor, group: Tensor, stop: int, out: Tensor, rows: int) ->
         out[:, s:e, e:] = 0
 
 
-def _lower_products(a: Tensor, c: Tensor, start: int, rows: int) -> Tensor:
+def _lower_products(
+    a: Tensor, c: Tensor, start: int, rows: int, small: Callable[[], AbstractContextManager[Any]]
+) -> Tensor:
     """`[g, n - start, k]` rows start.. of A C per head, reading only A's lower triangle."""
     n = a.shape[-1]
     u = torch.empty(a.shape[0], n - start, c.shape[-1], dtype=c.dtype, device=c.device)
     for s in range(start, n, rows):
         e = min(n, s + rows)
-        u[:, s - start : e - start] = torch.matmul(a[:, s:e, :e].to(c.dtype), c[:, :e])
+        with small():
+            blk = a[:, s:e, :e].to(c.dtype)
+        prod = torch.matmul(blk, c[:, :e])  # a new tensor: torch splits the batch of heads
+        with small():
+            u[:, s - start : e - start] = prod
     return u
 
 
-def _write_lower(y: Tensor, c: Tensor, start: int, out: Tensor, rows: int) -> None:
-    """out[h, i] = tril(y_i C_hᵀ) for rows start.., zero above the diagonal. Each chunk is
-    multiplied into a contiguous temporary and copied: a GEMM writing into `out`'s rows
-    itself took 3-5x as long on this CPU (MKL, n = 2,048, benchmarks/records/mla.md)."""
+def _write_lower(
+    y: Tensor,
+    c: Tensor,
+    start: int,
+    out: Tensor,
+    rows: int,
+    small: Callable[[], AbstractContextManager[Any]],
+) -> None:
+    """out[h, i] = tril(y_i C_hᵀ) for rows start.., zero above the diagonal (each chunk's
+    product written into `out` itself and cut there: no temporary)."""
     n = out.shape[-1]
-    for s in range(start, n, rows):
-        e = min(n, s + rows)
-        block = torch.matmul(y[:, s - start : e - start], c[:, :e].transpose(-1, -2))
-        block[:, :, s:].tril_()  # keys s..e-1: the chunk's own rows' causal cut
-        out[:, s:e, :e] = block
-        out[:, s:e, e:] = 0
+    with small():
+        for s in range(start, n, rows):
+            e = min(n, s + rows)
+            block = out[:, s:e, :e]
+            torch.matmul(y[:, s - start : e - start], c[:, :e].transpose(-1, -2), out=block)
+            block[:, :, s:].tril_()  # keys s..e-1: the chunk's own rows' causal cut
+            out[:, s:e, e:] = 0
 
 
 class _BlockSolve:
@@ -482,7 +505,7 @@ class _BlockSolve:
     """
 
     def __init__(self, c: Tensor, rank: Tensor, start: int, size: int) -> None:
-        bsz, n, k = c.shape
+        n, k = c.shape[-2:]
         dev = c.device
         rows = torch.arange(start, n, device=dev)
         pivot = torch.zeros(n, dtype=torch.bool, device=dev)
@@ -498,17 +521,24 @@ class _BlockSolve:
         idx = (starts[:, None] + offs[None, :]).clamp_max(n - 1)  # [T, b]
         valid = offs[None, :] < lengths[:, None]
         blk = c[:, idx] * valid[..., None]  # [B, T, b, k]: the block's rows
-        upd = blk.clone()
+        upd = blk
         upd[:, :, 0] = 0.0  # the first row is inside the block's Gram
-        # Gram at each block's first row: rows ≤ start, then each block's updates and
-        # the next block's first row.
-        g0 = c[:, : start + 1].transpose(-1, -2) @ c[:, : start + 1]  # [B, k, k]
-        nxt = torch.cat([blk[:, 1:, 0], c.new_zeros(bsz, 1, k)], 1)  # [B, T, k]
-        inc = upd.transpose(-1, -2) @ upd + nxt[..., :, None] * nxt[..., None, :]
-        gram = g0[:, None] + torch.cumsum(inc, 1) - inc
-        del inc, blk
-        inactive = torch.arange(k, device=dev)[None, :] >= rank[starts][:, None]
-        lower = torch.linalg.cholesky(gram + torch.diag_embed(inactive.double()))
+        del blk
+        # Gram at each block's first row: rows ≤ start, then the rows after each block's
+        # first up to the next block's first (one GEMM), summed in place.
+        after = valid & (idx + 1 < n)
+        rows_after = c[:, (idx + 1).clamp_max(n - 1)] * after[..., None]
+        inc = rows_after.transpose(-1, -2) @ rows_after  # [B, T, k, k]
+        del rows_after
+        gram = torch.empty_like(inc)
+        gram[:, 0] = c[:, : start + 1].transpose(-1, -2) @ c[:, : start + 1]
+        for t in range(1, gram.shape[1]):
+            torch.add(gram[:, t - 1], inc[:, t - 1], out=gram[:, t])
+        del inc
+        inactive = torch.arange(k, device=dev)[None, :] >= rank[starts][:, None]  # [T, k]
+        if bool(inactive.any()):
+            gram.diagonal(dim1=-2, dim2=-1).add_(inactive.double())
+        lower = torch.linalg.cholesky(gram)
         del gram
         eye_k = torch.eye(k, dtype=torch.float64, device=dev)
         self.l_inv = torch.linalg.solve_triangular(lower, eye_k, upper=False)  # [B, T, k, k]
