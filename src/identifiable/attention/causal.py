@@ -487,7 +487,7 @@ def _write_lower(
         for s in range(start, n, rows):
             e = min(n, s + rows)
             block = out[:, s:e, :e]
-            torch.matmul(y[:, s - start : e - start], c[:, :e].transpose(-1, -2), out=block)
+            torch.bmm(y[:, s - start : e - start], c[:, :e].transpose(-1, -2), out=block)
             block[:, :, s:].tril_()  # keys s..e-1: the chunk's own rows' causal cut
             out[:, s:e, e:] = 0
 
