@@ -552,14 +552,18 @@ class _BlockSolve:
 
     def __call__(self, u: Tensor) -> Tensor:
         """`[B, r, n - start, k]` y for the rows u `[B, r, n - start, k]` (float64) of r
-        heads per matrix belong to."""
+        heads per matrix belong to (the r heads' rows stacked per block: no copies of the
+        factors)."""
+        bsz, r = u.shape[:2]
         ub = u[:, :, self.idx] * self.valid[..., None]  # [B, r, T, b, k]
-        l_inv, p, f_inv = self.l_inv[:, None], self.p[:, None], self.f_inv[:, None]
-        o = ub @ l_inv.transpose(-1, -2)  # rows L⁻¹ u_i
-        tril = self.tril
-        v = (o @ p.transpose(-1, -2)) * tril
-        w = ((v @ f_inv.transpose(-1, -2)) * tril) @ f_inv * tril
-        y = (o - w @ p) @ l_inv  # rows of L⁻ᵀ ỹ
+        t, b, k = ub.shape[2:]
+        ub = ub.transpose(1, 2).reshape(bsz, t, r * b, k)
+        o = ub @ self.l_inv.transpose(-1, -2)  # rows L⁻¹ u_i
+        tril = self.tril.repeat(r, 1)  # [r·b, b]
+        v = (o @ self.p.transpose(-1, -2)) * tril
+        w = ((v @ self.f_inv.transpose(-1, -2)) * tril) @ self.f_inv * tril
+        y = (o - w @ self.p) @ self.l_inv  # rows of L⁻ᵀ ỹ
+        y = y.reshape(bsz, t, r, b, k).transpose(1, 2)
         out = torch.empty_like(u)
         out[:, :, self.idx[self.valid]] = y[:, :, self.valid]
         return out
