@@ -9,7 +9,13 @@ the forward is the same weights under sdpa. Both sides run at the same torch thr
 (`--threads`, default 2), interleaved, median of `--repeats`; the load average is printed
 (other jobs on the shared machine slow both sides alike: quote the ratio).
 
+`--before REV` also runs the attention package of git revision REV (read with git, imported
+as `_before_attention`) on the same trace in the same process, at the n of `--before-n`
+(default all), and reports its time, its ratio and the largest difference between the two
+results.
+
 Run: python benchmarks/bench_mla.py [--n 2048] [--threads 2] [--repeats 1] [--json out.json]
+     [--before REV] [--before-n 512 1024]
 """
 
 from __future__ import annotations
@@ -18,11 +24,42 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import warnings
 
 import numpy as np
 import torch
+
+
+def before_attention(rev: str):
+    """`effective_attention` of the attention package at git revision `rev`, imported as
+    package `_before_attention` from a temporary copy (its own imports rewritten; an
+    empty `__init__`, so that only the modules effective attention imports are loaded)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", root, *args], capture_output=True, text=True, check=True
+        ).stdout
+
+    names = git("ls-tree", "--name-only", rev, "src/identifiable/attention/").split()
+    top = tempfile.mkdtemp(prefix="bench_mla_before_")
+    pkg = os.path.join(top, "_before_attention")
+    os.mkdir(pkg)
+    for path in (x for x in names if x.endswith(".py") and not x.endswith("__init__.py")):
+        src = git("show", f"{rev}:{path}")
+        src = src.replace("identifiable.attention.", "_before_attention.")
+        src = src.replace("from identifiable.attention import", "from _before_attention import")
+        with open(os.path.join(pkg, os.path.basename(path)), "w") as f:
+            f.write(src)
+    open(os.path.join(pkg, "__init__.py"), "w").close()
+    sys.path.insert(0, top)
+    from _before_attention.effective import effective_attention
+
+    return effective_attention
 
 
 def zipf_ids(n: int, seed: int = 0) -> list[int]:
@@ -100,9 +137,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--json")
+    ap.add_argument("--before", help="git revision of the attention package to compare")
+    ap.add_argument("--before-n", type=int, nargs="*", help="n to run it at (default all)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from identifiable.attention import effective_attention
+
+    before = before_attention(args.before) if args.before else None
 
     hf, model = build()
     rows = []
@@ -128,6 +169,14 @@ def main() -> None:
             "load": "{:.1f} {:.1f} {:.1f}".format(*os.getloadavg()),
             "torch": torch.__version__,
         }
+        if before is not None and (args.before_n is None or n in args.before_n):
+            t_old, old = timed(lambda tr=trace: before(tr), args.repeats)
+            row["before"] = args.before
+            row["before_effective_all_heads_s"] = round(t_old, 3)
+            row["before_ratio_effective_to_forward"] = round(t_old / fwd, 3)
+            row["before_max_abs_difference"] = float((old.effective - ea.effective).abs().max())
+            row["load_after_before"] = "{:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
+            del old
         print(json.dumps(row), flush=True)
         rows.append(row)
         del trace, ea

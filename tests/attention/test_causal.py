@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers.traces import exact_rank
-from identifiable.attention.causal import prefixes, project_prefixes
+from identifiable.attention.causal import (
+    append_row,
+    first_occurrence,
+    first_rows,
+    prefixes,
+    project_prefixes,
+)
+from identifiable.attention.linalg import row_ids, sigma_max
 from identifiable.attention.reference import effective_rows_reference
 
 SETTINGS = settings(max_examples=40, deadline=None)
@@ -159,3 +166,56 @@ def test_float32_products_keep_the_invariant(repeats):
     assert (err.norm(dim=-1) <= 1e-5 * (a @ x).norm(dim=-1)).all()
     full = p.rank == torch.arange(1, 121)
     assert torch.equal(e32[full], a.float()[full])
+
+
+def test_latent_heads_share_equal_rows_and_batched_solves():
+    """Latent attention: every head's values are one shared latent times its own W_V, so
+    repeated tokens repeat in every head. Equal rows found once (`row_ids`), the heads'
+    batched QR and block solves give each head what it gets alone, and the per-row SVD."""
+    g = torch.Generator().manual_seed(6)
+    ids = torch.randint(0, 9, (40,), generator=g)
+    latent = torch.randn(9, 12, generator=g, dtype=torch.float64)[ids]
+    x = latent @ torch.randn(5, 12, 4, generator=g, dtype=torch.float64)  # [5, 40, 4]
+    a = _causal_attention(g, 5, 40)
+    group = first_rows(row_ids(x))
+    assert torch.equal(group, torch.stack([first_occurrence(x[h]) for h in range(5)]))
+    smax = torch.linalg.matrix_norm(x, ord=2)
+    p = prefixes(x, smax, group, sigma_max(x))
+    eff = project_prefixes(a, p, block=3)
+    for h in range(5):
+        alone = prefixes(x[h : h + 1], smax[h : h + 1])
+        assert torch.equal(p.rank[h], alone.rank[0]) and torch.equal(p.group[h], alone.group[0])
+        torch.testing.assert_close(eff[h], project_prefixes(a[h : h + 1], alone, block=3)[0])
+        ref = effective_rows_reference(a[h], x[h], stochastic=False, causal=True, d_v=4)
+        torch.testing.assert_close(eff[h], ref, atol=1e-9, rtol=0)
+
+
+@pytest.mark.parametrize(("k", "n"), [(6, 20), (9, 9), (12, 7), (40, 90)])
+def test_append_row_gives_the_r_of_a_new_qr(k, n):
+    """R of [Xᵀ; wᵀ] from X's R: the same Gram RᵀR and |diagonal| as LAPACK's QR of the
+    whole, upper trapezoidal with exact zeros (also when X is rank-deficient)."""
+    g = torch.Generator().manual_seed(k + n)
+    x = torch.randn(3, n, k, generator=g, dtype=torch.float64)
+    x[1, :, -1] = x[1, :, 0]  # a rank-deficient Xᵀ
+    w = torch.randn(3, n, generator=g, dtype=torch.float64)
+    ra = append_row(torch.linalg.qr(x.mT, mode="r")[1], w)
+    ref = torch.linalg.qr(torch.cat([x.mT, w[:, None]], 1), mode="r")[1]
+    assert ra.shape == ref.shape
+    assert torch.count_nonzero(ra.tril(-1)) == 0
+    torch.testing.assert_close(ra.mT @ ra, ref.mT @ ref, atol=1e-12, rtol=0)
+    diag = torch.diagonal(ra, dim1=-2, dim2=-1).abs()
+    torch.testing.assert_close(
+        diag, torch.diagonal(ref, dim1=-2, dim2=-1).abs(), atol=1e-12, rtol=0
+    )
+
+
+def test_sigma_max_from_the_gram_equals_the_svd():
+    g = torch.Generator().manual_seed(8)
+    x = (
+        torch.randn(4, 30, 7, generator=g, dtype=torch.float64)
+        * torch.tensor([1e-3, 1, 5, 1e4])[:, None, None]
+    )
+    for y in (x, x.mT):
+        want = torch.linalg.svdvals(y)[:, 0]
+        torch.testing.assert_close(sigma_max(y), want, rtol=1e-13, atol=0)
+    assert sigma_max(x[:, :, :0]).tolist() == [0.0] * 4

@@ -31,6 +31,18 @@ def rank_tolerance(sigma_max: Tensor, n: int, m: int) -> Tensor:
     return sigma_max * max(n, m) * _EPS64
 
 
+def sigma_max(x: Tensor, gram: Tensor | None = None) -> Tensor:
+    """`[B]` σ_max of each x `[B, n, m]`, from the eigenvalues of its smaller Gram matrix
+    (`gram`, where the caller has it): relative error ~max(n, m)·eps, as an SVD's, at the
+    cost of one GEMM and a k×k eigensolve instead of an n×m bidiagonalisation."""
+    n, m = x.shape[-2:]
+    if min(n, m) == 0 or x.shape[0] == 0:
+        return x.new_zeros(x.shape[0])
+    if gram is None:
+        gram = x.transpose(-1, -2) @ x if n >= m else x @ x.transpose(-1, -2)
+    return torch.linalg.eigvalsh(gram)[..., -1].clamp_min(0).sqrt()
+
+
 def head_factors(out_proj: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Batched over any leading dims; see `_head_factors`."""
     *batch, d_v, d = out_proj.shape

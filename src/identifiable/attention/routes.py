@@ -18,7 +18,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from identifiable.attention.causal import Prefixes, prefixes, project_prefixes
+from identifiable.attention.causal import (
+    Prefixes,
+    append_row,
+    distinct_start,
+    first_rows,
+    prefixes,
+    project_prefixes,
+)
 from identifiable.attention.checks import check_finite
 from identifiable.attention.keysets import keyset_groups, keyset_ranks, project_rows_keysets
 from identifiable.attention.linalg import (
@@ -27,12 +34,14 @@ from identifiable.attention.linalg import (
     ones_direction,
     ones_inside,
     row_ids,
+    sigma_max,
 )
 from identifiable.attention.outproj import OutProj
 from identifiable.attention.windows import WindowSolve, causal_band
 from identifiable.errors import IdentifiableError
 from identifiable.models.trace import Trace
 from identifiable.utils.precision import exact_device, has_float64
+from identifiable.utils.threads import one_thread
 
 
 def project_layer(
@@ -43,13 +52,14 @@ def project_layer(
     out: Tensor,
     dtype: torch.dtype,
     layer: int,
-    small: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    small: Callable[[], AbstractContextManager[Any]] | None = None,
     rows: int | None = None,
 ) -> None:
     """Write A_eff of one layer's heads `raw` `[H, n, n_k]` into `out` (same shape and
     device, of `dtype`), with the route data `bases` of `layer_dims` and its dims
     (`dim`, `dim_stochastic`, `[H, n]`); `small`, `rows`: the context of the causal
-    route's small float64 solves and its rows per chunk (`causal.project_prefixes`)."""
+    route's small float64 solves (default `small_work`) and its rows per chunk
+    (`causal.project_prefixes`)."""
     route, data = bases
     if route in ("windows", "keysets"):
         check_finite(raw, "attention", layer=layer)
@@ -68,6 +78,7 @@ def project_layer(
         p, pa, owner = data
         chosen = p if variant == "paper" else pa
         chunk = {} if rows is None else {"rows": rows}
+        small = small or small_work(chosen.coords.device)
         project_prefixes(raw, chosen, owner=owner, out=out, dtype=dtype, small=small, **chunk)
     else:
         q, w = data
@@ -76,6 +87,14 @@ def project_layer(
         basis = q if variant == "paper" else torch.cat([q, w], dim=-1)
         full = (dims[0] if variant == "paper" else dims[1])[:, 0] == 0
         _project_encoder_layer(raw, basis, full, out, layer)
+
+
+def small_work(device: torch.device) -> Callable[[], AbstractContextManager[Any]]:
+    """The context of the causal route's float64 factorisations and small solves: one
+    intra-op thread where they run on the CPU (`utils.threads.one_thread`: on a shared
+    CPU a second thread waits on a descheduled peer at every kernel of these thousands of
+    small ones, benchmarks/records/mla.md); the n×n products run outside it."""
+    return one_thread if exact_device(device).type == "cpu" else nullcontext
 
 
 def _project_encoder_layer(
@@ -150,7 +169,8 @@ def layer_dims(
         groups = keyset_groups(v @ w_o.factor(layer), mask, row_ids(v))
         rank, dim, dim_s = keyset_ranks(groups, n_h, n)
         return rank, dim, dim_s, ("keysets", groups)
-    p, pa, owner = _causal_prefixes(trace, layer, v, w_o, heads)
+    with small_work(v.device)():
+        p, pa, owner = _causal_prefixes(trace, layer, v, w_o, heads)
     seen = torch.arange(1, n + 1, device=v.device)
     rank, rank_a = p.rank[owner], pa.rank[owner]
     return rank, seen - rank, seen - rank_a, ("causal", (p, pa, owner))
@@ -174,46 +194,68 @@ def _causal_prefixes(
     use_v = w_o.well_conditioned(layer).clone()
     use_v &= trace.out_proj.shape[-1] >= d_v  # F is d_v × d_v
     owner = torch.full((n_h,), -1, dtype=torch.long, device=v.device)
-    mats: list[Tensor] = []
+    mats: list[int] = []
     for h in range(n_h):
         if not bool(use_v[h]) or owner[h] >= 0:
             continue
         same = torch.nonzero(use_v & (kv == kv[h]) & (owner < 0)).flatten()
         same = same[torch.tensor([bool(torch.equal(v[int(g)], v[h])) for g in same.tolist()])]
         owner[same] = len(mats)
-        mats.append(v[h])
-    p, pa = _prefix_pair(torch.stack(mats) if mats else v[:0])
-    ok = _margin(p) & _margin(pa)
+        mats.append(h)
+    # equal rows of V are equal rows of V F and of T: found once, for V's matrices and
+    # the V F ones alike (a product need not round equal rows equally, see `row_ids`)
     redo = owner < 0
+    need = sorted(set(mats) | set(torch.nonzero(redo).flatten().tolist()))
+    group = torch.zeros(n_h, v.shape[1], dtype=torch.long, device=v.device)
+    if need:
+        group[need] = first_rows(row_ids(v[need]))
+    p, pa = _prefix_pair(v[mats], group[mats])
+    ok = _margin(p) & _margin(pa)
     redo[~redo] = ~ok[owner[~redo]]
     if bool(redo.any()):
         idx = torch.nonzero(redo).flatten()
+        if not set(idx.tolist()) <= set(need):
+            group[idx] = first_rows(row_ids(v[idx]))
         vp = v[idx] @ w_o.factor(layer)[idx]
-        q, qa = _prefix_pair(vp)
+        q, qa = _prefix_pair(vp, group[idx])
         base = len(mats)
         p, pa = _concat(p, q), _concat(pa, qa)
         owner[idx] = base + torch.arange(idx.numel(), device=v.device)
     return p, pa, owner
 
 
-def _prefix_pair(x: Tensor) -> tuple[Prefixes, Prefixes]:
-    """`prefixes` of X `[P, n, m]` and of [X, s·1] (‖s·1‖ = σ_max(X))."""
-    smax, scale, xa = _with_ones(x)
-    return prefixes(x, smax), prefixes(xa, scale)
+def _prefix_pair(x: Tensor, group: Tensor) -> tuple[Prefixes, Prefixes]:
+    """`prefixes` of X `[P, n, m]` and of [X, s·1] (‖s·1‖ = σ_max(X)); `group` `[P, n]`
+    the first equal row of each row of X (and of [X, s·1]). One QR of Xᵀ serves both:
+    [X, s·1]'s R appends the row s·1ᵀ to it (`causal.append_row`)."""
+    smax, scale, xa, smax_a = _with_ones(x)
+    n, m = x.shape[-2:]
+    cand = distinct_start(group, min(n, m))
+    xc = x if bool(cand.all()) else x[cand]
+    r = torch.linalg.qr(xc.transpose(-1, -2), mode="r")[1]
+    cand_a = distinct_start(group, min(n, m + 1))  # ⊂ cand: [X, s·1] checks one row more
+    ra = append_row(r[cand_a[cand]], xa[cand_a, :, -1])
+    return prefixes(x, smax, group, smax, r), prefixes(xa, scale, group, smax_a, ra)
 
 
-def _with_ones(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """σ_max `[P]` of each X `[P, n, m]`, the scale of [X, s·1] and [X, s·1] itself."""
+def _with_ones(x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """σ_max `[P]` of each X `[P, n, m]`, the scale of [X, s·1], [X, s·1] itself and its
+    σ_max, both σ_max from the (m + 1)² Gram matrix of [X, s·1] (`linalg.sigma_max`)."""
     n_p, n, k = x.shape
-    smax = torch.linalg.matrix_norm(x, ord=2) if k and n_p else x.new_zeros(n_p)
+    gram = x.new_zeros(n_p, k + 1, k + 1)
+    gram[:, :k, :k] = x.transpose(-1, -2) @ x
+    smax = sigma_max(x, gram[:, :k, :k]) if k else x.new_zeros(n_p)
     scale = torch.where(smax > 0, smax, torch.ones_like(smax))  # T = 0 still has [T, 1] of rank 1
-    ones = (scale / n**0.5)[:, None, None].expand(n_p, n, 1)
-    return smax, scale, torch.cat([x, ones], dim=-1)
+    s = scale / n**0.5
+    gram[:, :k, k] = gram[:, k, :k] = x.sum(-2) * s[:, None]
+    gram[:, k, k] = s * s * n
+    ones = s[:, None, None].expand(n_p, n, 1)
+    return smax, scale, torch.cat([x, ones], dim=-1), sigma_max(x, gram)
 
 
 def _window_dims(vp: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor, tuple]:
     """Ranks, dims and the `windows.WindowSolve` of X = V F and [X, s·1] per head."""
-    smax, scale, xa = _with_ones(vp)
+    smax, scale, xa, _ = _with_ones(vp)
     paper = [WindowSolve(vp[h], width, smax[h]) for h in range(vp.shape[0])]
     stochastic = [WindowSolve(xa[h], width, scale[h]) for h in range(vp.shape[0])]
     seen = torch.clamp(torch.arange(1, vp.shape[1] + 1, device=vp.device), max=width)
