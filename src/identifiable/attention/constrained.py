@@ -259,6 +259,7 @@ def constrained_attention(
     from identifiable.models.budget import check_analysis
     from identifiable.utils.checks import expect, number
     from identifiable.utils.progress import task_bar, watching
+    from identifiable.utils.threads import one_blas_thread
 
     start = time.monotonic()
     check_trace(trace)
@@ -291,7 +292,11 @@ def constrained_attention(
     raw = np.zeros((len(order), n))
     eff, out, res = np.zeros_like(raw), np.zeros_like(raw), np.zeros(len(order))
     shown = watching() if progress is None else progress
-    with task_bar("constrained attention (rows)", len(order), enabled=shown) as bar:
+    # many small LAPACK calls a row: a second BLAS thread only waits (records/decoder_budgets.md)
+    with (
+        one_blas_thread(),
+        task_bar("constrained attention (rows)", len(order), enabled=shown) as bar,
+    ):
         for chunk in chunks:
             sets = head_rows(trace, layer, head, chunk, key_mask=key_mask)
             for rs, i in [(part, i) for part in sets for i in range(len(part.rows))]:
