@@ -253,7 +253,6 @@ def constrained_attention(
     (None: when a person is watching). Raises IdentifiableError for an unknown
     reference, out-of-range indices, a corrupt trace or a request over a budget.
     """
-    from identifiable.attention.keysets import layer_key_mask
     from identifiable.attention.mapwork import head_rows
     from identifiable.attention.preflight import constrained_bytes
     from identifiable.models.budget import check_analysis
@@ -278,15 +277,7 @@ def constrained_attention(
         constrained_bytes(trace, len(order)), memory_budget, "constrained_attention",
         python="ask for fewer rows (rows=)", cli="ask for one row (--row) or raise --memory-budget",
     )  # fmt: skip
-    widths: list[int] = []
-    if time_budget is None:
-        chunks: list[list[int] | None] = [None if rows is None else order]
-    else:  # the widest row alone first: its build and solve price the others
-        trace.check_layer(layer)
-        widths = layer_key_mask(trace, layer, key_mask)[order].sum(1).tolist()
-        ranked = [order[w] for w in sorted(range(len(order)), key=lambda w: -widths[w])]
-        chunks = [ranked[:1]]
-        chunks += [ranked[c : c + 32] for c in range(1, len(ranked), 32)]
+    chunks, widths = _chunks(trace, layer, key_mask, order, rows is None, time_budget)
     budget = _Budget(time_budget, start, [])
     where = {r: i for i, r in enumerate(order)}
     raw = np.zeros((len(order), n))
@@ -313,6 +304,29 @@ def constrained_attention(
         layer, head, tuple(order), reference, torch.from_numpy(raw), torch.from_numpy(eff),
         torch.from_numpy(out), torch.from_numpy(res), tokens=list(trace.tokens),
     )  # fmt: skip
+
+
+def _chunks(
+    trace: Trace,
+    layer: int,
+    key_mask: Tensor | None,
+    order: list[int],
+    every_row: bool,
+    time_budget: float | None,
+) -> tuple[list[list[int] | None], list[int]]:
+    """The rows in the chunks they are built and solved in, and their key counts (with a
+    budget only): one chunk without a budget; with one, the widest row alone first (its
+    build and solve price the others), then chunks of 32 from the widest down."""
+    from identifiable.attention.keysets import layer_key_mask
+
+    if time_budget is None:
+        return [None if every_row else order], []
+    trace.check_layer(layer)
+    widths = layer_key_mask(trace, layer, key_mask)[order].sum(1).tolist()
+    ranked = [order[w] for w in sorted(range(len(order)), key=lambda w: -widths[w])]
+    chunks: list[list[int] | None] = [ranked[:1]]
+    chunks += [ranked[c : c + 32] for c in range(1, len(ranked), 32)]
+    return chunks, widths
 
 
 def _solve_row(
