@@ -215,22 +215,27 @@ def _layer_sum(
     variant: str,
 ) -> tuple[Tensor, int]:
     """Sum of the null fractions of one layer's chosen heads over real rows, and their count."""
-    idx = torch.tensor(heads, device=got.attentions[layer].device)
-    a = got.attentions[layer][:, idx]  # [B, h, N, N]
-    v = got.values[layer][:, model.kv_head_of.to(idx.device)[idx]]  # [B, h, N, d_v]
+    a, v = got.attentions[layer], got.values[layer]
+    idx = torch.tensor(heads, device=a.device)
+    kv = model.kv_head_of.to(a.device)[idx]
+    # every head in order (the default) reads the captured tensors as they are: no copies
+    if heads != list(range(a.shape[1])):
+        a = a[:, idx]  # [B, h, N, N]
+    if not torch.equal(kv, torch.arange(v.shape[1], device=kv.device)):
+        v = v[:, kv]  # [B, h, N, d_v]
     f = out_proj_factor(head_out_proj(model, layer)[idx].double())  # [h, d_v, r]
     if order is not None:
         a = torch.gather(a, 2, order[:, None, :, None].expand_as(a))
         a = torch.gather(a, 3, order[:, None, None, :].expand_as(a))
         v = torch.gather(v, 2, order[:, None, :, None].expand_as(v))
     bsz, n_h, n_pad, _ = a.shape
-    vp = v.double() @ f[None]  # [B, h, N, r]
     frac, real = row_null_fractions(
         a.reshape(bsz * n_h, n_pad, n_pad),
-        vp.reshape(bsz * n_h, n_pad, -1),
+        v.reshape(bsz * n_h, n_pad, -1),
         lengths.repeat_interleave(n_h),
         causal=causal,
         row_stochastic=variant == "row-stochastic",
+        factor=f.expand(bsz, *f.shape).reshape(bsz * n_h, *f.shape[1:]),
     )
     total = frac.sum()
     if not bool(torch.isfinite(total.detach())):

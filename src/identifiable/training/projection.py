@@ -18,7 +18,7 @@ How it is differentiated, so that rank-deficient T never gives NaN:
 - Rows whose keys T[K] span everything (rank = n_K: n ≤ d_v, or the first d_v rows
   of a decoder) have a null fraction of exactly 0 in a whole neighbourhood, so they
   take no part in the graph.
-- `_ProjectedMass` computes u G⁻¹ uᵀ per row with an analytic backward (below), so a
+- `_NullFraction` computes 1 − u G⁻¹ uᵀ / ‖a‖² per row with an analytic backward (below), so a
   decoder's n prefix Grams are built chunk by chunk and never kept for autograd.
 
 Shapes: B a batch of heads (sequences × heads flattened), N padded tokens, m the
@@ -83,6 +83,7 @@ def row_null_fractions(
     *,
     causal: bool,
     row_stochastic: bool = False,
+    factor: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Null fraction ‖a − a_eff‖² / ‖a‖² of every real query row, differentiable in a and v.
 
@@ -90,10 +91,13 @@ def row_null_fractions(
         a: `[B, N, N]` attention probabilities (rows of real queries put no mass on
             padded keys, and for `causal` none on keys after the row); real tokens
             first, `lengths[b]` of them.
-        v: `[B, N, m]` V' (`out_proj_factor`), padded rows ignored.
+        v: `[B, N, m]` V' (`out_proj_factor`), padded rows ignored; or V `[B, N, d_v]`
+            when `factor` is given.
         lengths: `[B]` int64, real tokens of each sequence (≥ 1).
         causal: row i sees keys 0..i (else every real key).
         row_stochastic: project off LN([T, 1]) instead of LN(T).
+        factor: `[B, d_v, m]` F of `out_proj_factor` (V' = V F), applied here so that the
+            coordinates are one product V (F B) rather than two.
     Returns:
         fractions: `[B, N]` float64 (0 on padded rows and on rows whose keys span
             everything); rows: `[B, N]` bool, the real query rows.
@@ -101,26 +105,32 @@ def row_null_fractions(
     bsz, n_pad, _ = v.shape
     pos = torch.arange(n_pad, device=v.device)
     real = pos[None, :] < lengths[:, None]  # [B, N]
-    a64 = a.double()  # real rows put no mass on padded keys; padded rows are left out
-    v64 = v.double() * real[..., None]
+    v64 = v.double()
+    if not bool(real.all()):  # padded rows are left out (real rows put no mass on them)
+        v64 = v64 * real[..., None]
+    if factor is not None and row_stochastic:
+        v64, factor = v64 @ factor.double(), None
     if row_stochastic:
         v64 = torch.cat([v64, _ones_column(v64, real, lengths)], dim=-1)
-    coords, inactive, active_rows = _coordinates(v64, lengths, causal)
-    fractions = a64.new_zeros(bsz, n_pad)
+    if factor is None:
+        basis, inactive, active_rows = _coordinates(v64, lengths, causal)
+        coords = v64 @ basis
+    else:
+        with torch.no_grad():  # ranks are decided on V' = V F itself
+            basis, inactive, active_rows = _coordinates(v64 @ factor, lengths, causal)
+        coords = v64 @ (factor.double() @ basis)
     active_rows = active_rows & real
-    if bool(active_rows.any()):
-        f = _ProjectedMass.apply(a64, coords, inactive, active_rows, causal)
-        norm2 = a64.square().sum(-1)
-        safe = torch.where(active_rows, norm2, torch.ones_like(norm2))
-        fractions = torch.where(active_rows, 1.0 - f / safe, fractions)
-    return fractions, real
+    if not bool(active_rows.any()):
+        return v64.new_zeros(bsz, n_pad), real
+    return _NullFraction.apply(a, coords, inactive, active_rows, causal), real
 
 
 # ---- constant coordinates (no gradients) ----------------------------------------
 
 
 def _coordinates(v: Tensor, lengths: Tensor, causal: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """Coordinates C = V' B `[B, N, k]` (B constant), inactive `[B, N, k]` and active rows `[B, N]`.
+    """B `[B, m, k]` (constant) of the coordinates C = V' B, inactive `[B, N, k]` and active
+    rows `[B, N]`.
 
     Encoders: B whitens V' (C ≈ orthonormal, so the Gram is ≈ I): the inverse Cholesky
     factor where V' is tall and well-conditioned (κ < 1e3), else W_r/σ_r from its SVD
@@ -156,7 +166,7 @@ def _coordinates(v: Tensor, lengths: Tensor, causal: bool) -> tuple[Tensor, Tens
                 inactive[idx] = (torch.arange(k, device=v.device) >= rank[:, None])[:, None, :]
                 active[idx, :n] = (rank < n)[:, None]
             basis[idx] = b
-    return v @ basis, inactive, active
+    return basis, inactive, active
 
 
 def _whitening_basis(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -202,16 +212,15 @@ def _chunk_rows(n: int, k: int) -> int:
     return max(1, (n * n) // max(1, k * k))
 
 
-def _solve_rows(a: Tensor, c: Tensor, inactive: Tensor, rows: Tensor, causal: bool) -> Tensor:
-    """X `[B, N, k]`: x_i = (G_i + D_i)⁻¹ (a_i C) on active rows, 0 elsewhere (no gradients)."""
+def _solve_rows(u: Tensor, c: Tensor, inactive: Tensor, rows: Tensor, causal: bool) -> Tensor:
+    """X `[B, N, k]`: x_i = (G_i + D_i)⁻¹ u_i (u = A C) on active rows, 0 elsewhere (no gradients)."""
     bsz, n, k = c.shape
-    x = c.new_zeros(bsz, n, k)
-    u = a @ c  # [B, N, k]
     if not causal:
         # C is orthonormal on its active columns (`_coordinates` whitens encoders) and zero
         # elsewhere, so G + D = I to rounding (≤ 1e-10 relative, κ(V') < 1e3 or an SVD):
         # x = u, the same A Q the analyses form with the same basis.
         return u * rows[..., None]
+    x = c.new_zeros(bsz, n, k)
     eye = torch.eye(k, dtype=c.dtype, device=c.device)
     active_any = rows.any(0)
     start = int(active_any.long().argmax()) if bool(active_any.any()) else n
@@ -231,35 +240,49 @@ def _solve_rows(a: Tensor, c: Tensor, inactive: Tensor, rows: Tensor, causal: bo
     return x
 
 
-class _ProjectedMass(torch.autograd.Function):
-    """f_i = u_i (G_i + D_i)⁻¹ u_iᵀ, u_i = a_i C, G_i = Σ_{j ∈ K_i} c_jᵀ c_j (float64).
+class _NullFraction(torch.autograd.Function):
+    """1 − f_i / ‖a_i‖² on active rows (0 elsewhere), f_i = u_i (G_i + D_i)⁻¹ u_iᵀ,
+    u_i = a_i C, G_i = Σ_{j ∈ K_i} c_jᵀ c_j, in float64 whatever a's dtype.
 
-    Backward, with x_i = (G_i + D_i)⁻¹ u_i and upstream g_i (∂f/∂u = 2x, ∂f/∂G = −xᵀx):
+    Backward of f, with x_i = (G_i + D_i)⁻¹ u_i and upstream g_i (∂f/∂u = 2x, ∂f/∂G = −xᵀx):
     ∂L/∂A = 2 diag(g) X Cᵀ and ∂L/∂C = 2 Aᵀ diag(g) X − 2 W X with
     W_ji = g_i (c_j · x_i) [j ∈ K_i]: O(N² k) and one [N, N] matrix per head, never the
     N Grams of a decoder. x_i is 0 on inactive coordinates, so directions that would
-    raise a prefix's rank get no gradient (the derivative along constant rank).
+    raise a prefix's rank get no gradient (the derivative along constant rank). The
+    fraction's upstream h_i gives g_i = −h_i / ‖a_i‖², and ‖a_i‖² adds 2 h_i f_i / ‖a_i‖⁴ a_i.
     """
 
     @staticmethod
     def forward(ctx: Any, a: Tensor, c: Tensor, inactive: Tensor, rows: Tensor, causal: bool):
         with torch.no_grad():
-            x = _solve_rows(a, c, inactive, rows, causal)
-            f = ((a @ c) * x).sum(-1)
-        ctx.save_for_backward(a, c, x)
+            a64 = a.to(torch.float64)
+            u = a64 @ c
+            x = _solve_rows(u, c, inactive, rows, causal)
+            f = (u * x).sum(-1)
+            norm2 = torch.where(rows, torch.linalg.vector_norm(a64, dim=-1).square(), 1.0)
+            ratio = torch.where(rows, f / norm2, 1.0)
+        ctx.save_for_backward(a, a64, c, x, rows, norm2, ratio)
         ctx.causal = causal
-        return f
+        return 1.0 - ratio
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: Tensor):
-        a, c, x = ctx.saved_tensors
-        gx = x * grad[..., None]  # rows of diag(g) X
-        grad_a = 2.0 * gx @ c.transpose(-1, -2)
+        a, a64, c, x, rows, norm2, ratio = ctx.saved_tensors
+        h = torch.where(rows, grad / norm2, 0.0)
+        gx = x * (-2.0 * h)[..., None]  # rows of 2 diag(g) X
+        # ∂L/∂A = 2 diag(g) X Cᵀ + 2 diag(h f / ‖a‖²) A, one pass over [N, N] in A's own
+        # precision (at least float32): the gradient A receives, without a float64 copy
+        work = torch.promote_types(a.dtype, torch.float32)
+        grad_a = torch.baddbmm(
+            a.to(work) * (2.0 * h * ratio).to(work)[..., None],
+            gx.to(work),
+            c.to(work).transpose(-1, -2),
+        )
         if ctx.causal:
             grad_a = grad_a.tril()
             w = (c @ gx.transpose(-1, -2)).triu()  # [j, i]: keys j ≤ i
-            grad_c = 2.0 * a.transpose(-1, -2) @ gx - 2.0 * w @ x
+            grad_c = a64.transpose(-1, -2) @ gx - w @ x
         else:
-            grad_c = 2.0 * a.transpose(-1, -2) @ gx - 2.0 * c @ (x.transpose(-1, -2) @ gx)
-        return grad_a, grad_c, None, None, None
+            grad_c = a64.transpose(-1, -2) @ gx - c @ (x.transpose(-1, -2) @ gx)
+        return grad_a.to(a.dtype), grad_c, None, None, None
