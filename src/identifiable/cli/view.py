@@ -14,6 +14,7 @@ from identifiable.cli.common import (
     check_reads_text,
     check_writable,
     console,
+    index_list,
     load,
     mib,
 )
@@ -27,17 +28,6 @@ if TYPE_CHECKING:
 # 1e308 passed the isfinite checks and overflowed in int(max_mb * 1e6).
 MAX_PAGE_MB = 1e6  # a terabyte: no browser opens a page that large
 MAX_INTERVAL_S = 1e6
-
-
-def _rows(value: str | None) -> list[int] | None:
-    if not value:
-        return None
-    try:
-        return [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise IdentifiableError(
-            f"--rows must be comma-separated token indices such as 0,5,9; got '{value}'"
-        ) from None
 
 
 def _read_image(path: Path) -> Any:
@@ -309,9 +299,8 @@ def _options(
     methods = tuple(v.strip() for v in (mixing or "").split(",") if v.strip())
     for name in methods:  # an unknown method fails before the model loads
         get_method(name)
-    return ViewerOptions(
-        rows=tuple(_rows(rows) or ()), max_bytes=int(max_mb * 1e6), mixing=methods, **given
-    )
+    chosen = tuple(index_list(rows, "--rows") or ())
+    return ViewerOptions(rows=chosen, max_bytes=int(max_mb * 1e6), mixing=methods, **given)
 
 
 def _trace(m: Any, model: str, source: Any, picture: Any) -> tuple[Any, Any]:
