@@ -10,6 +10,9 @@ interleaved with the others so that the machine's load hits all of them alike:
 - transformers alone: `AutoModelForCausalLM.from_pretrained(folder, gguf_file=…)` and
   `AutoTokenizer.from_pretrained(folder, gguf_file=…)`, its own GGUF path (no cache), as
   the baseline of the first load;
+- safetensors: `AutoModelForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained`
+  of the cache entry's folder, as any safetensors checkpoint loads, the baseline of the
+  second load (both pay transformers' lazy imports of its modelling code, about 2 s);
 - sink table: the trace of the first 512 tokens of the packaged Wikipedia sample and
   `sink_mass` of all 30 layers, after a second load; its table is printed.
 
@@ -50,6 +53,12 @@ if case == "transformers":
     path = decoder_model_path()
     AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
     AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+elif case == "safetensors":
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from identifiable.store.usercache import user_cache_root
+    (folder,) = [p for p in (user_cache_root() / "gguf").iterdir() if p.is_dir()]
+    AutoModelForCausalLM.from_pretrained(str(folder))
+    AutoTokenizer.from_pretrained(str(folder))
 else:
     m = load_model("smollm2")
 out["load_s"], out["load_cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
@@ -84,8 +93,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, nargs="+", default=[2])
     parser.add_argument("--json", type=Path, default=None, help="write the record here")
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        default=["first", "second", "safetensors", "transformers", "sink"],
+        help="which cases to run (the first load always runs: it builds the cache)",
+    )
     args = parser.parse_args()
-    cases = ("first", "second", "transformers", "sink")
+    cases = ("first", *(c for c in args.cases if c != "first"))
     runs: dict[str, list[dict]] = {f"{c}/{t}": [] for t in args.threads for c in cases}
     with tempfile.TemporaryDirectory(prefix="bench-gguf-") as tmp:
         for r in range(args.repeats):
@@ -109,8 +124,14 @@ def main() -> None:
             f"CPU; imports {statistics.median(x['import_s'] for x in rows):.1f} s"
         )
     for t in args.threads:
-        ratio = summary[f"transformers/{t}"]["median_s"] / summary[f"first/{t}"]["median_s"]
-        print(f"{t} threads: transformers' own GGUF path / our first load = {ratio:.2f}")
+        for base, ours in (("transformers", "first"), ("safetensors", "second")):
+            if base in cases and ours in cases:
+                ratio = summary[f"{ours}/{t}"]["median_s"] / summary[f"{base}/{t}"]["median_s"]
+                print(f"{t} threads: our {ours} load / {base} = {ratio:.2f}")
+    if "sink" not in cases:
+        _write(args, runs, summary, load)
+        return
+    for t in args.threads:
         sink = runs[f"sink/{t}"][-1]
         print(f"  n = 512 trace {sink['trace_s']:.2f} s, sink_mass {sink['sink_s']:.2f} s")
     print(f"first token {sink['first_token']!r}")
@@ -120,6 +141,10 @@ def main() -> None:
             f"{row['layer']:5d} {row['raw']:7.4f} {row['effective']:+9.4f} "
             f"{row['null']:+7.4f} {row['raw_max']:7.4f}"
         )
+    _write(args, runs, summary, load)
+
+
+def _write(args: argparse.Namespace, runs: dict, summary: dict, load: float) -> None:
     if args.json is not None:
         record = {"threads": args.threads, "load_average": load, "runs": runs, "summary": summary}
         args.json.write_text(json.dumps(record, indent=2) + "\n")
