@@ -119,3 +119,24 @@ def test_the_cli_prints_the_sink_table(smollm2, tmp_path: Path, capsys) -> None:
     got = np.array([[row["raw"], row["effective"]] for row in payload["layers"]])
     assert np.allclose(got, expected[["raw", "effective"]].to_numpy(), rtol=0, atol=1e-6)
     assert len(payload["layers"][20]["heads_raw"]) == 9
+
+
+def test_the_report_sections_sink_verdict_on_trained_weights(smollm2, long_trace) -> None:
+    """The decoder section's tables on six 128-token windows of the sample: the per-layer
+    raw mass agrees with `sink_mass` (the scan's reduction) and, in the rows with a null
+    space, most of the sink heads' first-token mass is null; the verdict says so."""
+    from identifiable.experiments.attention import attention_tables
+    from identifiable.report.decoder_section import claim_sink_is_null, sink_table
+
+    ids = corpus_prefix(smollm2, 6 * 128)
+    windows = [ids[k * 128 : (k + 1) * 128] for k in range(6)]
+    tables = attention_tables(smollm2, windows, 0, lambda k: None)
+    sinks = tables["sinks"]
+    first = sink_mass(smollm2.trace(windows[0])).raw.numpy()
+    got = sinks[sinks["seq"] == 0].pivot(index="layer", columns="head", values="raw").to_numpy()
+    assert np.allclose(got, first, rtol=0, atol=1e-6)  # a batched forward against one
+    late = sink_table(sinks).set_index("layer").loc[12:29]
+    assert (late["effective_null_rows"] < late["raw_null_rows"]).all()
+    verdict = claim_sink_is_null(sinks)
+    assert verdict.numbers["sink_heads"] > 100
+    assert verdict.status == "supported", verdict.sentence

@@ -31,6 +31,7 @@ from identifiable.attention import (
     compute_head_factors,
     iter_effective_attention,
 )
+from identifiable.attention.sinks import key_mass
 from identifiable.attention.stats import (
     attention_to,
     causal_mask,
@@ -240,11 +241,13 @@ def attention_tables(
     by_layer (seq, length, layer, pearson_r); to_tokens (seq, layer, head, kind, target, value),
     value = mean over query tokens of the summed weight on the target keys (docs/definitions.md#effective-attention);
     output_change (seq, length, layer, head, bias_free, biased): see `head_output_change`.
+    Decoders (causal traces) add sinks and by_prefix: see `CausalRows`.
     """
     by_length: list[tuple[Any, ...]] = []
     by_layer: list[tuple[Any, ...]] = []
     to_tokens: list[tuple[Any, ...]] = []
     output_change: list[tuple[Any, ...]] = []
+    rows = CausalRows()
     factors = None
     for k, tr in enumerate(model.trace_many(list(shard), batch_size=8)):
         seq = first + k
@@ -273,6 +276,8 @@ def attention_tables(
                 (seq, n, le.layer, h, free, biased)
                 for h, (free, biased) in enumerate(change.tolist())
             )
+            if tr.is_causal:
+                rows.add_layer(seq, tr, le)
             for kind, mat in (("raw", le.raw), ("effective", le.effective)):
                 for target, pos in targets.items():
                     if not pos:
@@ -284,8 +289,10 @@ def attention_tables(
                         (seq, le.layer, h, kind, target, float(v)) for h, v in enumerate(values)
                     )
         by_length.append((seq, n, pearson_from_sums(pooled), float(torch.cat(dims).mean())))
+        if tr.is_causal:
+            rows.end_sequence(seq)
         advance(1)
-    return {
+    return rows.tables() | {
         "by_length": pd.DataFrame(
             by_length, columns=["seq", "length", "pearson_r", "null_dim_mean"]
         ),
@@ -297,6 +304,78 @@ def attention_tables(
             output_change, columns=["seq", "length", "layer", "head", "bias_free", "biased"]
         ),
     }
+
+
+SINK_COLUMNS = [
+    "seq",
+    "length",
+    "layer",
+    "head",
+    "raw",
+    "effective",
+    "null_rows",
+    "raw_null_rows",
+    "effective_null_rows",
+]
+
+
+class CausalRows:
+    """The decoder tables of the attention stage (causal traces only; none for encoders).
+
+    sinks: seq, length, layer, head, raw, effective: the means over the rows that see key 0
+        of A[h, i, 0] and A_eff[h, i, 0] (`attention.sinks.key_mass`, as `sink_mass` and the
+        scan reduce them); null_rows, raw_null_rows, effective_null_rows: the same over the
+        rows whose null space is not trivial (dim LN(T≤i) > 0; NaN when there is none), the
+        only rows where the two can differ.
+    by_prefix: seq, prefix, null_dim, null_fraction: for each query row i (prefix length
+        i + 1), the means over layers and heads of dim LN(T_{≤i}) and of
+        ‖a_i − ã_i‖₂ / ‖a_i‖₂, the share of the row in the null space.
+    """
+
+    def __init__(self) -> None:
+        self.sinks: list[tuple[Any, ...]] = []
+        self.prefix: list[tuple[Any, ...]] = []
+        self._dim: torch.Tensor | None = None
+        self._fraction: torch.Tensor | None = None
+        self._count = 0
+
+    def add_layer(self, seq: int, tr: Trace, le: Any) -> None:
+        seen = tr.keys_seen(le.layer)[:, 0].to(le.raw.device)
+        raw, eff = key_mass(le.raw, le.effective, 0, seen)
+        live = ((le.dim > 0) & seen.to(le.dim.device)).double()  # [H, n]
+        count = live.sum(-1)
+        per_row = [(m[:, :, 0].double() * live).sum(-1) / count for m in (le.raw, le.effective)]
+        cols = [x.tolist() for x in (raw, eff, count, *per_row)]
+        self.sinks.extend(
+            (seq, tr.n_tokens, le.layer, h, *(c[h] for c in cols)) for h in range(len(cols[0]))
+        )
+        a = le.raw.double()
+        norm = torch.linalg.vector_norm(a, dim=-1).clamp_min(torch.finfo(torch.float64).tiny)
+        fraction = torch.linalg.vector_norm(a - le.effective.double(), dim=-1) / norm  # [H, n]
+        dim, fraction = le.dim.double().sum(0).cpu(), fraction.sum(0).cpu()
+        self._dim = dim if self._dim is None else self._dim + dim
+        self._fraction = fraction if self._fraction is None else self._fraction + fraction
+        self._count += int(le.dim.shape[0])
+
+    def end_sequence(self, seq: int) -> None:
+        if self._dim is None or self._fraction is None:
+            return
+        dim, fraction = self._dim / self._count, self._fraction / self._count
+        self.prefix.extend(
+            (seq, i + 1, d, f)
+            for i, (d, f) in enumerate(zip(dim.tolist(), fraction.tolist(), strict=True))
+        )
+        self._dim, self._fraction, self._count = None, None, 0
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        if not self.sinks:
+            return {}
+        return {
+            "sinks": pd.DataFrame(self.sinks, columns=SINK_COLUMNS),
+            "by_prefix": pd.DataFrame(
+                self.prefix, columns=["seq", "prefix", "null_dim", "null_fraction"]
+            ),
+        }
 
 
 def head_output_change(

@@ -11,23 +11,31 @@ from __future__ import annotations
 import json
 import platform
 from collections.abc import Callable
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from identifiable.report import certify_section, claims, figures, mixing_section, tokens_section
+from identifiable.report import (
+    certify_section,
+    claims,
+    decoder_section,
+    figures,
+    mixing_section,
+    tokens_section,
+)
 from identifiable.report.files import write_figure, write_tables
 from identifiable.report.html import Markup, h, page, png_img, table_html
 from identifiable.report.methods import first_value, methods_section
 from identifiable.report.paper import PAPER_LABEL
 from identifiable.report.prose import EFFECTIVE_NOTE, PROSE, dequantized, not_analysed
+from identifiable.report.section import Section
 from identifiable.report.tables import (
     AttentionStageTables,
     AttributionStageTables,
     CertifyStageTables,
+    DecoderStageTables,
     MixingStageTables,
     Results,
     TokenStageTables,
@@ -65,17 +73,6 @@ def _change_note(change: dict[str, Any], d_v: int) -> str:
     )
 
 
-@dataclass
-class Section:
-    key: str
-    title: str
-    claim: str
-    explain: str
-    figures: list[tuple[str, bytes, str]]  # (stem, png, caption)
-    verdicts: list[claims.Verdict]
-    tables: list[tuple[str, pd.DataFrame]]
-
-
 def package_versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for name in PACKAGES:
@@ -86,10 +83,10 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def _tables(results: Results) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+def _tables(results: Results, causal: bool) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
     """Final tables (name → DataFrame) and the verdicts that go with them. Each stage's
     tables are read through its contract (`identifiable.report.tables`): a missing stage
-    or table raises, naming both."""
+    or table raises, naming both. A decoder's (`causal`) attention stage owes two more."""
     att = AttentionStageTables.of(results)
     tok = TokenStageTables.of(results)
     hta = AttributionStageTables.of(results)
@@ -132,6 +129,9 @@ def _tables(results: Results) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
         "fig34_trends": hta.trends,
     }
     # beyond the paper (present when the run had these stages)
+    if causal:
+        decoder = DecoderStageTables.of(results)
+        tables["decoder_sinks"], tables["decoder_by_prefix"] = decoder.sinks, decoder.by_prefix
     if mixing is not None:
         tables["mixing_correlations"] = mixing.correlations
         tables["mixing_summary"] = mixing.summary
@@ -358,6 +358,7 @@ def _sections(
         _tokens_section(tables, info, caption["tokens"], fig),
         *_attribution_sections(tables, extra, info, caption["attribution"], fig),
         *_beyond(tables, info.name, fig),
+        *([decoder_section.section(tables, info, fig)] if "decoder_sinks" in tables else []),
     ]
 
 
@@ -365,42 +366,7 @@ def _beyond(tables: dict[str, pd.DataFrame], name: str, fig: Any) -> list[Sectio
     """The two sections beyond the paper, when the run computed them."""
     out = []
     if "mixing_summary" in tables:
-        summary = tables["mixing_summary"]
-        corr = tables["mixing_correlations"]
-        n_seq = corr["seq"].nunique() if len(corr) else 0
-        lengths = (
-            f"{int(corr['length'].min())}–{int(corr['length'].max())} tokens" if len(corr) else "—"
-        )
-        verdicts = []
-        for reference in ("hta", "erasure"):
-            status, sentence = mixing_section.mixing_claim(summary, reference)
-            verdicts.append(claims.Verdict(f"mixing_{reference}", status, sentence))
-        out.append(
-            Section(
-                "mixing",
-                "6. Beyond the paper: which account of mixing tracks the gradients?",
-                "Raw attention is not a faithful account of how tokens mix. Measures that also follow "
-                "the values, the residual and the layer norms (norm-based, GlobEnc, ALTI, value "
-                "zeroing) should track Hidden Token Attribution and erasure better than raw attention "
-                "or its rollout.",
-                "Per layer, the row-by-row Spearman correlation of each method's map with HTA (left) "
-                "and with erasure (right), averaged over rows and then over sequences; bands are 95% "
-                "bootstrap intervals over sequences. Rolled-out methods are compared through their "
-                "rollout; attention and norm are single-layer maps. Definitions: docs/mixing.md."
-                + mixing_section.unavailable_note(tables.get("mixing_unavailable")),
-                [
-                    fig(
-                        "mixing_correlations",
-                        mixing_section.mixing_figure(summary),
-                        f"Context mixing vs HTA and erasure. {n_seq} sequences of {lengths}; HTA "
-                        "by the estimator or exactly as the Methods section states; flow left out "
-                        "(one max-flow problem per pair of tokens).",
-                    )
-                ],
-                verdicts,
-                [("mixing_summary", summary)],
-            )
-        )
+        out.append(mixing_section.section(tables, fig))
     if "certify_rows" in tables:
         rows = tables["certify_rows"]
         n_seq = rows["seq"].nunique() if len(rows) else 0
@@ -469,7 +435,7 @@ def write_report(
     out: Path, model: Any, results: Results, settings: dict[str, Any]
 ) -> tuple[list[Path], dict[str, Any]]:
     """Write tables, figures, summary.json and (last) index.html into `out`."""
-    tables, extra = _tables(results)
+    tables, extra = _tables(results, bool(model.info.is_causal))
     files = write_tables(tables, out / "tables")
     sections = _sections(model, tables, extra, out)
     files += [

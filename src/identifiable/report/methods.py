@@ -13,6 +13,18 @@ import pandas as pd
 from identifiable.report import tokens_section
 from identifiable.report.html import Markup, h, table_html
 
+CAUSAL_ROWS = (
+    "The model is causal: query row i attends to keys 0..i only, so each row has its own value "
+    "matrix, the first i + 1 rows of T = E·W_V·H, and its own null space, of dimension "
+    "i + 1 − rank(T≤i) ≥ i + 1 − d_v (d_v = {d_v}). Effective attention projects each row onto "
+    "the row space of its own prefix; masked entries are exactly 0 in A and A_eff and are left "
+    "out of Fig. 1a's Pearson r, and Fig. 1's null-space dimension is that of the last row (the "
+    "whole sequence). Section 8 follows every row: its null-space dimension and its share in "
+    "the null space, ‖a − ã‖/‖a‖, against prefix length, and the attention on the first token "
+    "averaged over the rows that see it (all rows, unless a sliding window hides it), raw "
+    "against effective, per head."
+)
+
 
 def first_value(df: pd.DataFrame, column: str, default: Any = "?") -> Any:
     return df[column].iloc[0] if column in df and len(df) else default
@@ -83,6 +95,8 @@ def methods_section(
             "computation is too slow for the budget." + tokens_section.narrow_mlp(fig2, d),
         ),
     ]
+    if "decoder_by_prefix" in tables:
+        items.insert(1, ("Decoders (causal rows)", CAUSAL_ROWS.format(d_v=d_v)))
     return h(
         "section",
         h("h2", "Methods"),

@@ -12,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never open a window
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,7 +20,8 @@ from matplotlib import pyplot as plt
 from matplotlib.figure import Figure
 
 from identifiable.report.claims import NOT_SUPPORTED, NOT_TESTED, PARTLY, SUPPORTED
-from identifiable.report.verdicts import settle
+from identifiable.report.section import Section
+from identifiable.report.verdicts import Verdict, settle
 
 SUMMARY_COLUMNS = ("layer", "method", "reference", "mean", "ci_low", "ci_high", "n_sequences")
 RAW = "attention"
@@ -124,3 +126,41 @@ def unavailable_note(unavailable: pd.DataFrame | None) -> str:
         return ""
     parts = [f"{r.method} ({r.reason})" for r in unavailable.itertuples()]
     return " Not computed on this model: " + "; ".join(parts) + "."
+
+
+def section(tables: dict[str, pd.DataFrame], fig: Any) -> Section:
+    """The context-mixing section; `fig(stem, figure, caption)` writes a figure."""
+    summary = tables["mixing_summary"]
+    corr = tables["mixing_correlations"]
+    n_seq = corr["seq"].nunique() if len(corr) else 0
+    lengths = (
+        f"{int(corr['length'].min())}–{int(corr['length'].max())} tokens" if len(corr) else "—"
+    )
+    verdicts = []
+    for reference in ("hta", "erasure"):
+        status, sentence = mixing_claim(summary, reference)
+        verdicts.append(Verdict(f"mixing_{reference}", status, sentence))
+    return Section(
+        "mixing",
+        "6. Beyond the paper: which account of mixing tracks the gradients?",
+        "Raw attention is not a faithful account of how tokens mix. Measures that also follow "
+        "the values, the residual and the layer norms (norm-based, GlobEnc, ALTI, value "
+        "zeroing) should track Hidden Token Attribution and erasure better than raw attention "
+        "or its rollout.",
+        "Per layer, the row-by-row Spearman correlation of each method's map with HTA (left) "
+        "and with erasure (right), averaged over rows and then over sequences; bands are 95% "
+        "bootstrap intervals over sequences. Rolled-out methods are compared through their "
+        "rollout; attention and norm are single-layer maps. Definitions: docs/mixing.md."
+        + unavailable_note(tables.get("mixing_unavailable")),
+        [
+            fig(
+                "mixing_correlations",
+                mixing_figure(summary),
+                f"Context mixing vs HTA and erasure. {n_seq} sequences of {lengths}; HTA "
+                "by the estimator or exactly as the Methods section states; flow left out "
+                "(one max-flow problem per pair of tokens).",
+            )
+        ],
+        verdicts,
+        [("mixing_summary", summary)],
+    )

@@ -81,6 +81,16 @@ class AttentionStageTables(StageTables):
 
 
 @dataclass(frozen=True)
+class DecoderStageTables(StageTables):
+    """The attention stage's decoder tables (`experiments.attention.CausalRows`): handed
+    over for causal models only, and then required (`of`) by the decoder section."""
+
+    STAGE: ClassVar[str] = "attention"
+    sinks: pd.DataFrame  # raw and effective attention on the first key, per sequence and head
+    by_prefix: pd.DataFrame  # null dim and null fraction per query row (prefix length)
+
+
+@dataclass(frozen=True)
 class TokenStageTables(StageTables):
     """Fig. 2 (`experiments.tokens.token_tables`, one shard per layer)."""
 
