@@ -138,7 +138,7 @@ def jacobian_sq_norms(
     scale = float(d)  # estimator: y_a = d·‖J p_a‖²; exact mode sums ‖J e_a‖² unscaled
     start = 0
     while start < total:
-        stop = min(start + (chunk if pace is None else pace.chunk(chunk, start)), total)
+        stop = min(start + (chunk if pace is None else pace.chunk(chunk)), total)
         tokens, vectors = bank.directions(start, stop)
         tokens = tokens.to(e0.device)
         tangents = torch.zeros(stop - start, n, d, dtype=e0.dtype, device=e0.device)
@@ -185,7 +185,8 @@ class Pace:
         self.jvps, self.secs = 0, 0.0  # the chunk timed first; from the second on, the rest
         self.chunk_start = start
 
-    def chunk(self, planned: int, done: int) -> int:
+    def chunk(self, planned: int) -> int:
+        """The next chunk's JVPs: one first, then what a twentieth of the budget buys."""
         self.chunk_start = time.perf_counter()
         if self.checks == 0:
             return 1
