@@ -76,6 +76,8 @@ SIZES: dict[str, int] = {
     "pad_token_id": 0,
     "bos_token_id": 1,
     "eos_token_id": 2,
+    "decoder_start_token_id": 2,  # Marian's default (58100) lies outside the tiny vocabulary
+    "rotary_dim": 8,  # GPT-J, CodeGen: at most the head width of 16
 }
 # Multi-head latent attention: value width 12, query/key width 16 + 8 (RoPE), latent 32.
 LATENT: dict[str, Any] = {
@@ -118,12 +120,25 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "first_k_dense_replace": 1,
     },
 }
+# Multimodal RoPE sections (half the rotary width per axis) at head width 16; the families'
+# defaults assume a head width of 128.
+MROPE: dict[str, list[int]] = {
+    **dict.fromkeys(("qwen2_vl_text", "qwen2_5_vl_text", "glm4v_text", "glm_image_text"), [2, 3, 3]),
+    **dict.fromkeys(("glm_ocr_text",), [2, 3, 3]),
+    "glm4v_moe_text": [2, 1, 1],  # partial_rotary_factor 0.5
+    "hunyuan_vl_text": [2, 2, 2, 2],
+}
+# Block-sparse attention is refused by name (models/unsupported.py); full attention is traced.
+OVERRIDES |= dict.fromkeys(("big_bird", "bigbird_pegasus"), {"attention_type": "original_full"})
 # The one-line refusals that name why a family is not analysed (anything else is a failure).
 REFUSALS = (
     "has no attention heads",
     "not softmax attention",
     "no softmax attention",
     "does not read A·(E W_V)",
+    ": not analysed",  # models/unsupported.py: attention that is not one softmax map
+    ": not supported",
+    "not token ids",
 )
 PROBE = list(range(10, 26))  # 16 token ids, no special tokens
 
@@ -172,6 +187,8 @@ def tiny_config(model_type: str) -> Any:
         kwargs["q_lora_rank"] = None
     kwargs |= _layer_types(default, int(kwargs.get("num_hidden_layers", 2)))
     kwargs |= OVERRIDES.get(model_type, {})
+    if model_type in MROPE:
+        kwargs["rope_parameters"] = {**default.rope_parameters, "mrope_section": MROPE[model_type]}
     return AutoConfig.for_model(model_type, **kwargs)
 
 
