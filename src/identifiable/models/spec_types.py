@@ -12,14 +12,16 @@ from typing import Literal
 from identifiable.errors import IdentifiableError
 from identifiable.models.latent import LatentValues
 
-FusedLayout = Literal["qkv_blocks", "per_kv_group"]
+FusedLayout = Literal["qkv_blocks", "per_kv_group", "qvk_mp4"]
 """Where W_V sits inside a fused QKV weight (output dimension, d_v = head width):
 
 - "qkv_blocks": [Q (H·d_v) | K (H_kv·d_v) | V (H_kv·d_v)] (GPT-2, Phi-3).
 - "per_kv_group": for each key/value head, its H/H_kv query heads, then its key,
   then its value, d_v columns each (GPT-NeoX, BLOOM: H_kv = H, i.e. [q, k, v] per
   head; Falcon: any H_kv, multi-query included).
-In both, the fused width is (H + 2·H_kv)·d_v, which gives H_kv.
+- "qvk_mp4": four model-parallel blocks, each [Q | V | K] of a quarter of the heads
+  (CodeGen; H_kv = H).
+In all, the fused width is (H + 2·H_kv)·d_v, which gives H_kv.
 """
 
 BlockKind = Literal["post", "pre", "parallel"]

@@ -214,6 +214,18 @@ SPECS: tuple[ArchSpec, ...] = (
         mlp_width="ffn_hidden_size",
     ),
     ArchSpec(
+        name="codegen",
+        model_types=("codegen",),
+        layers="h",
+        value="attn.qkv_proj",
+        out_proj="attn.out_proj",
+        fused="qvk_mp4",
+        causal=True,
+        norm="pre",
+        norms=NormLayout("ln_1", "ln_1", "parallel"),
+        mlp_width="n_inner",
+    ),
+    ArchSpec(
         name="phi3",
         model_types=("phi3",),
         layers="layers",

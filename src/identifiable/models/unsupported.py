@@ -75,6 +75,36 @@ REFUSED: tuple[Refusal, ...] = (
         "mixes tokens with span-based dynamic convolution heads beside its attention heads, "
         "and its output projection reads both: not analysed",
     ),
+    Refusal(
+        ("deepseek_v4",),
+        "attends to blockwise-compressed keys picked by an indexer, with hyper-connections "
+        f"between layers, {_NOT_A_MAP}",
+    ),
+    Refusal(
+        ("hy_v4",),
+        "picks keys with a sparse indexer and gates each head's output after the attention, "
+        f"{_NOT_A_MAP}",
+    ),
+    Refusal(
+        ("inkling2_text",),
+        "convolves its keys and values over neighbouring tokens and gates each head's output, "
+        "so a head's output is not A·(E W_V): not analysed",
+    ),
+    Refusal(
+        ("hrm_text",),
+        "runs its two layer stacks recurrently, several cycles per token, so a layer has no "
+        "single attention map: not analysed",
+    ),
+    Refusal(
+        ("fastspeech2_conformer",),
+        "is a text-to-speech model (conformer blocks, a variance adaptor, spectrogram "
+        "output): not supported",
+    ),
+    Refusal(
+        ("seamless_m4t", "seamless_m4t_v2"),
+        "is a speech-and-text translation model whose base model holds several towers: "
+        "not supported",
+    ),
     Refusal(("bros",), "needs layout boxes (bbox) besides token ids: not supported"),
     Refusal(("lxmert",), "needs visual features besides token ids: not supported"),
     Refusal(("vilt",), "needs an image (pixel_values) besides token ids: not supported"),
