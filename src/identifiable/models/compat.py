@@ -107,8 +107,8 @@ def window_config(config: Any, spec: ArchSpec) -> tuple[Any, Any]:
 
 
 def per_layer_windows(config: Any, spec: ArchSpec, n_layers: int) -> list[int | None] | None:
-    """Each layer's window from a heterogeneous config (transformers' `per_layer_config`,
-    whose global `sliding_window` refuses to be read), or None for a config without one."""
+    """Each layer's window from a heterogeneous config (transformers' `per_layer_config`;
+    read only where the global `sliding_window` refuses to be), or None without one."""
     try:
         layers = list(getattr(config, "per_layer_config", None) or ())
     except TypeError:  # not a sequence of layer configs

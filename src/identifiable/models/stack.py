@@ -474,9 +474,12 @@ def module_list(root: nn.Module, path: str) -> list[nn.Module]:
 
 def layer_windows(config: Any, spec: ArchSpec, n_layers: int) -> list[int | None]:
     """The attention window of each layer (None: the layer sees every key its row may see)."""
-    if (own := per_layer_windows(config, spec, n_layers)) is not None:
+    try:
+        window, types = window_config(config, spec)
+    except RuntimeError:  # a heterogeneous config refuses its global window: read each layer's
+        if (own := per_layer_windows(config, spec, n_layers)) is None:
+            raise
         return own
-    window, types = window_config(config, spec)
     if not isinstance(window, int) or window <= 0:
         return [None] * n_layers
     if isinstance(types, list | tuple) and len(types) == n_layers:
