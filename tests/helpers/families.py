@@ -33,6 +33,7 @@ _LLAMA_LIKE = {
     "max_position_embeddings": 128,
     "head_dim": 16,
 }
+_GPTJ_LIKE = {"n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8, "n_positions": 128}
 _IDS = {"pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102}
 _BERT_LIKE = {
     "hidden_size": 64,
@@ -219,6 +220,14 @@ TINY_CONFIGS: dict[str, Tiny] = {
         "seq2seq",
         {**_BART_LIKE, "decoder_vocab_size": 30522, "share_encoder_decoder_embeddings": True},
     ),
+    # the BART and T5 layouts' other families (issue 54's family table), and NLLB-MoE's
+    # experts and BigBird-Pegasus's full attention (block-sparse is refused by name)
+    **{t: Tiny("spec", _BART_LIKE) for t in ("blenderbot", "blenderbot-small", "pegasus")},
+    **{t: Tiny("spec", _BART_LIKE) for t in ("m2m_100", "plbart", "mvp")},
+    "nllb-moe": Tiny("spec", {**_BART_LIKE, "num_experts": 4}),
+    "bigbird_pegasus": Tiny("spec", {**_BART_LIKE, "attention_type": "original_full"}),
+    "umt5": Tiny("spec", _T5_LIKE),
+    "switch_transformers": Tiny("spec", {**_T5_LIKE, "num_experts": 4}),
     "vit": Tiny("vision", _VISION),
     "deit": Tiny("vision", _VISION),
     "clip_vision_model": Tiny("vision", _VISION),
@@ -231,6 +240,8 @@ TINY_CONFIGS: dict[str, Tiny] = {
     # low-rank path, a dense first layer and mixture-of-experts after it; v2 without
     "deepseek_v3": Tiny("spec", {**_MLA, "q_lora_rank": 24}, causal=True),
     "deepseek_v2": Tiny("spec", {**_MLA, "q_lora_rank": None}, causal=True),
+    # four model-parallel [q | v | k] blocks in one fused projection
+    "codegen": Tiny("spec", {**_GPTJ_LIKE, **_IDS}, causal=True),
     "clip": Tiny(
         "spec",
         {

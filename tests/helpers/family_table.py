@@ -71,11 +71,14 @@ SIZES: dict[str, int] = {
     **dict.fromkeys(("moe_intermediate_size", "shared_expert_intermediate_size"), 32),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts"), 4),
     "num_experts_per_tok": 2,
+    **dict.fromkeys(("n_group", "topk_group"), 1),  # expert groups of the 4 experts
     "max_position_embeddings": 128,
     "vocab_size": 1024,
     "pad_token_id": 0,
     "bos_token_id": 1,
     "eos_token_id": 2,
+    "decoder_start_token_id": 2,  # Marian's default (58100) lies outside the tiny vocabulary
+    "rotary_dim": 8,  # GPT-J, CodeGen: at most the head width of 16
 }
 # Multi-head latent attention: value width 12, query/key width 16 + 8 (RoPE), latent 32.
 LATENT: dict[str, Any] = {
@@ -118,12 +121,28 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "first_k_dense_replace": 1,
     },
 }
+# Multimodal RoPE sections (half the rotary width per axis) at head width 16; the families'
+# defaults assume a head width of 128.
+_MROPE_HALVES = ("qwen2_vl_text", "qwen2_5_vl_text", "glm4v_text", "glm_image_text", "glm_ocr_text")
+MROPE: dict[str, tuple[int, ...]] = {
+    **{t: (2, 3, 3) for t in _MROPE_HALVES},
+    "glm4v_moe_text": (2, 1, 1),  # partial_rotary_factor 0.5
+    "hunyuan_vl_text": (2, 2, 2, 2),
+}
+# Embedding widths that must add up to the hidden width (LayoutLMv3: 4 coordinates and 2
+# shapes; LiLT: six box embeddings of hidden / 6)
+OVERRIDES |= {"layoutlmv3": {"coordinate_size": 10, "shape_size": 12}, "lilt": {"hidden_size": 48}}
+# Block-sparse attention is refused by name (models/unsupported.py); full attention is traced.
+OVERRIDES |= {t: {"attention_type": "original_full"} for t in ("big_bird", "bigbird_pegasus")}
 # The one-line refusals that name why a family is not analysed (anything else is a failure).
 REFUSALS = (
     "has no attention heads",
     "not softmax attention",
     "no softmax attention",
     "does not read A·(E W_V)",
+    ": not analysed",  # models/unsupported.py: attention that is not one softmax map
+    ": not supported",
+    "not token ids",
 )
 PROBE = list(range(10, 26))  # 16 token ids, no special tokens
 
@@ -172,6 +191,11 @@ def tiny_config(model_type: str) -> Any:
         kwargs["q_lora_rank"] = None
     kwargs |= _layer_types(default, int(kwargs.get("num_hidden_layers", 2)))
     kwargs |= OVERRIDES.get(model_type, {})
+    if model_type in MROPE:
+        kwargs["rope_parameters"] = {
+            **default.rope_parameters,
+            "mrope_section": list(MROPE[model_type]),
+        }
     return AutoConfig.for_model(model_type, **kwargs)
 
 
@@ -191,6 +215,8 @@ def _build(model_type: str) -> Any:
     with torch.no_grad():
         for p in hf.parameters():
             p.add_(torch.randn_like(p) * 0.05)
+    if getattr(cfg, "languages", None) and hasattr(hf, "set_default_language"):
+        hf.set_default_language(cfg.languages[0])  # X-MOD: as its model card asks
     return hf.eval()
 
 

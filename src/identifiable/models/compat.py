@@ -106,6 +106,19 @@ def window_config(config: Any, spec: ArchSpec) -> tuple[Any, Any]:
     return window, types
 
 
+def per_layer_windows(config: Any, spec: ArchSpec, n_layers: int) -> list[int | None] | None:
+    """Each layer's window from a heterogeneous config (transformers' `per_layer_config`;
+    read only where the global `sliding_window` refuses to be), or None without one."""
+    try:
+        layers = list(getattr(config, "per_layer_config", None) or ())
+    except TypeError:  # not a sequence of layer configs
+        return None
+    if len(layers) != n_layers:
+        return None
+    windows = [getattr(c, spec.window_attr, None) for c in layers]
+    return [w if isinstance(w, int) and w > 0 else None for w in windows]
+
+
 def dtype_of(module: nn.Module) -> torch.dtype:
     """The dtype of a module's weights (`PreTrainedModel.dtype`, which 4.x CLIP's vision
     tower, a plain `nn.Module`, lacks)."""

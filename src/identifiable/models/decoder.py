@@ -28,10 +28,14 @@ from identifiable.models.protocol import ModelInfo
 from identifiable.models.specs import Seq2SeqSpec, all_seq2seq_specs, find_seq2seq_spec
 from identifiable.models.stack import AttentionStack, logical_layers
 from identifiable.models.trace import Seq2SeqTrace
+from identifiable.models.unsupported import refuse
 
 
-def seq2seq_spec(model_type: str) -> Seq2SeqSpec:
-    """The spec of an encoder–decoder `model_type`; one line listing the known ones if none."""
+def seq2seq_spec(base: nn.Module) -> Seq2SeqSpec:
+    """The spec of an encoder–decoder base model; one line refusing its family by name
+    (models/unsupported.py) or listing the known ones if none."""
+    refuse(base)
+    model_type = str(getattr(base.config, "model_type", ""))
     spec = find_seq2seq_spec(model_type)
     if spec is None:
         known = sorted(t for s in all_seq2seq_specs() for t in s.model_types)

@@ -37,6 +37,7 @@ from identifiable.models.hooks import HookSet, first_tensor
 from identifiable.models.latent import MLA
 from identifiable.models.specs import ArchSpec, NormLayout, NormRule
 from identifiable.models.stack import AttentionStack, Captured, Tap, distinct, stack_of
+from identifiable.models.unsupported import refuse
 
 _VALUE_NAMES = ("v_proj", "value", "v", "v_lin", "value_proj", "wv", "v_linear")
 _FUSED_NAMES = ("qkv_proj", "query_key_value", "wqkv", "c_attn", "qkv", "in_proj", "qkv_linear")
@@ -231,6 +232,7 @@ _probe_ids = probe_ids  # the name `identifiable.cli` imports
 def discover_spec(base: nn.Module, tokenizer: Any = None) -> Discovery:
     """Find and prove a spec for `base` (a Hugging Face base model), or raise one line."""
     check_hf_model(base, tokenizer)
+    refuse(base)  # audio, layout and chunked or sparse attention: one line by name
     model_type = str(getattr(base.config, "model_type", None) or type(base).__name__)
     how = (
         "write an ArchSpec (docs/families.md, 'Adding an architecture') and pass it as "

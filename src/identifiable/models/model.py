@@ -534,7 +534,7 @@ class Seq2SeqModel:
     ) -> None:
         check_hf_model(hf_model, tokenizer)
         config: Any = hf_model.config
-        spec = spec or seq2seq_spec(str(config.model_type))
+        spec = spec or seq2seq_spec(base_model_of(hf_model))
         # keeps its implementation and mode: each pass is eager, then back
         self.task_model = hf_model
         base = base_model_of(hf_model)

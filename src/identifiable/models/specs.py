@@ -20,202 +20,36 @@ proves it (`identifiable.models.discover.prove_norm_layout`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Literal
+from dataclasses import replace
 
 from identifiable.errors import IdentifiableError
-from identifiable.models.latent import MLA, LatentValues
+from identifiable.models.latent import MLA
+from identifiable.models.spec_types import (
+    ArchSpec,
+    BlockKind,
+    FusedLayout,
+    NormLayout,
+    NormRule,
+    Seq2SeqSpec,
+)
 
-FusedLayout = Literal["qkv_blocks", "per_kv_group"]
-"""Where W_V sits inside a fused QKV weight (output dimension, d_v = head width):
-
-- "qkv_blocks": [Q (H·d_v) | K (H_kv·d_v) | V (H_kv·d_v)] (GPT-2, Phi-3).
-- "per_kv_group": for each key/value head, its H/H_kv query heads, then its key,
-  then its value, d_v columns each (GPT-NeoX, BLOOM: H_kv = H, i.e. [q, k, v] per
-  head; Falcon: any H_kv, multi-query included).
-In both, the fused width is (H + 2·H_kv)·d_v, which gives H_kv.
-"""
-
-BlockKind = Literal["post", "pre", "parallel"]
-"""How a layer's residual block is wired (N1, N2 its two normalisation modules):
-
-- "post" (BERT family): x → N1(x + Attn(x)) = y → N2(y + FFN(y)).
-- "pre" (GPT-2, Llama): x → x + Attn(N1(x)) = y → y + MLP(N2(y)).
-- "parallel" (GPT-NeoX, GPT-J-style Falcon): x → x + Attn(N1(x)) + MLP(N2(x)); the MLP
-  reads x, not x + Attn, so y = x + Attn(N1(x)) is never formed by the model.
-"""
-
-
-@dataclass(frozen=True)
-class NormLayout:
-    """Where a family's two normalisation modules sit inside one layer, and the wiring.
-
-    Attributes:
-        first: dotted path (inside a layer) of N1 (LN1 of a post-LN block).
-        second: dotted path of N2 (Falcon's parallel block has one norm feeding both
-            branches: then `second` is the same module as `first`).
-        kind: "post", "pre" or "parallel" (`BlockKind`).
-        unit_offset: the RMSNorm scales by (1 + weight) rather than weight (Gemma).
-    """
-
-    first: str
-    second: str
-    kind: BlockKind
-    unit_offset: bool = False
-
-
-@dataclass(frozen=True)
-class NormRule:
-    """A config switch that rewires a family's block: when `config.<attr> == value`, the
-    layout is `layout`, or, when `layout` is None, the norm-based methods are undefined
-    because the model `reason` (a phrase that follows "it", e.g. "normalises …").
-    Rules are tried in order; the first that matches wins."""
-
-    attr: str
-    value: object
-    layout: NormLayout | None = None
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class ArchSpec:
-    """Where the pieces of docs/definitions.md#notation live in one family of models.
-
-    Attributes:
-        name: short family name shown to users.
-        model_types: `config.model_type` values this spec covers.
-        layers: dotted path (from the base model) of the `ModuleList` of layers.
-        value: dotted path (inside a layer) of the module whose input is E and
-            whose weight holds W_V (of the raw W_V parameter for layout "heads").
-        out_proj: dotted path (inside a layer) of W_O (module or raw parameter).
-        weight_layout: "linear" (nn.Linear, weight is [out, in]),
-            "conv1d" (GPT-2's Conv1D, weight is [in, out]) or "heads": `value` and
-            `out_proj` name raw parameters of shape [d, H, d_v] (XLNet's `v` and `o`),
-            W_V = value reshaped to [d, H·d_v] and head h's rows of W_O = out_proj[:, h, :]ᵀ,
-            without biases; E is then the input of the module holding `value`.
-        fused_qkv: for fused projections, (number of chunks, index of V) along
-            the output dimension; None when `value` is a separate V projection.
-        causal: decoder-style (row i attends to keys ≤ i).
-        norm: "post" (LayerNorm after the residual, BERT) or "pre" (GPT-2, Llama):
-            documents what E is; E is always read at the value projection's input.
-        position_offset: positions the model reserves before the first token
-            (RoBERTa counts from padding_idx + 1), subtracted from the maximum length.
-        fused: layout of a fused QKV projection whose blocks differ in size
-            (see `FusedLayout`); `fused_qkv` covers the equal-chunk case.
-        layer_groups: for models that reuse layers (ALBERT), the path inside each
-            entry of `layers` of the list of layers it runs; the logical layer i
-            runs group ⌊i·G/L⌋ (G groups, L = `config.num_hidden_layers`).
-        window_attr: config attribute with the sliding/local window size.
-        layer_types_attr: config attribute naming each layer's attention type
-            ("sliding_attention"/"local" layers use the window, others see all keys).
-        source: "table" for the entries below, "discovered" for specs found by
-            `identifiable.models.discover` and proved by `verify()` on a probe,
-            "registered" for specs added with `register_spec`.
-        modality: "text" (token ids in) or "image" (`pixel_values` in; the tokens
-            are `prefix_tokens` then the patches row by row).
-        forward_ad: modules (dotted path inside a layer, name of a plain function
-            in the module's own modelling file) whose forward is a custom
-            `autograd.Function` without forward-mode AD, and the function that
-            computes the same numbers with plain torch ops. Hidden Token
-            Attribution runs the function in their place (BLOOM's GELU).
-        block_output_at: for models whose attention block output is the output of no
-            module (XLNet multiplies by W_O inside the attention module's forward):
-            dotted path (inside a layer) of a module that is called on that output
-            (XLNet's attention dropout, before the residual); its calls on other
-            tensors (attention maps, 4-D) are skipped. None: the block output is
-            `out_proj`'s output.
-        sequence_first: the layers pass hidden states as [n, B, d] and their attention
-            maps as [n, n, B, H] (XLNet); every capture turns them to [B, n, d] and
-            [B, H, n, n].
-        relative_segments: the model compares token types (same or different segment)
-            instead of embedding them (XLNet), so a pair's token_type_ids are passed
-            although the config has no `type_vocab_size`.
-        norms: the residual block's normalisation layout (`NormLayout`), None where it
-            is not described (the norm-based methods then refuse in one line).
-        norm_rules: config switches that change `norms` or make it undefined (`NormRule`).
-        mlp_width: config attribute with the MLP width (memory estimates; 4·d if unset).
-        prefix_tokens: image models: the tokens before the patches ([CLS], DeiT's [DIST]).
-        tower: attribute of the base model holding the traced tower, where the base model
-            is more than it (a full CLIP model: its `vision_model`); used where present.
-        tf4_paths: (layers, value, out_proj) as transformers 4.x names them, where they
-            differ (4.x ViT); used only when the model lacks `layers` and has these.
-        tf4_windows: config attributes (local window width, period of global layers) that
-            name windowed layers in transformers 4.x instead of `window_attr` and
-            `layer_types_attr` (4.x ModernBERT: layer i is global when i is a multiple of
-            the period, otherwise it sees |i − j| ≤ width / 2).
-        latent: multi-head latent attention: how the value module (the latent expansion)
-            holds each head's values (`identifiable.models.latent.LatentValues`); None: the
-            value module reads the hidden states.
-    """
-
-    name: str
-    model_types: tuple[str, ...]
-    layers: str
-    value: str
-    out_proj: str
-    weight_layout: Literal["linear", "conv1d", "heads"] = "linear"
-    fused_qkv: tuple[int, int] | None = None
-    causal: bool = False
-    norm: Literal["pre", "post"] = "post"
-    position_offset: int = 0
-    fused: FusedLayout | None = None
-    layer_groups: str | None = None
-    window_attr: str = "sliding_window"
-    layer_types_attr: str = "layer_types"
-    source: Literal["table", "discovered", "registered"] = "table"
-    modality: Literal["text", "image"] = "text"
-    forward_ad: tuple[tuple[str, str], ...] = ()
-    block_output_at: str | None = None
-    sequence_first: bool = False
-    relative_segments: bool = False
-    norms: NormLayout | None = None
-    norm_rules: tuple[NormRule, ...] = ()
-    mlp_width: str = "intermediate_size"
-    prefix_tokens: tuple[str, ...] = ("[CLS]",)
-    tower: str | None = None
-    tf4_paths: tuple[str, str, str] | None = None
-    tf4_windows: tuple[str, str] | None = None
-    latent: LatentValues | None = None
-
-    def __post_init__(self) -> None:
-        """One line for a spec of the wrong kind, when it is made (not at its first trace)."""
-        types = self.model_types
-        if not isinstance(types, tuple) or not types or not all(isinstance(t, str) for t in types):
-            raise IdentifiableError(
-                f"spec '{self.name}': model_types must be a non-empty tuple of config.model_type "
-                f"strings, got {types!r:.80}"
-            )
-        for field in ("name", "layers", "value", "out_proj"):
-            value = getattr(self, field)
-            if not isinstance(value, str) or (field == "name" and not value):
-                raise IdentifiableError(
-                    f"ArchSpec {field} must be a non-empty string (a module path such as "
-                    f"'encoder.layer' for layers), got {value!r:.60}"
-                )
-
-
-@dataclass(frozen=True)
-class Seq2SeqSpec:
-    """Where the three attention kinds live in one encoder–decoder family.
-
-    Attributes:
-        name: short family name.
-        model_types: `config.model_type` values covered.
-        encoder: spec of the encoder's self-attention, paths relative to the encoder stack.
-        decoder: spec of the decoder's causal self-attention, relative to the decoder stack.
-        cross: spec of the decoder's cross-attention (its value projection's input is E_enc).
-        encoder_stack, decoder_stack: paths of the two stacks in the base model.
-        decoder_heads_attr: config attribute with the decoder's number of heads.
-    """
-
-    name: str
-    model_types: tuple[str, ...]
-    encoder: ArchSpec
-    decoder: ArchSpec
-    cross: ArchSpec
-    encoder_stack: str = "encoder"
-    decoder_stack: str = "decoder"
-    decoder_heads_attr: str = "num_attention_heads"
+__all__ = [
+    "SEQ2SEQ_SPECS",
+    "SPECS",
+    "ArchSpec",
+    "BlockKind",
+    "FusedLayout",
+    "NormLayout",
+    "NormRule",
+    "Seq2SeqSpec",
+    "all_seq2seq_specs",
+    "all_specs",
+    "find_seq2seq_spec",
+    "find_spec",
+    "register_spec",
+    "spec_for",
+    "supported_model_types",
+]
 
 
 _BERT_LN = NormLayout("attention.output.LayerNorm", "output.LayerNorm", "post")
@@ -380,6 +214,18 @@ SPECS: tuple[ArchSpec, ...] = (
         mlp_width="ffn_hidden_size",
     ),
     ArchSpec(
+        name="codegen",
+        model_types=("codegen",),
+        layers="h",
+        value="attn.qkv_proj",
+        out_proj="attn.out_proj",
+        fused="qvk_mp4",
+        causal=True,
+        norm="pre",
+        norms=NormLayout("ln_1", "ln_1", "parallel"),
+        mlp_width="n_inner",
+    ),
+    ArchSpec(
         name="phi3",
         model_types=("phi3",),
         layers="layers",
@@ -468,10 +314,25 @@ SPECS: tuple[ArchSpec, ...] = (
 )
 
 
+_T5_TYPES = ("t5", "mt5", "umt5", "switch_transformers")  # switch: experts in the MLP only
+# BART's module layout (self_attn, encoder_attn, v_proj, out_proj), pre- or post-LN
+_BART_TYPES = (
+    "bart",
+    "mbart",
+    "marian",
+    "blenderbot",
+    "blenderbot-small",
+    "pegasus",
+    "m2m_100",
+    "plbart",
+    "mvp",
+)
+
+
 def _t5(part: str, value: str, out: str, causal: bool) -> ArchSpec:
     return ArchSpec(
         name=f"t5-{part}",
-        model_types=("t5", "mt5"),
+        model_types=_T5_TYPES,
         layers="block",
         value=value,
         out_proj=out,
@@ -481,10 +342,10 @@ def _t5(part: str, value: str, out: str, causal: bool) -> ArchSpec:
     )
 
 
-def _bart(part: str, attn: str, causal: bool) -> ArchSpec:
+def _bart(part: str, attn: str, causal: bool, types: tuple[str, ...] = _BART_TYPES) -> ArchSpec:
     return ArchSpec(
         name=f"bart-{part}",
-        model_types=("bart", "mbart", "marian"),
+        model_types=types,
         layers="layers",
         value=f"{attn}.v_proj",
         out_proj=f"{attn}.out_proj",
@@ -496,17 +357,37 @@ def _bart(part: str, attn: str, causal: bool) -> ArchSpec:
 SEQ2SEQ_SPECS: tuple[Seq2SeqSpec, ...] = (
     Seq2SeqSpec(
         name="t5",
-        model_types=("t5", "mt5"),
+        model_types=_T5_TYPES,
         encoder=_t5("encoder", "layer.0.SelfAttention.v", "layer.0.SelfAttention.o", False),
         decoder=_t5("decoder", "layer.0.SelfAttention.v", "layer.0.SelfAttention.o", True),
         cross=_t5("cross", "layer.1.EncDecAttention.v", "layer.1.EncDecAttention.o", False),
     ),
     Seq2SeqSpec(
         name="bart",
-        model_types=("bart", "mbart", "marian"),
+        model_types=_BART_TYPES,
         encoder=_bart("encoder", "self_attn", False),
         decoder=_bart("decoder", "self_attn", True),
         cross=_bart("cross", "encoder_attn", False),
+        decoder_heads_attr="decoder_attention_heads",
+    ),
+    Seq2SeqSpec(  # BART's layout with experts in the MLP and its cross-attention renamed
+        name="nllb-moe",
+        model_types=("nllb-moe",),
+        encoder=_bart("encoder", "self_attn", False, ("nllb-moe",)),
+        decoder=_bart("decoder", "self_attn", True, ("nllb-moe",)),
+        cross=_bart("cross", "cross_attention", False, ("nllb-moe",)),
+        decoder_heads_attr="decoder_attention_heads",
+    ),
+    Seq2SeqSpec(  # BART's decoder; the encoder's full attention (block-sparse is refused)
+        name="bigbird-pegasus",
+        model_types=("bigbird_pegasus",),
+        encoder=replace(
+            _bart("encoder", "self_attn", False, ("bigbird_pegasus",)),
+            value="self_attn.self.value",
+            out_proj="self_attn.output",
+        ),
+        decoder=_bart("decoder", "self_attn", True, ("bigbird_pegasus",)),
+        cross=_bart("cross", "encoder_attn", False, ("bigbird_pegasus",)),
         decoder_heads_attr="decoder_attention_heads",
     ),
 )

@@ -25,7 +25,12 @@ from torch import nn
 
 from identifiable.errors import IdentifiableError
 from identifiable.models import recompute as recomputed
-from identifiable.models.compat import adapt_spec, ask_for_attention_weights, window_config
+from identifiable.models.compat import (
+    adapt_spec,
+    ask_for_attention_weights,
+    per_layer_windows,
+    window_config,
+)
 from identifiable.models.hooks import HookSet, first_tensor, get_submodule, hidden_input
 from identifiable.models.hybrid import has_attention, kind_of, others_line, ranges
 from identifiable.models.recompute import AttentionCall
@@ -469,7 +474,12 @@ def module_list(root: nn.Module, path: str) -> list[nn.Module]:
 
 def layer_windows(config: Any, spec: ArchSpec, n_layers: int) -> list[int | None]:
     """The attention window of each layer (None: the layer sees every key its row may see)."""
-    window, types = window_config(config, spec)
+    try:
+        window, types = window_config(config, spec)
+    except RuntimeError:  # a heterogeneous config refuses its global window: read each layer's
+        if (own := per_layer_windows(config, spec, n_layers)) is None:
+            raise
+        return own
     if not isinstance(window, int) or window <= 0:
         return [None] * n_layers
     if isinstance(types, list | tuple) and len(types) == n_layers:
@@ -516,6 +526,9 @@ def value_columns(
             f"the fused QKV projection has width {width}, which is not (H + 2·H_kv)·d_v for "
             f"H = {n_heads}, d_v = {head_dim}; the spec's fused layout does not fit this model."
         )
+    if spec.fused == "qvk_mp4":  # block g: [q | v | k] of heads g·H/4 … (g+1)·H/4 − 1
+        local = n_heads * head_dim // 4
+        return n_kv, [g * 3 * local + local + c for g in range(4) for c in range(local)]
     if spec.fused == "qkv_blocks":
         start = (n_heads + n_kv) * head_dim
         return n_kv, slice(start, start + n_kv * head_dim)
