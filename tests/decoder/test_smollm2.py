@@ -140,3 +140,16 @@ def test_the_report_sections_sink_verdict_on_trained_weights(smollm2, long_trace
     verdict = claim_sink_is_null(sinks)
     assert verdict.numbers["sink_heads"] > 100
     assert verdict.status == "supported", verdict.sentence
+
+
+def test_the_scans_sink_columns_on_trained_weights(smollm2, sinks) -> None:
+    """`identifiable.scan` of the same 512 tokens gives `sink_mass`'s table head by head
+    (one streams the layers on the model's device, the other reads the trace), and its late
+    layers show the sink that random weights lack."""
+    from identifiable import scan
+
+    result = scan(smollm2, [corpus_prefix(smollm2, N)], progress=False)
+    raw, eff = result.sink_raw[0].numpy(), result.sink_effective[0].numpy()
+    assert np.allclose(raw, sinks.raw.numpy(), rtol=0, atol=1e-6)
+    assert np.allclose(eff, sinks.effective.numpy(), rtol=0, atol=1e-6)
+    assert raw[12:].mean() > 0.45 and eff[12:].mean() < 0.2
