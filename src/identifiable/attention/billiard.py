@@ -52,9 +52,14 @@ def scale(poly: Polytopes) -> Tensor:
 
 
 def step(
-    poly: Polytopes, spread: Tensor, metric: Tensor, length: Tensor, x: Tensor,
-    gen: torch.Generator, most: int,
-) -> Tensor:  # fmt: skip
+    poly: Polytopes,
+    spread: Tensor,
+    metric: Tensor,
+    length: Tensor,
+    x: Tensor,
+    gen: torch.Generator,
+    most: int,
+) -> Tensor:
     """One billiard step of every chain: `x` `[R, C, s]` → the next states; `metric` is
     `gram(spread)`, `length` `[R]` the mean path length L, `most` the reflection cap."""
     r, c, s = x.shape

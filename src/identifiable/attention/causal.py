@@ -285,8 +285,9 @@ def _scan_pivots(d: Tensor, firsts: Tensor, tol: float, n: int) -> tuple:
         q, r = torch.linalg.qr(res[:width].T)
         diag = torch.diagonal(r).abs()
         norm = torch.linalg.vector_norm(d[cand[:width]], dim=-1)[None]
-        low = _floor(diag[None], norm, d.new_full((1,), smax), d.new_full((1,), tol), m,
-                     start=pivot_min)  # fmt: skip
+        low = _floor(
+            diag[None], norm, d.new_full((1,), smax), d.new_full((1,), tol), m, start=pivot_min
+        )
         bad = torch.nonzero(diag <= low[0]).flatten()
         take = int(bad[0]) if bad.numel() else width
         new = q[:, :take]

@@ -95,9 +95,19 @@ def summarise(draws: Tensor, half_max: Tensor, cfg: Settings, budget_hit: bool) 
     ess, rhat = mcmc.row_ess(ess_key), mcmc.row_rhat(rhat_key)
     flags = _flags(ess, rhat, cfg.samples) | (FLAG_BUDGET if budget_hit else 0)
     pick = torch.linspace(0, c * d - 1, cfg.keep, device=draws.device).round().long()
-    return Summary(pooled.mean(-1), lower, upper, hits.to(draws.dtype) / (c * d), p_half,
-                   mcse, ess, rhat, torch.full((r,), c * d, device=draws.device), flags,
-                   pooled[..., pick].transpose(1, 2))  # fmt: skip
+    return Summary(
+        pooled.mean(-1),
+        lower,
+        upper,
+        hits.to(draws.dtype) / (c * d),
+        p_half,
+        mcse,
+        ess,
+        rhat,
+        torch.full((r,), c * d, device=draws.device),
+        flags,
+        pooled[..., pick].transpose(1, 2),
+    )
 
 
 def sweep(k: int, walk: str = "hitrun") -> int:
@@ -142,9 +152,15 @@ def _flags(ess: Tensor, rhat: Tensor, samples: int) -> Tensor:
 
 
 def _sweeps(
-    poly: hitrun.Polytopes, move: Move, x: Tensor, n: int, thin: int, gen: torch.Generator,
-    deadline: float | None, moments: hitrun.Moments | None = None,
-) -> tuple[Tensor, list[Tensor], bool]:  # fmt: skip
+    poly: hitrun.Polytopes,
+    move: Move,
+    x: Tensor,
+    n: int,
+    thin: int,
+    gen: torch.Generator,
+    deadline: float | None,
+    moments: hitrun.Moments | None = None,
+) -> tuple[Tensor, list[Tensor], bool]:
     """`n` sweeps of `thin` steps from `x`; returns the last states, one draw per sweep
     (`[R, C, s]` each) and False when the deadline cut it short. `moments` sees every
     state."""

@@ -173,10 +173,13 @@ def null_space(
     chosen, head_list = check_selection(trace, layers, heads)
     n_h = trace.n_heads if head_list is None else len(head_list)
     check_analysis(
-        null_space_bytes(trace, len(chosen), n_h), memory_budget, "null_space",
-        device=trace.attentions.device, python="choose fewer heads (heads=)",
+        null_space_bytes(trace, len(chosen), n_h),
+        memory_budget,
+        "null_space",
+        device=trace.attentions.device,
+        python="choose fewer heads (heads=)",
         cli="shorten the text",
-    )  # fmt: skip
+    )
     w_o = _OutProj(trace, factors, head_list)
     ranks, dims, dims_s = [], [], []
     for layer in chosen:
@@ -237,11 +240,13 @@ def iter_effective_attention(
     chosen, head_list = check_selection(trace, layers, heads)
     n_h = trace.n_heads if head_list is None else len(head_list)
     check_analysis(
-        effective_bytes(trace, 1, n_h, dtype, out=False), memory_budget,
-        "iter_effective_attention", device=trace.attentions.device,
+        effective_bytes(trace, 1, n_h, dtype, out=False),
+        memory_budget,
+        "iter_effective_attention",
+        device=trace.attentions.device,
         python="choose fewer heads (heads=) or shorten the input",
         cli="shorten the text or raise --memory-budget",
-    )  # fmt: skip
+    )
     w_o = _OutProj(trace, factors, head_list)
     yield from _iter_layers(trace, variant, w_o, chosen, head_list, dtype, None)
 

@@ -118,8 +118,9 @@ def rounding(poly: Polytopes, x_c: Tensor) -> Tensor:
     )
     sign = torch.where(torch.diagonal(r, dim1=-2, dim2=-1) < 0, -1.0, 1.0)
     r = r * sign.unsqueeze(-1)  # a positive diagonal: the same factor on every platform
-    inv = torch.linalg.solve_triangular(r, torch.eye(r.shape[-1], dtype=r.dtype,
-                                        device=r.device).expand_as(r), upper=True)  # fmt: skip
+    inv = torch.linalg.solve_triangular(
+        r, torch.eye(r.shape[-1], dtype=r.dtype, device=r.device).expand_as(r), upper=True
+    )
     return null @ inv
 
 

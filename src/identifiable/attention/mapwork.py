@@ -183,8 +183,9 @@ def _options(rs: RowSet, chains, deadline, threads, override: dict | None = None
     n_rows = rs.rows.size
     k = chains or max(1, min(int(rs.keys.sum(1).max()) // 16, most // max(n_rows, 1)))
     block = _NESTED_BLOCK if order == "key" else None
-    options = EngineOptions(threads=threads, order=order, chains_per_row=k, block=block,
-                            deadline=deadline)  # fmt: skip
+    options = EngineOptions(
+        threads=threads, order=order, chains_per_row=k, block=block, deadline=deadline
+    )
     return dataclasses.replace(options, **(override or {}))
 
 
@@ -245,8 +246,9 @@ def _pieces(rs: RowSet, pieces: int) -> list[RowSet]:
 def _rows_of(rs: RowSet, s: int, e: int) -> RowSet:
     """Rows s..e−1 of a row set whose rows share A."""
     movable = None if rs.movable is None else rs.movable[s:e]
-    return RowSet(rs.rows[s:e], rs.keys[s:e], rs.raw[s:e], rs.aq, rs.paper_basis,
-                  rs.null_dim[s:e], movable)  # fmt: skip
+    return RowSet(
+        rs.rows[s:e], rs.keys[s:e], rs.raw[s:e], rs.aq, rs.paper_basis, rs.null_dim[s:e], movable
+    )
 
 
 def pool_plan(workers: int, n_jobs: int, n_rows: int) -> tuple[int, int]:
@@ -264,8 +266,9 @@ def pool_plan(workers: int, n_jobs: int, n_rows: int) -> tuple[int, int]:
     return pool_size, (2 * splits if splits > 1 else 1)
 
 
-def solve_jobs(trace, jobs, row_list, key_mask, chains, plan, deadline, budget, start, bar,
-               threads=1):  # fmt: skip
+def solve_jobs(
+    trace, jobs, row_list, key_mask, chains, plan, deadline, budget, start, bar, threads=1
+):
     """Per job, the list of (light row set, result) pairs; one line if the budget runs out.
     `threads`: the engine's threads per row set (1 with worker processes)."""
     done = 0
@@ -369,8 +372,15 @@ def check_budget(trace, job, rows, key_mask, n_rows, workers, budget, start, thr
     what = f"layer {job[0]}, head {job[1]}"
     t0 = time.time()
     try:  # the probe may use the budget and half its 10 % slack, no more
-        _solve_head((head_rows(trace, job[0], job[1], [probe], key_mask=key_mask), None, what,
-                     start + 1.05 * budget, threads))  # fmt: skip
+        _solve_head(
+            (
+                head_rows(trace, job[0], job[1], [probe], key_mask=key_mask),
+                None,
+                what,
+                start + 1.05 * budget,
+                threads,
+            )
+        )
         cut = False
     except OutOfTime:
         cut = True

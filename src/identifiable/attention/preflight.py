@@ -146,11 +146,14 @@ def scan_bytes(
 def check_effective(need: int, memory_budget: int | None, device: torch.device) -> None:
     """`effective_attention`'s refusal (`effective_bytes` over the budget), in one line."""
     check_analysis(
-        need, memory_budget, "effective_attention", device=device,
+        need,
+        memory_budget,
+        "effective_attention",
+        device=device,
         python="choose fewer layers or heads (layers=, heads=), stream layers with "
         "iter_effective_attention, or scan per-head statistics with identifiable.scan",
         cli="shorten the text, or scan per-head statistics with identifiable scan",
-    )  # fmt: skip
+    )
 
 
 def check_intervals(
@@ -158,7 +161,9 @@ def check_intervals(
 ) -> None:
     """`interval_map`'s refusal (`interval_bytes` over the budget), in one line."""
     check_analysis(
-        interval_bytes(trace, n_layers, n_heads, rows, processes), budget, "interval_map",
+        interval_bytes(trace, n_layers, n_heads, rows, processes),
+        budget,
+        "interval_map",
         python="choose fewer layers, heads or rows (layers=, heads=, rows=)",
         cli="choose a layer, a head or a row (--layer, --head, --row) or raise --memory-budget",
-    )  # fmt: skip
+    )

@@ -155,11 +155,15 @@ class ScanResult(
         tokens = list(self.kept_tokens[k]) if self.kept_tokens else None
         sel = {"layers": (key[1],), "heads": (key[2],)}
         ns = NullSpace(
-            self.kept_rank[k, :n][None, None], self.kept_dim[k, :n][None, None],
+            self.kept_rank[k, :n][None, None],
+            self.kept_dim[k, :n][None, None],
             self.kept_dim_stochastic[k, :n][None, None],
-            self.kept_full_row_rank[k].reshape(1, 1), self.is_causal, tokens, self.model_name,
+            self.kept_full_row_rank[k].reshape(1, 1),
+            self.is_causal,
+            tokens,
+            self.model_name,
             **sel,
-        )  # fmt: skip
+        )
         raw = self.kept_raw[k, :n, :n][None, None]
         eff = self.kept_effective[k, :n, :n][None, None]
         return EffectiveAttention(raw, eff, self.variant, ns, tokens, None, self.model_name, **sel)
@@ -246,18 +250,24 @@ class LayerScanner:
             raw = trace.attentions[0]
             eff = torch.empty(raw.shape, dtype=plan.dtype, device=raw.device)
             rows = max(256, _CHUNK // raw.shape[-1])
-            project_layer(raw, plan.variant, bases, (dim, dim_s), eff, plan.dtype, view.layer,
-                          small, rows)  # fmt: skip
+            project_layer(
+                raw, plan.variant, bases, (dim, dim_s), eff, plan.dtype, view.layer, small, rows
+            )
             del bases
             dims = dim if plan.variant == "paper" else dim_s
-            into.stats[li, slots] = head_statistics(raw, eff, dims, plan.sink, view.window,
-                                                    trace.is_causal)  # fmt: skip
+            into.stats[li, slots] = head_statistics(
+                raw, eff, dims, plan.sink, view.window, trace.is_causal
+            )
             for i, s in enumerate(slots):
                 if (view.layer, plan.heads[s]) in plan.keep:
                     into.kept[(view.layer, plan.heads[s])] = (
-                        raw[i].float().cpu(), eff[i].float().cpu(), rank[i].cpu(),
-                        dim[i].cpu(), dim_s[i].cpu(), sel.full_row_rank[0, i].cpu(),
-                    )  # fmt: skip
+                        raw[i].float().cpu(),
+                        eff[i].float().cpu(),
+                        rank[i].cpu(),
+                        dim[i].cpu(),
+                        dim_s[i].cpu(),
+                        sel.full_row_rank[0, i].cpu(),
+                    )
             del trace, raw, eff
 
     def _layer_factors(self, view: LayerView) -> tuple[Tensor, Tensor, Tensor]:

@@ -29,9 +29,8 @@ def pearson_sums(x: Tensor, y: Tensor, mask: Tensor | None = None) -> Tensor:
     # Flat float64 dot products: no [H, n, n] temporaries beyond the float64 copies.
     x, y = x.double().reshape(-1), y.double().reshape(-1)
     return torch.stack(
-        [torch.tensor(float(x.numel()), dtype=torch.float64), x.sum(), y.sum(),
-         x @ x, y @ y, x @ y]
-    )  # fmt: skip
+        [torch.tensor(float(x.numel()), dtype=torch.float64), x.sum(), y.sum(), x @ x, y @ y, x @ y]
+    )
 
 
 def pearson_from_sums(s: Tensor) -> float:

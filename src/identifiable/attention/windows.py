@@ -78,8 +78,11 @@ class WindowSolve:
         failed: list[Tensor] = []
         for size in sorted({min(b, n - int(s)) for s in starts}):
             group = starts[torch.clamp(n - starts, max=b) == size]
-            ok, blocks = _certified(x, w, size, group) if size > 1 and w - size + 1 >= m else (
-                torch.zeros(group.numel(), dtype=torch.bool, device=dev), None)  # fmt: skip
+            ok, blocks = (
+                _certified(x, w, size, group)
+                if size > 1 and w - size + 1 >= m
+                else (torch.zeros(group.numel(), dtype=torch.bool, device=dev), None)
+            )
             if blocks is not None and bool(ok.any()):
                 self.blocks.append(_take(blocks, ok))
                 for s in group[ok].tolist():

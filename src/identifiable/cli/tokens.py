@@ -28,9 +28,16 @@ MAX_BATCH = 1024
 MAX_TOKENS = 2**31 - 1
 
 _COLUMNS = [
-    (p, o) for p, o in (("naive", "l2"), ("naive", "cos"), ("linear", "l2"), ("linear", "cos"),
-                        ("mlp", "l2"), ("mlp", "cos"))
-]  # fmt: skip
+    (p, o)
+    for p, o in (
+        ("naive", "l2"),
+        ("naive", "cos"),
+        ("linear", "l2"),
+        ("linear", "cos"),
+        ("mlp", "l2"),
+        ("mlp", "cos"),
+    )
+]
 
 
 # the files of identifiable.tokens.cache: token-pairs-<16 hex>.safetensors and .json
@@ -200,9 +207,11 @@ def _announce_cost(model, cap: int, layers: list[int] | None) -> None:
     while fits > 1 and available is not None and memory_bytes(model, fits, workers) > available:
         fits //= 2
     check_memory(
-        memory_bytes(model, cap, workers), available, f"--max-tokens {cap}",
+        memory_bytes(model, cap, workers),
+        available,
+        f"--max-tokens {cap}",
         f"lower --max-tokens to {fits} or less",
-    )  # fmt: skip
+    )
     estimate = tokens_estimate(model, cap, n_layers, torch.get_num_threads())
     err_console.print(
         estimate.sentence(f"tokens on {model.info.name}, {cap} tokens"), soft_wrap=True

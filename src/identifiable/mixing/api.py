@@ -207,10 +207,12 @@ def context_mixing(
     n = len(inputs.encoding)
     info = model.info
     check_analysis(
-        4 * info.n_layers * n * n * (info.n_heads + 8), memory_budget,
-        f"context mixing by {method}", python="shorten the text",
+        4 * info.n_layers * n * n * (info.n_heads + 8),
+        memory_budget,
+        f"context mixing by {method}",
+        python="shorten the text",
         cli="shorten the text or raise --memory-budget",
-    )  # fmt: skip
+    )
     shown = watching() if progress is None else bool(progress)
     with status(f"context mixing by {method} …", enabled=shown):
         layerwise, rolled, meta = spec.compute(inputs, opts)
@@ -445,9 +447,14 @@ def _hta(x: _Inputs, opts: dict[str, Any]) -> Computed:
     from identifiable.attribution import hidden_token_attribution
 
     res = hidden_token_attribution(
-        x.model, x.text, opts["probes"], seed=int(opts["seed"]), truncate=x.truncate,
-        memory_budget=opts["memory_budget"], progress=False,
-    )  # fmt: skip
+        x.model,
+        x.text,
+        opts["probes"],
+        seed=int(opts["seed"]),
+        truncate=x.truncate,
+        memory_budget=opts["memory_budget"],
+        progress=False,
+    )
     meta = {"n_jvps": res.n_jvps, "mode": "exact" if opts["probes"] is None else "estimated"}
     return res.contributions.double(), None, meta
 

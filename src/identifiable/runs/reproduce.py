@@ -218,9 +218,16 @@ def _prepare(
 
 
 def _run(
-    work: Path, world: Any, m: Any, items: list[Any], plan: Budget, seed: int,
-    settings: dict[str, Any], bars: Any, t_start: float,
-) -> tuple[list[Path], dict[str, Any] | None, dict[str, float]]:  # fmt: skip
+    work: Path,
+    world: Any,
+    m: Any,
+    items: list[Any],
+    plan: Budget,
+    seed: int,
+    settings: dict[str, Any],
+    bars: Any,
+    t_start: float,
+) -> tuple[list[Path], dict[str, Any] | None, dict[str, float]]:
     """Every stage (shared by the ranks), then on rank 0 the report in `work`: (files,
     summary, timings); ([], None, timings) on the other ranks."""
     barrier(world, "out-ready")

@@ -112,16 +112,18 @@ def scan(
     kept = check_keep(keep, sorted(chosen), head_list)
     encs = [encode(model, item, max_tokens) for item in items]
     check_sink(sink, encs)
-    plan = make_plan(model, encs, sorted(chosen), head_list, sink, kept, variant, where,
-                     memory_budget)  # fmt: skip
+    plan = make_plan(
+        model, encs, sorted(chosen), head_list, sink, kept, variant, where, memory_budget
+    )
     previews = [_preview(item) for item in items]
     stage = scan_stage(model, encs, plan, previews)
     shown = _shown(progress)
     if out is None:
         return _run_here(model, stage, plan, where, picked is None, shown)
     settings = _settings(model, items, plan, max_tokens)
-    return _run_into(Path(out), model, stage, plan, settings, where, picked is None, resume,
-                     force, shown)  # fmt: skip
+    return _run_into(
+        Path(out), model, stage, plan, settings, where, picked is None, resume, force, shown
+    )
 
 
 def _run_here(
@@ -155,8 +157,12 @@ def check_device(model: Any, device: str | torch.device | None) -> torch.device:
         raise IdentifiableError(
             f"unknown device {device!r}: use cpu, cuda, cuda:N or mps"
         ) from None
-    matches = [d for d in on if torch.device(d).type == want.type and (
-        want.index is None or torch.device(d).index in (want.index, None))]  # fmt: skip
+    matches = [
+        d
+        for d in on
+        if torch.device(d).type == want.type
+        and (want.index is None or torch.device(d).index in (want.index, None))
+    ]
     if not matches:
         raise IdentifiableError(
             f"the model is on {', '.join(on)}, not on {want}: the scan runs where the model's "
@@ -211,9 +217,11 @@ def encode(model: Any, item: Any, max_tokens: int | None) -> Any:
         return enc
     tt = enc.token_type_ids
     return Encoding(
-        enc.input_ids[:max_tokens], list(enc.tokens[:max_tokens]),
-        enc.n_dropped + len(enc) - max_tokens, None if tt is None else tt[:max_tokens],
-    )  # fmt: skip
+        enc.input_ids[:max_tokens],
+        list(enc.tokens[:max_tokens]),
+        enc.n_dropped + len(enc) - max_tokens,
+        None if tt is None else tt[:max_tokens],
+    )
 
 
 def check_sink(sink: Any, encs: Sequence[Any]) -> None:
@@ -227,10 +235,16 @@ def check_sink(sink: Any, encs: Sequence[Any]) -> None:
 
 
 def make_plan(
-    model: Any, encs: Sequence[Any], layers: list[int], heads: list[int], sink: int,
-    keep: frozenset[tuple[int, int]], variant: str, device: torch.device,
+    model: Any,
+    encs: Sequence[Any],
+    layers: list[int],
+    heads: list[int],
+    sink: int,
+    keep: frozenset[tuple[int, int]],
+    variant: str,
+    device: torch.device,
     memory_budget: int | None,
-) -> ScanPlan:  # fmt: skip
+) -> ScanPlan:
     """The plan, with heads per group chosen and the memory checked (one line if it cannot
     fit): on a CUDA device the forward pass and one group against its free memory and the
     kept maps against host memory; elsewhere all of it against host memory."""
@@ -245,8 +259,9 @@ def make_plan(
     spare = (free if free is not None else 1 << 62) - need.total(room is None)
     per_head = need.per_head
     heads_per_kv = model.info.n_heads // model.info.n_kv_heads
-    group = plan_groups(per_head, min(spare + per_head, max(per_head, need.forward // 4)),
-                        heads_per_kv)  # fmt: skip
+    group = plan_groups(
+        per_head, min(spare + per_head, max(per_head, need.forward // 4)), heads_per_kv
+    )
     need = scan_bytes(model, n, layers, heads, dtype, group=group, kept_maps=kept_maps)
     python = "keep fewer maps (keep=), scan fewer heads (heads=) or shorter texts (max_tokens=)"
     cli = "keep fewer maps (--keep), scan fewer heads (--heads) or shorter texts (--max-tokens)"
@@ -291,9 +306,17 @@ def _settings(model: Any, items: list[Any], plan: ScanPlan, max_tokens: int | No
 
 
 def _run_into(
-    out: Path, model: Any, stage: Any, plan: ScanPlan, settings: dict, device: torch.device,
-    all_heads: bool, resume: bool, force: bool, shown: bool,
-) -> ScanResult:  # fmt: skip
+    out: Path,
+    model: Any,
+    stage: Any,
+    plan: ScanPlan,
+    settings: dict,
+    device: torch.device,
+    all_heads: bool,
+    resume: bool,
+    force: bool,
+    shown: bool,
+) -> ScanResult:
     """The scan through `out`'s shard cache (resumable, shared by torchrun's ranks); rank 0
     writes the files, every rank returns the result."""
     world = join(str(device))

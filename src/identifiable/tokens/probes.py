@@ -180,8 +180,14 @@ class Probe:
 
 
 _TENSOR_FIELDS = (
-    "weight", "bias", "in_mean", "in_scale", "hidden_in", "hidden_bias", "hidden_out",
-)  # fmt: skip
+    "weight",
+    "bias",
+    "in_mean",
+    "in_scale",
+    "hidden_in",
+    "hidden_bias",
+    "hidden_out",
+)
 STILL_IMPROVING = 0.01  # a capped fit whose late gain exceeds this had not converged
 
 

@@ -72,8 +72,10 @@ def loads(call: Callable[[], object]) -> bool:
     try:
         call()
     except Exception as err:  # numba's unpickling of its index and data files
-        warn_once(f"the engine's cache in {folder()} could not be read ({type(err).__name__}); "
-                  "rebuilding it")  # fmt: skip
+        warn_once(
+            f"the engine's cache in {folder()} could not be read ({type(err).__name__}); "
+            "rebuilding it"
+        )
         clear()
         return False
     return True

@@ -72,16 +72,28 @@ def _tiny() -> tuple:
     types every problem has."""
     m = n = 1
     ints = np.zeros(1, dtype=np.int64)
-    prob = state.Problem(np.zeros((1, m, n)), np.zeros((1, n, m)), np.zeros((1, m)),
-                         np.ones((1, n), bool), np.zeros((2, m, panels.WIDTH), np.float32),
-                         np.zeros((n, m), np.float32))  # fmt: skip
-    shared = state.Shared(np.zeros((1, n)), np.zeros((1, n)), np.zeros((1, n), bool),
-                          np.zeros((1, n)), np.zeros(1), np.zeros((1, m), dtype=np.int64),
-                          ints.copy(), ints.copy())  # fmt: skip
-    tasks = state.Tasks(ints[:0], ints[:0], ints.copy(), ints[:0], ints[:0],
-                        np.zeros((1, n), bool))  # fmt: skip
-    certs = state.Certs(ints[:0], ints[:0], ints[:0], np.zeros((0, m), dtype=np.int64),
-                        np.zeros((0, m)))  # fmt: skip
+    prob = state.Problem(
+        np.zeros((1, m, n)),
+        np.zeros((1, n, m)),
+        np.zeros((1, m)),
+        np.ones((1, n), bool),
+        np.zeros((2, m, panels.WIDTH), np.float32),
+        np.zeros((n, m), np.float32),
+    )
+    shared = state.Shared(
+        np.zeros((1, n)),
+        np.zeros((1, n)),
+        np.zeros((1, n), bool),
+        np.zeros((1, n)),
+        np.zeros(1),
+        np.zeros((1, m), dtype=np.int64),
+        ints.copy(),
+        ints.copy(),
+    )
+    tasks = state.Tasks(ints[:0], ints[:0], ints.copy(), ints[:0], ints[:0], np.zeros((1, n), bool))
+    certs = state.Certs(
+        ints[:0], ints[:0], ints[:0], np.zeros((0, m), dtype=np.int64), np.zeros((0, m))
+    )
     config = state.Config(1, 1, 0, 0, 1, 1, 1, 1e-6, 1)
     return prob, shared, state.new_slots(1, m, n), tasks, certs, state.new_counters(1), config
 

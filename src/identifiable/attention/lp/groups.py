@@ -67,8 +67,14 @@ def run(prob, b: Bounds, tasks: list, row_order: bool, what: str, options: Engin
     from identifiable.attention.lp.loading import ensure_compiled
 
     ensure_compiled()
-    groups = max(1, min(int(options.threads), len(tasks) // options.thread_chains,
-                        options.thread_copy_bytes // max(1, copy_bytes(b))))  # fmt: skip
+    groups = max(
+        1,
+        min(
+            int(options.threads),
+            len(tasks) // options.thread_chains,
+            options.thread_copy_bytes // max(1, copy_bytes(b)),
+        ),
+    )
     split = [tasks[g::groups] for g in range(groups)]
     with one_blas_thread():  # the GEMMs of a step are small: BLAS threads would only spin
         if groups == 1:
@@ -79,8 +85,9 @@ def run(prob, b: Bounds, tasks: list, row_order: bool, what: str, options: Engin
 
         def one(g: int) -> None:
             try:
-                run_group(prob, parts[g], split[g], row_order, what, options,
-                          options.batch(groups), stop)  # fmt: skip
+                run_group(
+                    prob, parts[g], split[g], row_order, what, options, options.batch(groups), stop
+                )
             except BaseException:
                 stop.set()
                 raise
@@ -100,9 +107,21 @@ def copy(b: Bounds) -> Bounds:
     the task that owns it, so the threads never touch the same element), the rest its own
     (what the visited points prove, which the kernel also reads, and the counts), so that
     no group's path depends on another's timing."""
-    return Bounds(b.raw, b.lower, b.upper, b.zero_seen.copy(), b.seen_max.copy(), b.total,
-                  b.start.copy(), None if b.vertices is None else {}, b.solved.copy(),
-                  b.pivots.copy(), b.fallbacks.copy(), [], b.sample)  # fmt: skip
+    return Bounds(
+        b.raw,
+        b.lower,
+        b.upper,
+        b.zero_seen.copy(),
+        b.seen_max.copy(),
+        b.total,
+        b.start.copy(),
+        None if b.vertices is None else {},
+        b.solved.copy(),
+        b.pivots.copy(),
+        b.fallbacks.copy(),
+        [],
+        b.sample,
+    )
 
 
 def copy_bytes(b: Bounds) -> int:
@@ -130,8 +149,16 @@ def merge(b: Bounds, parts: list[Bounds]) -> None:
         b.certs += p.certs
 
 
-def run_group(prob, b: Bounds, tasks: list, row_order: bool, what: str,
-              options: EngineOptions, chain_bytes: int, stop) -> None:  # fmt: skip
+def run_group(
+    prob,
+    b: Bounds,
+    tasks: list,
+    row_order: bool,
+    what: str,
+    options: EngineOptions,
+    chain_bytes: int,
+    stop,
+) -> None:
     """The chains of `tasks` in one compiled lock step, with HiGHS for the LPs it hands
     back; every options.steps_per_call steps the deadline (and `stop`, set when another
     group failed) is checked."""
@@ -143,11 +170,11 @@ def run_group(prob, b: Bounds, tasks: list, row_order: bool, what: str,
     # pass slows down, so at most chain_bytes of them run at once.
     slots = new_slots(min(len(tasks), max(1, chain_bytes // (8 * m * m))), m, n)
     cfg = lockstep.config(options, m, row_order)
-    shared = Shared(b.lower, b.upper, b.zero_seen, b.seen_max, b.total, b.start, b.solved,
-                    b.pivots)  # fmt: skip
+    shared = Shared(b.lower, b.upper, b.zero_seen, b.seen_max, b.total, b.start, b.solved, b.pivots)
     while True:
-        code = compiled.entry(options.borrow)(prob, shared, slots, work, certs, counters, cfg,
-                                              options.steps_per_call)  # fmt: skip
+        code = compiled.entry(options.borrow)(
+            prob, shared, slots, work, certs, counters, cfg, options.steps_per_call
+        )
         if code == lockstep.DONE:
             break
         if code == lockstep.SINGULAR:  # never seen: pivots keep |α_rq| > PIVOT_TOL
@@ -175,17 +202,27 @@ def _tasks(prob, b: Bounds, tasks: list, row_order: bool) -> tuple:
     if row_order:
         pool[rows, keys] = True
     room = rows.size if b.sample < 0 else b.sample
-    certs = Certs(np.zeros(room, dtype=np.int64), np.zeros(room, dtype=np.int64),
-                  np.zeros(room, dtype=np.int64), np.zeros((room, m), dtype=np.int64),
-                  np.zeros((room, m)))  # fmt: skip
+    certs = Certs(
+        np.zeros(room, dtype=np.int64),
+        np.zeros(room, dtype=np.int64),
+        np.zeros(room, dtype=np.int64),
+        np.zeros((room, m), dtype=np.int64),
+        np.zeros((room, m)),
+    )
     counters = new_counters(max(1, rows.size // room) if room else 1)
     return Tasks(rows[offsets[:-1]], senses, offsets, rows, keys, pool), counters, certs
 
 
 def _keep(b: Bounds, certs: Certs, used: int, n: int) -> None:
     """The certificates (and witnesses) a group recorded, into b."""
-    b.certs.append((certs.rows[:used].copy(), certs.keys[:used].copy(),
-                    certs.senses[:used].copy(), certs.bases[:used].copy()))  # fmt: skip
+    b.certs.append(
+        (
+            certs.rows[:used].copy(),
+            certs.keys[:used].copy(),
+            certs.senses[:used].copy(),
+            certs.bases[:used].copy(),
+        )
+    )
     if b.vertices is None:
         return
     for t in range(used):

@@ -124,8 +124,14 @@ class LinprogModel:
         idx = np.flatnonzero(self.keys)
         c = np.zeros(idx.size)
         c[np.searchsorted(idx, j)] = -float(s)
-        res = linprog(c, A_eq=self.a[:, idx], b_eq=self.b, bounds=(0, None), method="highs",
-                      options=LP_OPTIONS)  # fmt: skip
+        res = linprog(
+            c,
+            A_eq=self.a[:, idx],
+            b_eq=self.b,
+            bounds=(0, None),
+            method="highs",
+            options=LP_OPTIONS,
+        )
         if res.status != 0 or res.x is None:
             raise IdentifiableError(f"the LP solver (HiGHS) failed while {what}: {res.message}")
         x = np.zeros(self.keys.size)
@@ -149,9 +155,17 @@ class _Row:
     solved: int = 0
 
 
-def highs_bounds(aq: np.ndarray, raw: np.ndarray, allowed: np.ndarray, movable: np.ndarray, *,
-                 what: str = "", deadline: float | None = None, vertices: dict | None = None,
-                 threads: int = 1) -> tuple:  # fmt: skip
+def highs_bounds(
+    aq: np.ndarray,
+    raw: np.ndarray,
+    allowed: np.ndarray,
+    movable: np.ndarray,
+    *,
+    what: str = "",
+    deadline: float | None = None,
+    vertices: dict | None = None,
+    threads: int = 1,
+) -> tuple:
     """Min and max of every movable x_j over each row's P, by HiGHS.
 
     Args: as `BoundProblem` (aq `[R or 1, m, n]`, raw, allowed, movable
@@ -165,8 +179,11 @@ def highs_bounds(aq: np.ndarray, raw: np.ndarray, allowed: np.ndarray, movable: 
     solved = np.zeros(raw.shape[0], dtype=np.int64)
     rows = np.flatnonzero(movable.any(1))
     parts = max(1, -(-int(threads) // max(rows.size, 1)))  # key parts per row
-    jobs = [(int(q), movable[q] & (np.cumsum(movable[q]) % parts == p))
-            for q in rows for p in range(parts)]  # fmt: skip
+    jobs = [
+        (int(q), movable[q] & (np.cumsum(movable[q]) % parts == p))
+        for q in rows
+        for p in range(parts)
+    ]
     local = threading.local()
     found: list[tuple] = [() for _ in jobs]
 
@@ -195,8 +212,16 @@ def highs_bounds(aq: np.ndarray, raw: np.ndarray, allowed: np.ndarray, movable: 
     return np.minimum(lower, raw), np.maximum(upper, raw), solved, _pack(certs, aq.shape[1])
 
 
-def _bound_row(model, q: int, raw: np.ndarray, allowed: np.ndarray, keys: np.ndarray,
-               what: str, deadline: float | None, vertices: dict | None) -> tuple:  # fmt: skip
+def _bound_row(
+    model,
+    q: int,
+    raw: np.ndarray,
+    allowed: np.ndarray,
+    keys: np.ndarray,
+    what: str,
+    deadline: float | None,
+    vertices: dict | None,
+) -> tuple:
     """The bounds of the keys `keys` of row q (raw `[n]`, key set allowed `[n]`) on a model:
     (lower, upper `[n]`, LPs solved, certificates as (row, key, sense, basis))."""
     model.load(model.a @ raw, allowed)

@@ -98,9 +98,13 @@ def start_warming() -> None:
         flag.write_text(str(os.getpid()))  # taken before the process starts
     except OSError:
         return
-    warmer = subprocess.Popen([sys.executable, "-m", "identifiable.attention.lp.warm", "--quiet"],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    warmer = subprocess.Popen(
+        [sys.executable, "-m", "identifiable.attention.lp.warm", "--quiet"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     _warmers.append(warmer)
     with contextlib.suppress(OSError):
         flag.write_text(str(warmer.pid))

@@ -71,10 +71,28 @@ def borrowed(typingctx, arrays):
 def view(slots, c):
     """Slot c's `Chain`: a view of every state array's row c (inlined: numba returns no
     record, `state`, from a function)."""
-    return Chain(slots.basis[c], slots.pos[c], slots.blocked[c], slots.binv[c], slots.xb[c],
-                 slots.d[c], slots.gamma[c], slots.state[c], slots.prow[c], slots.v[c],
-                 slots.col[c], slots.ratios[c], slots.rho[c], slots.av[c], slots.scores[c],
-                 slots.trow[c], slots.xr[c], slots.yr[c], slots.rx[c], slots.ry[c])  # fmt: skip
+    return Chain(
+        slots.basis[c],
+        slots.pos[c],
+        slots.blocked[c],
+        slots.binv[c],
+        slots.xb[c],
+        slots.d[c],
+        slots.gamma[c],
+        slots.state[c],
+        slots.prow[c],
+        slots.v[c],
+        slots.col[c],
+        slots.ratios[c],
+        slots.rho[c],
+        slots.av[c],
+        slots.scores[c],
+        slots.trow[c],
+        slots.xr[c],
+        slots.yr[c],
+        slots.rx[c],
+        slots.ry[c],
+    )
 
 
 @jit
@@ -323,8 +341,7 @@ def _phase3(prob, shared, slots, cfg, buf, z2, single):
             continue
         ch = view(slots, c)
         if not is_shared:
-            kernel.pivot_pricing(prob.allowed, ch, st.leave, st.enter, ch.col, ch.rho, ch.av,
-                                 steep)  # fmt: skip
+            kernel.pivot_pricing(prob.allowed, ch, st.leave, st.enter, ch.col, ch.rho, ch.av, steep)
         else:
             finish_pivot(prob.allowed, ch, z2, steep, 1 if single else 0)
         shared.pivots[st.row] += 1
@@ -392,9 +409,14 @@ def run_steps(prob, shared, slots, tasks, certs, counters, cfg, budget):
     n_slots, m = slots.basis.shape
     n = slots.d.shape[1]
     rows = panels.rows_padded(2 * n_slots)  # whole tiles: `panels`
-    buf = Buffers(np.empty((m, m)), np.empty((n_slots, m)), np.empty((2 * n_slots, m)),
-                  np.zeros((rows, m), np.float32), np.empty(2 * n_slots * n),
-                  np.empty((rows, panels.WIDTH * prob.a32.shape[0]), np.float32))  # fmt: skip
+    buf = Buffers(
+        np.empty((m, m)),
+        np.empty((n_slots, m)),
+        np.empty((2 * n_slots, m)),
+        np.zeros((rows, m), np.float32),
+        np.empty(2 * n_slots * n),
+        np.empty((rows, panels.WIDTH * prob.a32.shape[0]), np.float32),
+    )
     cnt = counters[0]
     for i in range(budget + 1):
         code = _refill(prob, shared, slots, tasks, cfg, cnt, buf.work)
@@ -411,11 +433,14 @@ def config(options, m: int, row_order: bool) -> Config:
     return Config(
         cap=max(options.pivots_per_lp, options.pivots_per_m * m),
         refactor=max(options.refactor_every, options.refactor_per_m * m),
-        steep=int(row_order), pool=options.pool_rule if row_order else 0,
-        refine=int(options.refine), single=options.single_min_keys,
-        drift_steps=options.drift_steps, drift_gain=options.drift_gain,
+        steep=int(row_order),
+        pool=options.pool_rule if row_order else 0,
+        refine=int(options.refine),
+        single=options.single_min_keys,
+        drift_steps=options.drift_steps,
+        drift_gain=options.drift_gain,
         packed=int(options.packed_product),
-    )  # fmt: skip
+    )
 
 
 def waiting(slots):

@@ -138,8 +138,11 @@ class EngineOptions:
     borrow: bool = True
 
     def __post_init__(self) -> None:
-        choices = {"backend": ("auto", "engine", "highs"), "order": ("auto", "key", "row"),
-                   "verify": ("sample", "all", "off")}  # fmt: skip
+        choices = {
+            "backend": ("auto", "engine", "highs"),
+            "order": ("auto", "key", "row"),
+            "verify": ("sample", "all", "off"),
+        }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, not {getattr(self, name)!r}")

@@ -114,8 +114,10 @@ def _load_panels(builder, ap_a, p0, m, i) -> list:
     """A's row i of panels p0 and p0 + 1 (ap[p0 + w, i, :]), as vectors."""
     panel = []
     for w in range(2):
-        base = builder.mul(builder.add(builder.mul(builder.add(p0, ir.Constant(_I64, w)), m), i),
-                           ir.Constant(_I64, WIDTH))  # fmt: skip
+        base = builder.mul(
+            builder.add(builder.mul(builder.add(p0, ir.Constant(_I64, w)), m), i),
+            ir.Constant(_I64, WIDTH),
+        )
         for h in range(WIDTH // LANES):
             ptr = builder.gep(ap_a.data, [builder.add(base, ir.Constant(_I64, h * LANES))])
             panel.append(builder.load(builder.bitcast(ptr, _VEC.as_pointer()), align=4))

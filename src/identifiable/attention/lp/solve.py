@@ -140,8 +140,9 @@ def _finish(problem, options, b: Bounds, groups: tuple) -> IntervalSolution:
     certs = _certificates(b.certs, problem.aq.shape[1])
     if options.verify != "off":
         check(problem, lower, upper, certs)
-    return IntervalSolution(lower, upper, b.solved, b.pivots, b.fallbacks, b.vertices, certs,
-                            "engine", groups)  # fmt: skip
+    return IntervalSolution(
+        lower, upper, b.solved, b.pivots, b.fallbacks, b.vertices, certs, "engine", groups
+    )
 
 
 def _highs(problem: BoundProblem, options: EngineOptions) -> IntervalSolution:
@@ -152,14 +153,21 @@ def _highs(problem: BoundProblem, options: EngineOptions) -> IntervalSolution:
     aq = np.require(problem.aq, np.float64, ["C"])
     raw = np.ascontiguousarray(problem.raw, dtype=np.float64)
     lower, upper, solved, certs = highs_bounds(
-        aq, raw, problem.allowed, problem.movable, what=problem.what,
-        deadline=options.deadline, vertices=vertices, threads=options.threads,
-    )  # fmt: skip
+        aq,
+        raw,
+        problem.allowed,
+        problem.movable,
+        what=problem.what,
+        deadline=options.deadline,
+        vertices=vertices,
+        threads=options.threads,
+    )
     keep = 2 * options.verify_sample
     if options.verify == "sample" and not options.keep_vertices and len(certs) > keep:
         pick = np.linspace(0, len(certs) - 1, keep).astype(np.int64)
-        certs = Certificates(certs.rows[pick], certs.keys[pick], certs.senses[pick],
-                             certs.bases[pick])  # fmt: skip
+        certs = Certificates(
+            certs.rows[pick], certs.keys[pick], certs.senses[pick], certs.bases[pick]
+        )
     if options.verify != "off":
         check(problem, lower, upper, certs)
     zeros = np.zeros(raw.shape[0], dtype=np.int64)
@@ -218,9 +226,21 @@ def _start(problem: BoundProblem, rows_live: np.ndarray, options: EngineOptions)
         sample = -1
     elif options.verify == "off":
         sample = 0
-    b = Bounds(a, a.copy(), a.copy(), ~allowed, a.copy(), a.sum(1), start,
-               {} if options.keep_vertices else None, zeros, zeros.copy(), zeros.copy(),
-               [], sample)  # fmt: skip
+    b = Bounds(
+        a,
+        a.copy(),
+        a.copy(),
+        ~allowed,
+        a.copy(),
+        a.sum(1),
+        start,
+        {} if options.keep_vertices else None,
+        zeros,
+        zeros.copy(),
+        zeros.copy(),
+        [],
+        sample,
+    )
     if rows_live.size:
         from identifiable.attention.lp import loading
         from identifiable.attention.lp.crossover import crossover

@@ -95,10 +95,27 @@ def new_slots(n_slots: int, m: int, n: int) -> Slots:
     vm = lambda: np.zeros((n_slots, m))  # noqa: E731
     vn = lambda: np.zeros((n_slots, n))  # noqa: E731
     return Slots(
-        ints(m), np.full((n_slots, n), -1, dtype=np.int64), np.ones((n_slots, n), dtype=bool),
-        np.zeros((n_slots, m, m)), vm(), vn(), np.ones((n_slots, n)), state, vm(), vm(), vm(),
-        vm(), vn(), vn(), vn(), vn(), vm(), vm(), vm(), vm(),
-    )  # fmt: skip
+        ints(m),
+        np.full((n_slots, n), -1, dtype=np.int64),
+        np.ones((n_slots, n), dtype=bool),
+        np.zeros((n_slots, m, m)),
+        vm(),
+        vn(),
+        np.ones((n_slots, n)),
+        state,
+        vm(),
+        vm(),
+        vm(),
+        vm(),
+        vn(),
+        vn(),
+        vn(),
+        vn(),
+        vm(),
+        vm(),
+        vm(),
+        vm(),
+    )
 
 
 def new_counters(stride: int) -> np.ndarray:

@@ -63,15 +63,19 @@ class Certificates:
         return int(self.rows.size)
 
 
-def outer_failures(raw: np.ndarray, allowed: np.ndarray, lower: np.ndarray, upper: np.ndarray,
-                   tol: float = 1e-12) -> list[str]:  # fmt: skip
+def outer_failures(
+    raw: np.ndarray, allowed: np.ndarray, lower: np.ndarray, upper: np.ndarray, tol: float = 1e-12
+) -> list[str]:
     """Bounds that are not valid outer bounds by the points known without an LP (see the
     module docstring): `[R, n]` arrays; one line per failing row."""
     total = raw.sum(1, keepdims=True)
     bad = (
-        (lower < -tol) | (lower > raw + tol) | (upper < raw - tol) | (upper > total + tol)
+        (lower < -tol)
+        | (lower > raw + tol)
+        | (upper < raw - tol)
+        | (upper > total + tol)
         | (~allowed & ((lower != 0) | (upper != 0)))
-    )  # fmt: skip
+    )
     return [
         f"row {q}: key {int(np.flatnonzero(bad[q])[0])} has bounds "
         f"[{lower[q, np.flatnonzero(bad[q])[0]]:.6g}, {upper[q, np.flatnonzero(bad[q])[0]]:.6g}] "
@@ -80,9 +84,16 @@ def outer_failures(raw: np.ndarray, allowed: np.ndarray, lower: np.ndarray, uppe
     ]
 
 
-def certificate_failure(a_row: np.ndarray, raw: np.ndarray, allowed: np.ndarray, key: int,
-                        sense: int, basis: np.ndarray, bound: float,
-                        tol: Tolerances = Tolerances()) -> str | None:  # fmt: skip
+def certificate_failure(
+    a_row: np.ndarray,
+    raw: np.ndarray,
+    allowed: np.ndarray,
+    key: int,
+    sense: int,
+    basis: np.ndarray,
+    bound: float,
+    tol: Tolerances = Tolerances(),
+) -> str | None:
     """Why one LP's certificate fails (None: it holds). a_row `[m, n]` is A of the row,
     raw `[n]` its weights, allowed `[n]` its keys; the rest as `Certificates`."""
     m = a_row.shape[0]
@@ -122,9 +133,15 @@ def certificate_failure(a_row: np.ndarray, raw: np.ndarray, allowed: np.ndarray,
     return None
 
 
-def failures(aq: np.ndarray, raw: np.ndarray, allowed: np.ndarray, lower: np.ndarray,
-             upper: np.ndarray, certs: Certificates,
-             tol: Tolerances = Tolerances()) -> list[str]:  # fmt: skip
+def failures(
+    aq: np.ndarray,
+    raw: np.ndarray,
+    allowed: np.ndarray,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    certs: Certificates,
+    tol: Tolerances = Tolerances(),
+) -> list[str]:
     """Every failure of the reported bounds of rows raw `[R, n]` (A `[R or 1, m, n]`, key
     sets allowed `[R, n]`, bounds lower/upper `[R, n]`) and their certificates; [] when
     everything holds."""
