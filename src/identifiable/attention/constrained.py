@@ -274,9 +274,12 @@ def constrained_attention(
     # the rule of interval_map's rows= and the CLI's --row
     order = list(range(n)) if rows is None else indices(rows, n, "rows", "--row")
     check_analysis(
-        constrained_bytes(trace, len(order)), memory_budget, "constrained_attention",
-        python="ask for fewer rows (rows=)", cli="ask for one row (--row) or raise --memory-budget",
-    )  # fmt: skip
+        constrained_bytes(trace, len(order)),
+        memory_budget,
+        "constrained_attention",
+        python="ask for fewer rows (rows=)",
+        cli="ask for one row (--row) or raise --memory-budget",
+    )
     chunks, widths = _chunks(trace, layer, key_mask, order, rows is None, time_budget)
     budget = _Budget(time_budget, start, [])
     where = {r: i for i, r in enumerate(order)}
@@ -300,10 +303,10 @@ def constrained_attention(
                 budget.keys.append(int(np.count_nonzero(keys)))
                 bar.advance()
             budget.check(len(order), widths)
+    t_raw, t_eff, t_out, t_res = (torch.from_numpy(v) for v in (raw, eff, out, res))
     return ConstrainedAttention(
-        layer, head, tuple(order), reference, torch.from_numpy(raw), torch.from_numpy(eff),
-        torch.from_numpy(out), torch.from_numpy(res), tokens=list(trace.tokens),
-    )  # fmt: skip
+        layer, head, tuple(order), reference, t_raw, t_eff, t_out, t_res, tokens=list(trace.tokens)
+    )
 
 
 def _chunks(

@@ -130,9 +130,20 @@ def witness(
     sol = witness_lp(a[seen].numpy(), basis)
     if sol.weights is None:
         return Witness(
-            layer, head, row, False, sol.reason, a, None, None, 0.0, 0.0, 0.0, null_dim,
+            layer,
+            head,
+            row,
+            False,
+            sol.reason,
+            a,
+            None,
+            None,
+            0.0,
+            0.0,
+            0.0,
+            null_dim,
             tokens=list(trace.tokens),
-        )  # fmt: skip
+        )
     x = torch.zeros_like(a)
     x[seen] = torch.from_numpy(sol.weights)
     key = int(seen[int(sol.key)])  # type: ignore[arg-type]
@@ -311,27 +322,40 @@ def interval_map(
     start = time.time()
     heads = list(range(trace.n_heads)) if heads is None else heads
     jobs = [(lyr, h) for lyr in layers for h in heads]
-    # never more processes than cores, or than the memory left holds (issue: one per head)
-    workers = worker_count(
-        workers,
-        jobs=len(jobs) * len(row_list),
-        per_worker=_worker_bytes(trace),
-        available=available_memory(),
-    )
-    plan = pool_plan(workers, len(jobs), len(row_list))
-    check_intervals(trace, len(layers), len(heads), len(row_list), plan[0], memory_budget)
+    plan = _pool(trace, workers, len(jobs), len(row_list), len(layers), len(heads), memory_budget)
     if plan[0] > 1:  # worker processes run one thread each
         threads = 1
     parallel = plan[0]
     deadline = None if time_budget is None else start + 1.05 * time_budget
+    total = len(jobs) * len(row_list)
     if time_budget is not None:
-        check_budget(trace, jobs[0], row_list, key_mask, len(jobs) * len(row_list), parallel,
-                     time_budget, start, threads)  # fmt: skip
+        check_budget(
+            trace, jobs[0], row_list, key_mask, total, parallel, time_budget, start, threads
+        )
     shown = watching() if progress is None else progress
-    with task_bar("attention intervals (rows)", len(jobs) * len(row_list), enabled=shown) as bar:
-        solved = solve_jobs(trace, jobs, row_list, key_mask, chains_per_row, plan, deadline,
-                            time_budget, start, bar, threads)  # fmt: skip
+    work = (trace, jobs, row_list, key_mask, chains_per_row, plan, deadline, time_budget, start)
+    with task_bar("attention intervals (rows)", total, enabled=shown) as bar:
+        solved = solve_jobs(*work, bar, threads)
     return _assemble(trace, layers, heads, row_list, jobs, solved, start)
+
+
+def _pool(
+    trace: Trace,
+    workers: int,
+    jobs: int,
+    rows: int,
+    n_layers: int,
+    n_heads: int,
+    memory_budget: int | None,
+) -> tuple[int, int]:
+    """`pool_plan` of the map's jobs × rows: never more processes than cores, or than the
+    memory left holds; the map's memory checked for that many processes."""
+    workers = worker_count(
+        workers, jobs=jobs * rows, per_worker=_worker_bytes(trace), available=available_memory()
+    )
+    plan = pool_plan(workers, jobs, rows)
+    check_intervals(trace, n_layers, n_heads, rows, plan[0], memory_budget)
+    return plan
 
 
 # A spawned worker's resident memory once it has imported torch, numba and scipy (VmHWM of
@@ -393,6 +417,17 @@ def _assemble(trace, layers, heads, row_list, jobs, solved, start) -> IntervalMa
             pivots[li, hi, idx] = torch.from_numpy(piv)
             fallbacks += fb
     return IntervalMap(
-        tuple(layers), tuple(heads), tuple(row_list), raw, lower, upper, keys, null_dim,
-        lp_solved, pivots, fallbacks, time.time() - start, tokens=list(trace.tokens),
-    )  # fmt: skip
+        tuple(layers),
+        tuple(heads),
+        tuple(row_list),
+        raw,
+        lower,
+        upper,
+        keys,
+        null_dim,
+        lp_solved,
+        pivots,
+        fallbacks,
+        time.time() - start,
+        tokens=list(trace.tokens),
+    )

@@ -219,10 +219,20 @@ def _overview(name: str, tr: Any, variant: str, budget: int | None) -> dict:
             f"n = {tr.n_tokens} ≤ head width {tr.head_dim}: attention is identifiable here (A_eff = A)."
         )
     return {
-        "model": name, "tokens": tr.tokens, "n_tokens": tr.n_tokens, "head_dim": tr.head_dim,
-        "is_causal": tr.is_causal, "variant": variant, "layers": layers, "pearson_r": r_all,
-        "note": NOT_A_DISTRIBUTION, "truncated": tr.truncated,
-    }  # fmt: skip
+        "model": name,
+        "tokens": tr.tokens,
+        "n_tokens": tr.n_tokens,
+        "head_dim": tr.head_dim,
+        "is_causal": tr.is_causal,
+        "variant": variant,
+        "layers": layers,
+        "pearson_r": r_all,
+        "note": NOT_A_DISTRIBUTION,
+        "truncated": tr.truncated,
+    }
+
+
+WITNESS_FIELDS = ("exists", "reason", "key", "moved_mass", "total_variation", "output_residual")
 
 
 def _head_view(
@@ -252,13 +262,9 @@ def _head_view(
     table = Table(
         title=f"layer {layer}, head {head}, row {row} ({tr.tokens[row]!r}): {len(visible)} keys, dim LN([T,1]) = {iv.null_dim}"
     )
-    for col, just in (
-        ("key", "right"),
-        ("token", "left"),
-        ("raw", "right"),
-        ("effective", "right"),
-        ("interval", "center"),
-        ("witness", "right"),
+    columns = ("key", "token", "raw", "effective", "interval", "witness")
+    for col, just in zip(
+        columns, ("right", "left", "right", "right", "center", "right"), strict=True
     ):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     keys = []
@@ -266,9 +272,13 @@ def _head_view(
         wj = float(w.weights[j]) if w.weights is not None else None
         lo, hi = float(iv.lower[j]), float(iv.upper[j])
         table.add_row(
-            str(j), tr.tokens[j], f"{float(iv.raw[j]):.4f}", f"{float(eff[j]):+.4f}",
-            f"[{lo:.4f}, {hi:.4f}]", "—" if wj is None else f"{wj:.4f}",
-        )  # fmt: skip
+            str(j),
+            tr.tokens[j],
+            f"{float(iv.raw[j]):.4f}",
+            f"{float(eff[j]):+.4f}",
+            f"[{lo:.4f}, {hi:.4f}]",
+            "—" if wj is None else f"{wj:.4f}",
+        )
         keys.append(
             {
                 "index": j,
@@ -291,11 +301,14 @@ def _head_view(
         )
     else:
         console.print(f"no witness: {w.reason} — this row's weights are identifiable")
-    out.update({
-        "row": row, "null_dim": iv.null_dim, "keys": keys,
-        "witness": {"exists": w.exists, "reason": w.reason, "key": w.key, "moved_mass": w.moved_mass,
-                    "total_variation": w.total_variation, "output_residual": w.output_residual},
-    })  # fmt: skip
+    out.update(
+        {
+            "row": row,
+            "null_dim": iv.null_dim,
+            "keys": keys,
+            "witness": {k: getattr(w, k) for k in WITNESS_FIELDS},
+        }
+    )
     return out
 
 

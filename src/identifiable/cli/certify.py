@@ -86,41 +86,28 @@ def certify(
     layers = [layer] if layer is not None else None
     heads = [head] if head is not None else None
     rows = [row] if row is not None else None
-    imap = interval_map(tr, layers=layers, heads=heads, rows=rows, workers=workers,
-                        threads=threads, time_budget=time_budget, progress=True,
-                        memory_budget=budget)  # fmt: skip
+    imap = interval_map(
+        tr,
+        layers=layers,
+        heads=heads,
+        rows=rows,
+        workers=workers,
+        threads=threads,
+        time_budget=time_budget,
+        progress=True,
+        memory_budget=budget,
+    )
     records: dict[str, list[Any]] = {c: [] for c in COLUMNS}
     table = Table(
         title=f"{m.info.name}: {tr.n_tokens} tokens; intervals of valid rows with the same head "
         f"output ({imap.lps_solved} LPs, {imap.seconds:.1f} s)"
     )
-    for col in ("layer", "head", "rows", "dim LN([T,1])", "max width", "mean width",
-                f"identifiable (<{IDENTIFIABLE_WIDTH:g})", "movable mass", "L1 paper A_eff",
-                "L1 constrained"):  # fmt: skip
+    for col in (*TABLE_COLUMNS, f"identifiable (<{IDENTIFIABLE_WIDTH:g})", *TABLE_L1):
         table.add_column(col, justify="right")
     for li, lyr in enumerate(imap.layers):
         for hi, hd in enumerate(imap.heads):
             c = constrained_attention(tr, lyr, hd, rows=list(imap.rows), memory_budget=budget)
-            keys = imap.keys[li]
-            width = imap.width[li, hi]
-            for ri, q in enumerate(imap.rows):
-                ks = keys[ri].nonzero().flatten().tolist()
-                records["layer"] += [lyr] * len(ks)
-                records["head"] += [hd] * len(ks)
-                records["query"] += [q] * len(ks)
-                records["key"] += ks
-                records["raw"] += imap.raw[li, hi, ri, ks].tolist()
-                records["lower"] += imap.lower[li, hi, ri, ks].tolist()
-                records["upper"] += imap.upper[li, hi, ri, ks].tolist()
-                records["constrained"] += c.weights[ri, ks].tolist()
-            w = width[keys]
-            nd = imap.null_dim[li, hi].double()
-            table.add_row(
-                str(lyr), str(hd), str(len(imap.rows)), _span(nd), f"{float(w.max()):.4f}",
-                f"{float(w.mean()):.4f}", f"{float((w < IDENTIFIABLE_WIDTH).double().mean()):.1%}",
-                f"{float(imap.movable_mass[li, hi].mean()):.4f}",
-                f"{float(c.l1_effective.mean()):.4f}", f"{float(c.l1_constrained.mean()):.4f}",
-            )  # fmt: skip
+            table.add_row(*_head_row(imap, li, hi, c, records))
     console.print(whole_values(table))
     console.print(
         "width: upper − lower per key; movable mass: Σ (raw − lower), a bound on the mass any "
@@ -135,6 +122,38 @@ def certify(
         df = pd.DataFrame(records)
         write_atomic(out, table_bytes(df)[1], "--out", force=force)
         console.print(f"wrote {len(df)} rows to {out}")
+
+
+TABLE_COLUMNS = ("layer", "head", "rows", "dim LN([T,1])", "max width", "mean width")
+TABLE_L1 = ("movable mass", "L1 paper A_eff", "L1 constrained")
+
+
+def _head_row(imap: Any, li: int, hi: int, c: Any, records: dict[str, list[Any]]) -> list[str]:
+    """One head's cells of the summary table; its keys' bounds appended to `records`."""
+    lyr, hd, keys = imap.layers[li], imap.heads[hi], imap.keys[li]
+    for ri, q in enumerate(imap.rows):
+        ks = keys[ri].nonzero().flatten().tolist()
+        records["layer"] += [lyr] * len(ks)
+        records["head"] += [hd] * len(ks)
+        records["query"] += [q] * len(ks)
+        records["key"] += ks
+        records["raw"] += imap.raw[li, hi, ri, ks].tolist()
+        records["lower"] += imap.lower[li, hi, ri, ks].tolist()
+        records["upper"] += imap.upper[li, hi, ri, ks].tolist()
+        records["constrained"] += c.weights[ri, ks].tolist()
+    w = imap.width[li, hi][keys]
+    return [
+        str(lyr),
+        str(hd),
+        str(len(imap.rows)),
+        _span(imap.null_dim[li, hi].double()),
+        f"{float(w.max()):.4f}",
+        f"{float(w.mean()):.4f}",
+        f"{float((w < IDENTIFIABLE_WIDTH).double().mean()):.1%}",
+        f"{float(imap.movable_mass[li, hi].mean()):.4f}",
+        f"{float(c.l1_effective.mean()):.4f}",
+        f"{float(c.l1_constrained.mean()):.4f}",
+    ]
 
 
 def _check_flags(

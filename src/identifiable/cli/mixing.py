@@ -110,9 +110,14 @@ def mixing(
 
     with status(f"context mixing ({method})"):
         result = context_mixing(
-            m, (text, pair) if pair is not None else text, method, truncate=not no_truncate,
-            progress=False, memory_budget=budget, **options,
-        )  # fmt: skip
+            m,
+            (text, pair) if pair is not None else text,
+            method,
+            truncate=not no_truncate,
+            progress=False,
+            memory_budget=budget,
+            **options,
+        )
     shown = result.global_map
     kind = "rolled out" if result.rolled is not None else "per layer"
     table = Table(
@@ -122,17 +127,21 @@ def mixing(
     table.add_column("layer", justify="right")
     table.add_column("top source of each token (token ← source, share of its row)")
     for layer in range(result.n_layers):
-        cells = []
-        for i, tok in enumerate(result.tokens):
-            row = shown[layer, i]
-            j = int(row.argmax())
-            total = float(row.sum())
-            share = float(row[j]) / total if total > 0 else 0.0
-            cells.append(f"{tok if j == i else f'{tok}←{result.tokens[j]}'} {100 * share:.0f}%")
-        table.add_row(str(layer), "  ".join(cells))
+        table.add_row(str(layer), "  ".join(_top_sources(shown[layer], result.tokens)))
     console.print(table)
     if json_out is not None:
         write_json(json_out, result.to_dict(), force=force)
+
+
+def _top_sources(rows: Any, tokens: list[str]) -> list[str]:
+    """Each token's top source in its row of one layer's map: "token←source 40%"."""
+    cells = []
+    for i, tok in enumerate(tokens):
+        j = int(rows[i].argmax())
+        total = float(rows[i].sum())
+        share = float(rows[i][j]) / total if total > 0 else 0.0
+        cells.append(f"{tok if j == i else f'{tok}←{tokens[j]}'} {100 * share:.0f}%")
+    return cells
 
 
 def register(app: typer.Typer) -> None:

@@ -87,19 +87,27 @@ def scan(
         raise IdentifiableError(f"--memory-budget must be at least 1 MiB, got {memory_budget}")
     layer_list, head_list = index_list(layers, "--layers"), index_list(heads, "--heads")
     pairs = _keep(keep)
-    where = local_device(device)
-    resolve_device(where)
+    resolve_device(where := local_device(device))
     limits = read_limits(max_bytes=max_corpus_mib << 20, max_line_bytes=max_line_kib << 10)
     with limits:
         items: Any = texts if corpus is None else _corpus(corpus, unit, limit)
         m = load(model, device=where)
         with resumable():
             result = run(
-                m, items, layers=layer_list, heads=head_list, sink=sink, keep=pairs,
-                variant=variant, max_tokens=max_tokens, out=out, resume=resume, force=force,
+                m,
+                items,
+                layers=layer_list,
+                heads=head_list,
+                sink=sink,
+                keep=pairs,
+                variant=variant,
+                max_tokens=max_tokens,
+                out=out,
+                resume=resume,
+                force=force,
                 progress=not no_progress,
                 memory_budget=None if memory_budget is None else memory_budget << 20,
-            )  # fmt: skip
+            )
     if is_main_process():
         _print_summary(result, out)
 

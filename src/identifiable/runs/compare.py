@@ -104,22 +104,17 @@ def compare(
             sub = work / "models" / label
             done = sub.is_dir() and (sub / "summary.json").is_file()
             with nested_runs(work):  # each model's reproduction lives in our work folder
+                again = resume or done
                 rep = reproduce(
-                    m, texts, sub, budget=budget, seed=seed, progress=progress,
-                    resume=resume or done,
-                )  # fmt: skip
+                    m, texts, sub, budget=budget, seed=seed, progress=progress, resume=again
+                )
             tables = {
                 p.stem: pd.read_parquet(p) for p in sorted((sub / "tables").glob("*.parquet"))
             }
             results[label] = (tables, rep.summary, m.info.n_layers)
             timings[f"{label}_s"] = time.perf_counter() - t_m
         tables = cmp.side_by_side(results)
-        tables["token_counts"] = (
-            counts.groupby("model", sort=False)["tokens"]
-            .agg(texts="count", total="sum", mean="mean", min="min", max="max")
-            .reset_index()
-        )
-        tables["token_counts_per_text"] = counts
+        tables["token_counts"], tables["token_counts_per_text"] = _token_counts(counts), counts
         meta = _meta(loaded, labels, texts, counts, corpus_info)
         if plan.pipeline_check:
             meta["verdict_note"] = PIPELINE_CHECK + " No claim is compared between the models."
@@ -127,6 +122,15 @@ def compare(
         timings["total_s"] = time.perf_counter() - t0
         atomic_write_text(work / CACHE_DIR / "timings.json", json.dumps(timings, indent=2))
     return Comparison(Path(out), tables, timings)
+
+
+def _token_counts(counts: pd.DataFrame) -> pd.DataFrame:
+    """Per model: texts, total, mean, min and max tokens."""
+    return (
+        counts.groupby("model", sort=False)["tokens"]
+        .agg(texts="count", total="sum", mean="mean", min="min", max="max")
+        .reset_index()
+    )
 
 
 def _meta(

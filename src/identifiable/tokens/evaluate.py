@@ -27,16 +27,7 @@ import torch
 from identifiable.errors import IdentifiableError
 from identifiable.tokens.extract import TokenPairs
 from identifiable.tokens.fitting import RidgeSolver, fit_probes, select_adam
-from identifiable.tokens.lookup import (
-    LookupOutcome,
-    SequenceLayout,
-    identical_classes,
-    nearest_in_sequence,
-    nearest_in_set,
-    score_lookup,
-    sequence_class_sizes,
-    wilson_interval,
-)
+from identifiable.tokens.lookup import CandidateLookup, build_lookup, lookup_summary
 from identifiable.tokens.probes import (
     OBJECTIVES,
     PROBE_KINDS,
@@ -58,66 +49,6 @@ REGIMES: tuple[Regime, ...] = ("ridge start", "identity start")
 _REGIME_OF = {"ridge": "ridge start", "identity": "identity start"}
 CANDIDATES: tuple[Candidates, ...] = ("sequence", "corpus", "vocabulary")
 Kind = tuple[ProbeKind, Objective]
-
-
-@dataclass(frozen=True)
-class _Lookup:
-    """The candidate set of one evaluation, built once and reused for every probe and layer."""
-
-    cand: torch.Tensor  # [M, d']
-    own: torch.Tensor  # [N] own candidate of each test token
-    classes: torch.Tensor  # [M]
-    n_candidates: torch.Tensor  # [N]
-    own_class_size: torch.Tensor  # [N]
-    layout: SequenceLayout | None
-
-    def run(self, pred: torch.Tensor, metric: Objective) -> LookupOutcome:
-        pred = pred.to(self.cand.device)  # candidates stay on the CPU, probes may not
-        if self.layout is not None:
-            nearest = nearest_in_sequence(pred, self.cand, self.layout, metric)
-        else:
-            nearest = nearest_in_set(pred, self.cand, metric)
-        return score_lookup(nearest, self.own, self.classes, self.n_candidates, self.own_class_size)
-
-
-def _build_lookup(
-    candidates: Candidates,
-    y_test: torch.Tensor,
-    seq_test: torch.Tensor,
-    ids_test: torch.Tensor,
-    vocab: torch.Tensor | None,
-) -> _Lookup:
-    n = y_test.shape[0]
-    if candidates == "vocabulary":
-        assert vocab is not None
-        classes = identical_classes(vocab)
-        sizes = torch.bincount(classes)[classes[ids_test]]
-        return _Lookup(vocab, ids_test, classes, torch.full((n,), vocab.shape[0]), sizes, None)
-    classes = identical_classes(y_test)
-    own = torch.arange(n)
-    if candidates == "corpus":
-        sizes = torch.bincount(classes)[classes]
-        return _Lookup(y_test, own, classes, torch.full((n,), n), sizes, None)
-    layout = SequenceLayout.from_seq_ids(seq_test)
-    valid = layout.index >= 0
-    n_cand = torch.empty(n, dtype=torch.long)
-    n_cand[layout.index[valid]] = layout.lengths[:, None].expand_as(layout.index)[valid]
-    return _Lookup(y_test, own, classes, n_cand, sequence_class_sizes(classes, layout), layout)
-
-
-def _summary(outcome: LookupOutcome) -> dict[str, float | int]:
-    n = int(outcome.success.numel())
-    k = int(outcome.success.sum())
-    low, high = wilson_interval(k, n)
-    return {
-        "rate": k / n if n else float("nan"),
-        "ci_low": low,
-        "ci_high": high,
-        "rate_strict": float(outcome.strict.double().mean()) if n else float("nan"),
-        "n_tokens": n,
-        "n_tied": int(outcome.tied.sum()),
-        "chance": float(outcome.chance.mean()) if n else float("nan"),
-    }
 
 
 def check_layers(layers: Sequence[int] | None, n_layers: int) -> list[int]:
@@ -314,8 +245,8 @@ class _Setup:
     split: SequenceSplit
     y_tr: torch.Tensor  # [N_train, d']
     y_val: torch.Tensor  # [N_val, d']
-    lookup: _Lookup
-    val_lookup: _Lookup  # the same candidates among the validation tokens
+    lookup: CandidateLookup
+    val_lookup: CandidateLookup  # the same candidates among the validation tokens
     x_test: torch.Tensor  # [N_test, L+1, d]
     shuffled_tr: torch.Tensor  # [N_train, d']
     shuffled_val: torch.Tensor  # [N_val, d']
@@ -341,7 +272,7 @@ def _setup(
 
     y_tr, y_val, y_te = targets(split.train), targets(split.val), targets(split.test)
     lookup, val_lookup = (
-        _build_lookup(plan.candidates, y, pairs.seq_ids[rows], pairs.input_ids[rows], vocab)
+        build_lookup(plan.candidates, y, pairs.seq_ids[rows], pairs.input_ids[rows], vocab)
         for y, rows in ((y_te, split.test), (y_val, split.val))
     )
     gen = torch.Generator().manual_seed(plan.seed)
@@ -375,7 +306,7 @@ def _measure(
     setup: _Setup, layer: int, kind: Kind, fit: FitInfo, x_te: torch.Tensor
 ) -> dict[str, Any]:
     with torch.no_grad():
-        summary = _summary(setup.lookup.run(fit.probe(x_te), kind[1]))
+        summary = lookup_summary(setup.lookup.run(fit.probe(x_te), kind[1]))
     return {
         "layer": layer,
         "probe": kind[0],
@@ -436,14 +367,29 @@ def _evaluate_layer(pairs: TokenPairs, plan: EvaluationPlan, setup: _Setup, laye
     starts: dict[Objective, dict[str, FitInfo]] = {}
     regimes = ("linear", "cos") in plan.cross_layer and plan.regimes
     fits = fit_probes(
-        x_tr, y_tr, x_val, y_val, plain, config=cfg, seed=layer_seed, solver=solver,
-        val_score=val_rate, starts=starts if regimes else None,
-    )  # fmt: skip
+        x_tr,
+        y_tr,
+        x_val,
+        y_val,
+        plain,
+        config=cfg,
+        seed=layer_seed,
+        solver=solver,
+        val_score=val_rate,
+        starts=starts if regimes else None,
+    )
     for kind, kcfg in setup.adam.items():
         fits |= fit_probes(
-            x_tr, y_tr, x_val, y_val, [kind], config=kcfg, seed=layer_seed, solver=solver,
+            x_tr,
+            y_tr,
+            x_val,
+            y_val,
+            [kind],
+            config=kcfg,
+            seed=layer_seed,
+            solver=solver,
             val_score=val_rate,
-        )  # fmt: skip
+        )
     rows = [_measure(setup, layer, kind, fits[kind], x_te) for kind in plan.kinds]
     _flag_failures(rows)
     tables.rows += rows
@@ -466,10 +412,15 @@ def _evaluate_layer(pairs: TokenPairs, plan: EvaluationPlan, setup: _Setup, laye
         # The control only has to show chance level: closed-form linear fits to shuffled
         # targets, no refinement, no identity start (the identity would score the real ones).
         ctrl = fit_probes(
-            x_tr, setup.shuffled_tr.to(dev), x_val, setup.shuffled_val.to(dev),
-            list(plan.controls), config=replace(cfg, cos_steps=0, identity_start=False),
-            seed=layer_seed + 1, solver=solver,
-        )  # fmt: skip
+            x_tr,
+            setup.shuffled_tr.to(dev),
+            x_val,
+            setup.shuffled_val.to(dev),
+            list(plan.controls),
+            config=replace(cfg, cos_steps=0, identity_start=False),
+            seed=layer_seed + 1,
+            solver=solver,
+        )
         tables.control += [_measure(setup, layer, k, fit, x_te) for k, fit in ctrl.items()]
     return tables
 
@@ -488,7 +439,7 @@ def _cross_rows(plan: EvaluationPlan, setup: _Setup, tables: _Tables) -> list[di
         }
         for test_layer in plan.test_layers:
             with torch.no_grad():
-                summary = _summary(setup.lookup.run(probe(setup.x_test[:, test_layer]), obj))
+                summary = lookup_summary(setup.lookup.run(probe(setup.x_test[:, test_layer]), obj))
             out.append(
                 {
                     "regime": regime,

@@ -173,3 +173,69 @@ def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tup
     low = 0.0 if successes == 0 else max(0.0, centre - half)
     high = 1.0 if successes == n else min(1.0, centre + half)
     return (low, high)
+
+
+@dataclass(frozen=True)
+class CandidateLookup:
+    """The candidate set of one evaluation, built once and reused for every probe and layer."""
+
+    cand: torch.Tensor  # [M, d']
+    own: torch.Tensor  # [N] own candidate of each test token
+    classes: torch.Tensor  # [M]
+    n_candidates: torch.Tensor  # [N]
+    own_class_size: torch.Tensor  # [N]
+    layout: SequenceLayout | None
+
+    def run(self, pred: torch.Tensor, metric: Metric) -> LookupOutcome:
+        pred = pred.to(self.cand.device)  # candidates stay on the CPU, probes may not
+        if self.layout is not None:
+            nearest = nearest_in_sequence(pred, self.cand, self.layout, metric)
+        else:
+            nearest = nearest_in_set(pred, self.cand, metric)
+        return score_lookup(nearest, self.own, self.classes, self.n_candidates, self.own_class_size)
+
+
+def build_lookup(
+    candidates: str,
+    y_test: torch.Tensor,
+    seq_test: torch.Tensor,
+    ids_test: torch.Tensor,
+    vocab: torch.Tensor | None,
+) -> CandidateLookup:
+    """The lookup of `candidates` ("sequence", "corpus" or "vocabulary") for the test tokens."""
+    n = y_test.shape[0]
+    if candidates == "vocabulary":
+        assert vocab is not None
+        classes = identical_classes(vocab)
+        sizes = torch.bincount(classes)[classes[ids_test]]
+        return CandidateLookup(
+            vocab, ids_test, classes, torch.full((n,), vocab.shape[0]), sizes, None
+        )
+    classes = identical_classes(y_test)
+    own = torch.arange(n)
+    if candidates == "corpus":
+        sizes = torch.bincount(classes)[classes]
+        return CandidateLookup(y_test, own, classes, torch.full((n,), n), sizes, None)
+    layout = SequenceLayout.from_seq_ids(seq_test)
+    valid = layout.index >= 0
+    n_cand = torch.empty(n, dtype=torch.long)
+    n_cand[layout.index[valid]] = layout.lengths[:, None].expand_as(layout.index)[valid]
+    return CandidateLookup(
+        y_test, own, classes, n_cand, sequence_class_sizes(classes, layout), layout
+    )
+
+
+def lookup_summary(outcome: LookupOutcome) -> dict[str, float | int]:
+    """rate with its Wilson interval, strict rate, tokens, ties and chance of one lookup."""
+    n = int(outcome.success.numel())
+    k = int(outcome.success.sum())
+    low, high = wilson_interval(k, n)
+    return {
+        "rate": k / n if n else float("nan"),
+        "ci_low": low,
+        "ci_high": high,
+        "rate_strict": float(outcome.strict.double().mean()) if n else float("nan"),
+        "n_tokens": n,
+        "n_tied": int(outcome.tied.sum()),
+        "chance": float(outcome.chance.mean()) if n else float("nan"),
+    }
