@@ -101,6 +101,7 @@ _MLA = {
     "topk_group": 1,
     **_IDS,
 }
+_DSA = {**_MLA, "q_lora_rank": 24, "index_topk": 14, "index_n_heads": 2, "index_head_dim": 16}
 
 TINY_CONFIGS: dict[str, Tiny] = {
     # "core": every test of tests/models, attention, attribution and mixing runs on these.
@@ -240,6 +241,20 @@ TINY_CONFIGS: dict[str, Tiny] = {
     # low-rank path, a dense first layer and mixture-of-experts after it; v2 without
     "deepseek_v3": Tiny("spec", {**_MLA, "q_lora_rank": 24}, causal=True),
     "deepseek_v2": Tiny("spec", {**_MLA, "q_lora_rank": None}, causal=True),
+    # DeBERTa v1: [q | k | v] per head in one bias-free in_proj, b_V a parameter of its own
+    "deberta": Tiny(
+        "spec",
+        {
+            **_BERT_LIKE,
+            "relative_attention": True,
+            "pos_att_type": ["c2p", "p2c"],
+            "position_biased_input": False,
+            "pad_token_id": 0,
+        },
+    ),
+    # sparse attention: an indexer keeps 14 keys per row (d_v = 12); GLM-5: layer 1 reuses it
+    "deepseek_v32": Tiny("spec", _DSA, causal=True),
+    "glm_moe_dsa": Tiny("spec", {**_DSA, "indexer_types": ["full", "shared"]}, causal=True),
     # four model-parallel [q | v | k] blocks in one fused projection
     "codegen": Tiny("spec", {**_GPTJ_LIKE, **_IDS}, causal=True),
     "clip": Tiny(

@@ -53,6 +53,8 @@ def _with(model_type: str, **config):
         ("longformer", "sliding-window plus global attention"),
         ("led", "sliding-window plus global attention"),  # encoder–decoder: seq2seq_spec
         ("big_bird", "block-sparse attention"),
+        ("deepseek_v4", "keys are not the tokens"),  # compressed keys (models/keyselect.py)
+        ("hy_v4", "hyper-connections"),  # its indexer alone would be a key mask
     ],
 )
 def test_a_refused_family_gets_one_line_naming_it_and_why(model_type, why):
@@ -83,6 +85,20 @@ def test_codegen_model_parallel_layout_verifies_and_a_wrong_layout_fails():
     assert m.spec.name == "codegen" and m.discovery is None
     assert float(m.trace(torch.tensor(PROBE)).verify().max()) < 1e-5
     wrong = Model.from_hf(hf, spec=replace(find_spec("codegen"), fused="qkv_blocks"))
+    with pytest.raises(IdentifiableError, match="does not reproduce"):
+        wrong.trace(torch.tensor(PROBE)).verify()
+
+
+def test_deberta_value_bias_verifies_and_without_it_fails():
+    """DeBERTa v1 adds b_V (`v_bias`) after its bias-free fused in_proj: read from the
+    parameter, the layer verifies; from the projection (no bias), it does not."""
+    hf = _with("deberta", relative_attention=True, pos_att_type=["c2p", "p2c"])
+    with torch.no_grad():
+        hf.encoder.layer[0].attention.self.v_bias.normal_()  # HF initialises it to 0
+    m = Model.from_hf(hf)
+    assert m.spec.name == "deberta" and m.discovery is None
+    assert float(m.trace(torch.tensor(PROBE)).verify().max()) < 1e-5
+    wrong = Model.from_hf(hf, spec=replace(find_spec("deberta"), value_bias=None))
     with pytest.raises(IdentifiableError, match="does not reproduce"):
         wrong.trace(torch.tensor(PROBE)).verify()
 

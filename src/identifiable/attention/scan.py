@@ -255,8 +255,9 @@ class LayerScanner:
             )
             del bases
             dims = dim if plan.variant == "paper" else dim_s
+            seen = trace.key_mask[0] if trace.key_mask is not None else None
             into.stats[li, slots] = head_statistics(
-                raw, eff, dims, plan.sink, view.window, trace.is_causal
+                raw, eff, dims, plan.sink, seen, trace.is_causal
             )
             for i, s in enumerate(slots):
                 if (view.layer, plan.heads[s]) in plan.keep:
@@ -294,18 +295,19 @@ def scan_text(model: Any, enc: Any, scanner: LayerScanner, weights: Any) -> Text
 
 
 def head_statistics(
-    raw: Tensor, eff: Tensor, dims: Tensor, sink: int, window: int | None, causal: bool
+    raw: Tensor, eff: Tensor, dims: Tensor, sink: int, seen: Tensor | None, causal: bool
 ) -> Tensor:
     """`[H, len(STATISTICS)]` float64 (CPU) of maps raw, eff `[H, n, n]` on one device and
     the per-row null-space dimensions `dims` `[H, n]`, reduced in row chunks on that
-    device (sums in float64 where the device has it)."""
+    device (sums in float64 where the device has it); `seen`: `[n, n]` bool on that
+    device, the keys each row sees (the layer's key mask: windows, a sparse selection),
+    None: every key, or keys ≤ i where `causal` (never formed as an n×n mask)."""
     g, n, _ = raw.shape
     dev = raw.device
     acc = torch.float64 if has_float64(dev) else torch.float32
     sq_a = torch.zeros(g, dtype=acc, device=dev)
     sq_d, same = torch.zeros_like(sq_a), torch.zeros_like(sq_a)
     step = max(1, _CHUNK // max(1, g * n))
-    keys = torch.arange(n, device=dev)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         a, e = raw[:, r0:r1], eff[:, r0:r1]
@@ -320,17 +322,19 @@ def head_statistics(
         # rows are taken again with the hidden keys masked
         top_a = a.max(-1).indices  # max's indices: the same key as argmax, at less cost here
         top_v, top_e = e.max(-1)
-        bad = (top_v <= 0).nonzero() if causal or window is not None else None
+        bad = (top_v <= 0).nonzero() if causal or seen is not None else None
         if bad is not None and bad.numel():
-            g_i, r_i = bad[:, 0], bad[:, 1]
-            rows = (r0 + r_i)[:, None]
-            hidden = _hidden(rows, keys[None, :], window, causal)
-            assert hidden is not None
-            top_e[g_i, r_i] = e[g_i, r_i].masked_fill(hidden, -math.inf).argmax(-1)
+            g_i, rows = bad[:, 0], r0 + bad[:, 1]
+            hidden = (
+                ~seen[rows] if seen is not None else torch.arange(n, device=dev) > rows[:, None]
+            )
+            top_e[g_i, bad[:, 1]] = e[g_i, bad[:, 1]].masked_fill(hidden, -math.inf).argmax(-1)
         same += (top_a == top_e).sum(-1, dtype=acc)
-    hide_sink = _hidden(keys[:, None], torch.full((1, 1), sink, device=dev), window, causal)
-    seen = torch.ones(n, dtype=torch.bool, device=dev) if hide_sink is None else ~hide_sink[:, 0]
-    sink_raw, sink_eff = key_mass(raw, eff, sink, seen)
+    if seen is not None:
+        rows_seeing = seen[:, sink]
+    else:
+        rows_seeing = torch.arange(n, device=dev) >= (sink if causal else 0)
+    sink_raw, sink_eff = key_mass(raw, eff, sink, rows_seeing)
     out = torch.empty(g, len(STATISTICS), dtype=torch.float64)
     out[:, 0] = n
     out[:, 1] = torch.quantile(dims.to(torch.float64), 0.5, dim=-1).cpu()
@@ -341,14 +345,6 @@ def head_statistics(
     out[:, 6] = eff.diagonal(dim1=-2, dim2=-1).sum(-1, dtype=acc).cpu().double() / n
     out[:, 7] = same.cpu().double() / n
     return out
-
-
-def _hidden(rows: Tensor, keys: Tensor, window: int | None, causal: bool) -> Tensor | None:
-    """Bool `[r, k]`: key j hidden from row i (causal, a window), or None (all seen)."""
-    if causal:
-        hide = keys > rows
-        return hide if window is None else hide | (rows - keys >= window)
-    return None if window is None else (rows - keys).abs() > window
 
 
 def plan_groups(per_head: int, room: int, heads_per_kv: int) -> int:

@@ -156,6 +156,10 @@ def norm_modules(layers: list[nn.Module], layout: NormLayout) -> list[tuple[nn.M
     ]
 
 
+# LayerNorms (mean subtracted) that are not `nn.LayerNorm`: DeBERTa v1's own class
+_CENTRED_NORMS = ("DebertaLayerNorm",)
+
+
 def norm_params(module: nn.Module, unit_offset: bool = False) -> NormParams | None:
     """The parameters of one LayerNorm or RMSNorm module; None for an `nn.Identity`."""
     if isinstance(module, nn.Identity):  # ModernBERT's first layer has no attention norm
@@ -174,7 +178,7 @@ def norm_params(module: nn.Module, unit_offset: bool = False) -> NormParams | No
         eps = getattr(module, "variance_epsilon", None)
     if eps is None:
         raise IdentifiableError(f"normalisation module {type(module).__name__} has no epsilon")
-    centred = isinstance(module, nn.LayerNorm)
+    centred = isinstance(module, nn.LayerNorm) or type(module).__name__ in _CENTRED_NORMS
     return NormParams(
         weight=weight,
         bias=torch.zeros_like(weight) if bias is None else bias.detach().double().cpu(),

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from identifiable.errors import IdentifiableError
+from identifiable.models import keyselect
 from identifiable.models.backends import running
 from identifiable.models.encoding import Encoding, InputEncoder
 from identifiable.models.hooks import HookSet
@@ -76,7 +77,7 @@ class TraceBuilder:
         block: Tap = "block" if self.heads is None else "head_outputs"
         self.taps: tuple[Tap, ...] = (
             tuple(block if t == "block" else t for t in TAPS) if hidden else ("e", "maps", block)
-        )
+        ) + (("keys",) if stack.spec.key_selector is not None else ())
         self.map_shape = (max(len(r) for r in self.rows), max(len(k) for k in self.keys))
         n_l, d_v, d = len(self.layers), stack.head_dim, stack.hidden_size
         n_h = stack.n_heads if self.heads is None else len(self.heads)
@@ -87,11 +88,17 @@ class TraceBuilder:
         self.hidden_states = [torch.empty(n_l + 1, n, d) for n, _ in sizes] if hidden else None
         self._kept = slice(self.layers.start, self.layers.stop)
         self.masks = [stack.key_mask(n, k if self.cross else None)[self._kept] for n, k in sizes]
-        self.calls: dict[Tap, int] = dict.fromkeys(self.taps, 0)
+        self.calls: dict[Tap, int] = dict.fromkeys((t for t in self.taps if t != "keys"), 0)
         self.capture_dtype: torch.dtype | None = None
+        # the last key selection of a sparse-attention indexer `[B, n, k]` (models/keyselect.py)
+        self.selected: torch.Tensor | None = None
 
     def __call__(self, tap: Tap, layer: int, x: Captured) -> None:
         """Receive one layer's tensor (batch-first) from a tap; keep it if it is ours."""
+        if tap == "keys":  # every layer's: a later layer may reuse it
+            assert isinstance(x, torch.Tensor)
+            self.selected = x
+            return
         if layer >= self.stack.n_layers:
             self.calls[tap] += 1  # more runs than the spec has layers: refused by `check`
             return
@@ -104,6 +111,8 @@ class TraceBuilder:
             one = isinstance(x, AttentionCall) and x.shared_mask
             for b, (n, k) in enumerate(self._sizes()):
                 fill_maps(x, b, self.heads, n, k, self.attentions[b][i])
+                if "keys" in self.taps:  # the model read only the keys its indexer picked
+                    self.masks[b][i] &= keyselect.picked(self.selected, b, n, k, layer)
                 self.stack.check_key_mask(
                     self.attentions[b][i : i + 1, :1] if one else self.attentions[b][i : i + 1],
                     self.masks[b][i : i + 1],

@@ -34,6 +34,7 @@ from identifiable.models.blocks import norm_params
 from identifiable.models.capture import TraceMeta, trace_batch
 from identifiable.models.encoding import InputEncoder, input_encoder, pair
 from identifiable.models.hooks import HookSet, first_tensor
+from identifiable.models.keyselect import NOT_PER_ROW, find_selector
 from identifiable.models.latent import MLA
 from identifiable.models.specs import ArchSpec, NormLayout, NormRule
 from identifiable.models.stack import AttentionStack, Captured, Tap, distinct, stack_of
@@ -195,11 +196,19 @@ def layer_candidates(base: nn.Module, layers_path: str, layers: nn.ModuleList) -
         seen.add(shape)
         for spec in _candidates(base, layers_path, layer):
             found.setdefault((spec.value, spec.out_proj, spec.fused, spec.latent is None), spec)
+    # sparse attention: an indexer beside the attention module picks each row's keys
+    specs = [_with_selector(s, layers) for s in found.values()]
     # by how well the names match, then one every layer holds before one some layers hold
     return sorted(
-        found.values(),
+        specs,
         key=lambda s: (_rank(s), not all(s.value in linears(x) for x in layers)),
     )
+
+
+def _with_selector(spec: ArchSpec, layers: nn.ModuleList) -> ArchSpec:
+    attention = spec.value.rsplit(".", 1)[0] if "." in spec.value else ""
+    path = find_selector(list(layers), attention)
+    return spec if path is None else replace(spec, key_selector=path)
 
 
 def _rank(spec: ArchSpec) -> int:
@@ -276,6 +285,8 @@ def discover_spec(base: nn.Module, tokenizer: Any = None) -> Discovery:
                 trace = trace_batch(base, stack, inputs, [enc], TraceMeta("", cand.name))[0]
                 errors = trace.verify()
             except IdentifiableError as exc:
+                if NOT_PER_ROW in str(exc):  # the model's selection, whatever the candidate
+                    raise IdentifiableError(f"architecture '{model_type}': {exc}") from None
                 if causal and "outside the mask" in str(exc):
                     continue  # attends beyond the diagonal: try it as an encoder
                 named = spec.out_proj.rsplit(".", 1)[-1].lower() in _OUT_NAMES

@@ -26,6 +26,7 @@ from identifiable.models.backends import running
 from identifiable.models.capture import TraceMeta
 from identifiable.models.encoding import Encoding, InputEncoder
 from identifiable.models.hooks import HookSet
+from identifiable.models.keyselect import picked
 from identifiable.models.recompute import AttentionCall, fill_maps
 from identifiable.models.stack import AttentionStack, Captured, Tap
 from identifiable.models.trace import Trace
@@ -75,6 +76,8 @@ class LayerView:
         window: the layer's attention window (None: every key its row may see).
         causal: whether rows see keys ≤ i only.
         kv_head_of: `[H_sel]` the key/value head each chosen head reads.
+        selected: `[n, n]` bool, the keys a sparse-attention indexer kept for each row
+            (models/keyselect.py), None: no selection.
     """
 
     layer: int
@@ -88,6 +91,7 @@ class LayerView:
     enc: Encoding
     meta: TraceMeta
     stack: AttentionStack
+    selected: torch.Tensor | None = None
 
     @property
     def n(self) -> int:
@@ -98,14 +102,18 @@ class LayerView:
         return self.values.device
 
     def key_mask(self) -> torch.Tensor | None:
-        """`[n, n]` bool on the device for a layer with a window, else None (the trace's
-        `is_causal` then says keys ≤ i or every key)."""
-        if self.window is None:
+        """`[n, n]` bool on the device for a layer with a window or a key selection, else
+        None (the trace's `is_causal` then says keys ≤ i or every key)."""
+        if self.window is None and self.selected is None:
             return None
         n, w = self.n, self.window
         i = torch.arange(n, device=self.device)[:, None]
         j = torch.arange(n, device=self.device)[None, :]
-        return ((j <= i) & (i - j < w)) if self.causal else (i - j).abs() <= w
+        if w is None:
+            mask = j <= i if self.causal else torch.ones(n, n, dtype=torch.bool, device=i.device)
+        else:
+            mask = ((j <= i) & (i - j < w)) if self.causal else (i - j).abs() <= w
+        return mask if self.selected is None else mask & self.selected.to(mask.device)
 
     def maps(self, slots: Sequence[int]) -> torch.Tensor:
         """`[len(slots), n, n]` attention of those chosen heads, on the device, in the
@@ -178,6 +186,9 @@ def scan_layers(
     every = None if weights.heads == list(range(stack.n_heads)) else weights.heads
 
     def sink(tap: Tap, layer: int, x: Captured) -> None:
+        if tap == "keys":  # every layer's: a later layer may reuse it
+            selection[0] = x
+            return
         if layer not in calls[tap]:
             return
         calls[tap][layer] += 1
@@ -201,14 +212,19 @@ def scan_layers(
                 enc,
                 meta,
                 stack,
+                None
+                if taps == _TAPS
+                else picked(selection[0], 0, len(enc), len(enc), layer).to(v.device),
             )
             consumer(view)
             del view
             if layer == last and last + 1 < stack.n_layers:
                 raise _Done
 
+    taps = _TAPS + (("keys",) if stack.spec.key_selector is not None else ())
+    selection: list[Any] = [None]  # the last key selection `[1, n, k]` (sparse attention)
     with HookSet() as hooks, torch.no_grad():
-        stack.tap(hooks, sink, _TAPS, map_shape=(len(enc), len(enc)), recompute=recompute)
+        stack.tap(hooks, sink, taps, map_shape=(len(enc), len(enc)), recompute=recompute)
         with contextlib.suppress(_Done):
             forward(inputs.batch([enc], hf_model))
     missing = [layer for layer in chosen if any(calls[t][layer] != 1 for t in _TAPS)]

@@ -134,6 +134,13 @@ class ArchSpec:
         latent: multi-head latent attention: how the value module (the latent expansion)
             holds each head's values (`identifiable.models.latent.LatentValues`); None: the
             value module reads the hidden states.
+        key_selector: sparse attention: dotted path (inside a layer) of the module that picks
+            the keys each query row attends to (DeepSeek-V3.2's indexer), whose output is
+            `[B, n, k]` key indices; layers without it reuse the last selection
+            (models/keyselect.py). None: every key the mask and windows allow.
+        value_bias: dotted path (inside a layer) of a raw parameter holding b_V (H_kv·d_v,
+            head by head) that the model adds after a bias-free value projection (DeBERTa's
+            `v_bias` after its fused `in_proj`); None: the value module's own bias.
     """
 
     name: str
@@ -164,6 +171,8 @@ class ArchSpec:
     tf4_paths: tuple[str, str, str] | None = None
     tf4_windows: tuple[str, str] | None = None
     latent: LatentValues | None = None
+    key_selector: str | None = None
+    value_bias: str | None = None
 
     def __post_init__(self) -> None:
         """One line for a spec of the wrong kind, when it is made (not at its first trace)."""

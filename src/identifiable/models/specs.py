@@ -239,6 +239,15 @@ SPECS: tuple[ArchSpec, ...] = (
     replace(
         _BERT, name="deberta-v2", model_types=("deberta-v2",), value="attention.self.value_proj"
     ),
+    # DeBERTa v1: [q | k | v] per head in one bias-free in_proj, b_V a parameter of its own
+    replace(
+        _BERT,
+        name="deberta",
+        model_types=("deberta",),
+        value="attention.self.in_proj",
+        fused="per_kv_group",
+        value_bias="attention.self.v_bias",
+    ),
     ArchSpec(
         # Relative attention with raw [d, H, d_v] projections. Without a target mapping
         # (pretraining only) just the content stream runs, and that is what is traced;
@@ -310,6 +319,16 @@ SPECS: tuple[ArchSpec, ...] = (
         model_types=("deepseek_v2", "deepseek_v3"),
         value="self_attn.kv_b_proj",
         latent=MLA,
+    ),
+    # DeepSeek sparse attention: latent attention over the keys an indexer keeps per row
+    # (models/keyselect.py); GLM-5's "shared" layers reuse the last layer's selection
+    replace(
+        _LLAMA,
+        name="deepseek-sparse",
+        model_types=("deepseek_v32", "glm_moe_dsa"),
+        value="self_attn.kv_b_proj",
+        latent=MLA,
+        key_selector="self_attn.indexer",
     ),
 )
 

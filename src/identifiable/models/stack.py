@@ -18,12 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from identifiable.errors import IdentifiableError
+from identifiable.models import keyselect
 from identifiable.models import recompute as recomputed
 from identifiable.models.compat import (
     adapt_spec,
@@ -37,7 +39,7 @@ from identifiable.models.recompute import AttentionCall
 from identifiable.models.selection import indices
 from identifiable.models.specs import ArchSpec
 
-Tap = Literal["input", "e", "values", "maps", "block", "output", "head_outputs"]
+Tap = Literal["input", "e", "values", "maps", "block", "output", "head_outputs", "keys"]
 """What a tap captures, per layer, batch-first:
 
 - "input": the layer's hidden-state input `[B, n, d]` (layer 0's is e^0);
@@ -49,7 +51,8 @@ Tap = Literal["input", "e", "values", "maps", "block", "output", "head_outputs"]
 - "block": the attention block's output `[B, n, d]` (after W_O and b_O);
 - "output": the layer's output `[B, n, d]`;
 - "head_outputs" (not in `TAPS`): the output projection's input `[B, n, H·d_v]`, each
-  head's A (E W_V + 1 b_Vᵀ) side by side (what a trace of chosen heads verifies against).
+  head's A (E W_V + 1 b_Vᵀ) side by side (what a trace of chosen heads verifies against);
+- "keys" (not in `TAPS`): `[B, n, k]` the keys an indexer picked (models/keyselect.py).
 
 With `recompute=True`, "maps" hands over an `AttentionCall` (models/recompute.py) where the
 attention function returned no probabilities (sdpa, flash), for the sink to fill.
@@ -157,6 +160,8 @@ class AttentionStack:
     def _head_weights(self, layer: int) -> HeadWeights:
         w_v, b_v, w_o, b_o = self.projections(layer)
         w_v, b_v = w_v[:, self.v_cols], b_v[self.v_cols]
+        if self.spec.value_bias is not None:  # b_V added after a bias-free projection
+            b_v = self.layers[layer].get_parameter(self.spec.value_bias)
         # latent attention: E is the normalised latent, not the hidden state
         e_width = w_v.shape[0] if self.spec.latent is not None else self.hidden_size
         expected_v = (e_width, self.n_kv_heads * self.head_dim)
@@ -332,6 +337,8 @@ class AttentionStack:
                 )
             for mod in distinct(self.out_modules):
                 hooks.pre(mod, lambda m, a: emit("head_outputs", self.batch_first(a[0])))
+        if "keys" in taps and self.spec.key_selector is not None:
+            keyselect.tap(hooks, self.layers, self.spec.key_selector, partial(sink, "keys"))
         if "output" in taps:
             for mod in distinct(self.layers):
                 hooks.post(mod, lambda m, a, o: emit("output", self.batch_first(first_tensor(o))))

@@ -101,6 +101,7 @@ def _run(
             box.put(("layer", (layer, builder.traces(meta)[0])))
             if todo:
                 current[0] = builder_for(todo.pop(0))
+                current[0].selected = builder.selected  # a later layer may reuse it
             elif layer + 1 < stack.n_layers:
                 raise _StopForward  # nothing after the last chosen layer is needed
 

@@ -77,13 +77,32 @@ REFUSED: tuple[Refusal, ...] = (
     ),
     Refusal(
         ("deepseek_v4",),
-        "attends to blockwise-compressed keys picked by an indexer, with hyper-connections "
-        f"between layers, {_NOT_A_MAP}",
+        "attends to a window of tokens plus keys pooled over blocks of tokens (compressed "
+        "keys, some picked by an indexer), so its map's keys are not the tokens; its values "
+        "carry RoPE that is undone at each query, so W_O differs per row: not analysed",
     ),
     Refusal(
         ("hy_v4",),
-        "picks keys with a sparse indexer and gates each head's output after the attention, "
-        f"{_NOT_A_MAP}",
+        "gates each head's output after the attention (a sigmoid of the query's hidden "
+        "state times A·V, so a head's output is not A·(E W_V)) and carries several residual "
+        "streams between layers (hyper-connections): not analysed",
+    ),
+    Refusal(
+        ("mimo_v2_flash",),
+        "gives its sliding-window layers twice the key/value heads of its full-attention "
+        "layers, and a trace holds one grouping of query heads onto key/value heads for "
+        "every layer: not supported",
+    ),
+    Refusal(
+        ("longcat_flash",),
+        "runs two attention sublayers in each layer (self_attn.0 and self_attn.1, each with "
+        "its own MLP, beside a shortcut mixture of experts), so a layer has two maps per head "
+        "and no layer output between them: not supported",
+    ),
+    Refusal(
+        ("zamba2",),
+        "runs one shared attention block at several depths, reading the hidden state and the "
+        "input embeddings side by side (width 2d) through per-depth adapters: not supported",
     ),
     Refusal(
         ("inkling2_text",),

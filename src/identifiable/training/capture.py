@@ -101,6 +101,11 @@ def check_supported(model: TracedModel) -> None:
         )
     if getattr(model, "modality", "text") != "text":
         raise IdentifiableError("the null-attention penalty supports text models")
+    if getattr(spec, "key_selector", None) is not None:
+        raise IdentifiableError(
+            f"the '{spec.name}' family picks each row's keys with an indexer (sparse attention),"
+            " a key set the penalty does not cover: use a family with all-key or causal layers"
+        )
 
 
 @contextlib.contextmanager
