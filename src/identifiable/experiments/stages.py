@@ -64,9 +64,10 @@ class Budget:
     tracks the gradients?", and HTA's random probes there (None = exact).
     certify_*: sequences for "how far can attention really move?", and query rows sampled
     per head (every head of every layer) for their interval maps.
-    posterior_*: sequences (of at most posterior_max_tokens tokens) for "how uncertain is
-    attention?", query rows sampled per head (shared by the heads of a layer) and the
-    effective samples asked of each row's posterior. pipeline_check: the
+    posterior_*: sequences for "how uncertain is attention?" (of d_v + 2 to d_v + 1 +
+    posterior_null_dim tokens, d_v the head width: a row's null space, and the cost of its
+    posterior, grow with n − d_v), query rows sampled per head (shared by the heads of a
+    layer) and the effective samples asked of each row's posterior. pipeline_check: the
     budget only proves that the pipeline runs (smoke): the report shows no verdict badges
     or claim counts as findings.
     """
@@ -94,7 +95,7 @@ class Budget:
     certify_sequences: int = 2
     certify_rows_per_head: int = 1
     posterior_sequences: int = 2
-    posterior_max_tokens: int = 48
+    posterior_null_dim: int = 16
     posterior_rows_per_head: int = 1
     posterior_samples: int = 200
     pipeline_check: bool = False
@@ -145,7 +146,7 @@ BUDGETS: dict[str, Budget] = {
         # a row's posterior costs ~dim P^1.25 (billiard walk): the cost model puts 10 pairs of
         # ≤ 128 tokens, 2 rows per head, at over an hour on 2 threads
         posterior_sequences=8,
-        posterior_max_tokens=64,
+        posterior_null_dim=32,
         posterior_samples=400,
     ),
     # Seconds: proves the pipeline runs end to end (tests, installation checks); numbers are noise.
@@ -165,7 +166,7 @@ BUDGETS: dict[str, Budget] = {
         mixing_probes=2,
         certify_sequences=1,
         posterior_sequences=1,
-        posterior_max_tokens=24,
+        posterior_null_dim=8,
         posterior_samples=20,
         pipeline_check=True,
     ),
@@ -213,9 +214,10 @@ def _samples(model: Any, items: list[Item], budget: Any) -> tuple[list[list[Item
     )
     mix = shard_items(mixing_items, MIXING_SHARD)
     cert = shard_items(items[: budget.certify_sequences], 1)
-    # a posterior costs ~dim P² per row (hit-and-run up to dim 16): bounded lengths as well
+    # a posterior costs ~dim P^2 per row (hit-and-run up to dim 16), dim P ≈ n − d_v − 1
+    d_v = int(model.info.head_dim)
     post_items = items_in_length_range(
-        model, items, 0, budget.posterior_max_tokens, budget.posterior_sequences
+        model, items, d_v + 2, d_v + 1 + budget.posterior_null_dim, budget.posterior_sequences
     )
     return att, hta, mix, cert, shard_items(post_items, 1)
 

@@ -28,7 +28,8 @@ CAUSAL_ROWS = (
 POSTERIOR = (
     "Section 8 samples the posterior over the valid attention rows of a row, P_i = {{ã ≥ 0 on "
     "its keys, Σ ã = 1, ã T = a T}}, under a uniform prior (every valid row equally likely): "
-    "the first {sequences} pairs of at most {max_tokens} tokens, {rows} query row(s) per layer "
+    "the first {sequences} pairs of d_v + 2 to d_v + 1 + {null_dim} tokens (dim P_i up to "
+    "{null_dim}; else the longest that fit), {rows} query row(s) per layer "
     "drawn under the seed and shared by its heads, 4 chains per row (hit-and-run up to dim "
     "P_i = 16, the billiard walk above; both exact, docs/posterior.md) run until each row "
     "has {samples} effective samples of its worst weight and a split-R̂ ≤ 1.01, or a cap of "
@@ -128,7 +129,7 @@ def _posterior(budget: dict[str, Any]) -> str:
     """The Methods entry of the posterior section, with the budget's sample sizes."""
     return POSTERIOR.format(
         sequences=budget.get("posterior_sequences", "?"),
-        max_tokens=budget.get("posterior_max_tokens", "?"),
+        null_dim=budget.get("posterior_null_dim", "?"),
         rows=budget.get("posterior_rows_per_head", "?"),
         samples=budget.get("posterior_samples", "?"),
     )

@@ -86,8 +86,8 @@ def claim_band_inside(rows: pd.DataFrame) -> Verdict:
             ok,
             ": most valid rows lie well inside the worst case, so the certified intervals "
             "overstate how far attention typically moves.",
-            ": valid rows spread over much of the certified interval, so the worst case is "
-            "close to the typical uncertainty.",
+            ": valid rows spread over half of the certified interval or more, so the worst "
+            "case is a fair guide to the typical uncertainty.",
         )
     )
     numbers = {"median_ratio": med, "median_ratio_lo": lo, "median_ratio_hi": hi,
