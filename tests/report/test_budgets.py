@@ -22,6 +22,8 @@ def test_every_budget_gives_every_stage_work() -> None:
         assert b.attention_sequences > 0 and b.token_max_tokens > 0
         assert b.attribution_sequences > 0 and b.mixing_sequences > 0
         assert b.certify_sequences > 0 and b.certify_rows_per_head > 0
+        assert b.posterior_sequences > 0 and b.posterior_rows_per_head > 0
+        assert b.posterior_samples > 0 and b.posterior_null_dim > 0
 
 
 def test_an_unknown_budget_names_the_known_ones() -> None:

@@ -27,8 +27,8 @@ def test_report_page_shows_every_figure_and_verdict(finished_run: Path, open_pag
     page = loaded.page
     page.wait_for_load_state("load")
     images = page.locator("figure img")
-    # nine figures of the paper, then context mixing and certified attention
-    assert images.count() == 11
+    # nine figures of the paper, then context mixing, certified attention and the posterior
+    assert images.count() == 12
     for k in range(images.count()):
         img = images.nth(k)
         assert img.evaluate("i => i.complete && i.naturalWidth > 100 && i.naturalHeight > 100"), (

@@ -28,6 +28,7 @@ FIGURES = [
     "fig4b_relative_position",
     "mixing_correlations",  # beyond the paper: context mixing vs HTA and erasure
     "certify_movement",  # beyond the paper: certified attention
+    "posterior_uncertainty",  # beyond the paper: the attention posterior
 ]
 
 
@@ -53,6 +54,7 @@ def test_folder_is_complete(finished_run: Path) -> None:
     assert {"torch", "transformers", "identifiable"} <= set(summary["versions"])
     assert set(summary["claims"]) >= {"fig1a", "fig1bc", "fig2a_cos", "fig3a", "fig4a"}
     assert {"mixing_hta", "mixing_erasure", "certify_pinned"} <= set(summary["claims"])
+    assert {"posterior_band", "posterior_top"} <= set(summary["claims"])
     # a smoke run is a pipeline check: no claim carries a finding's status
     assert summary["pipeline_check"] and summary["headline"].startswith("pipeline check, not")
     for claim in summary["claims"].values():

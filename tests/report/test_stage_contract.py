@@ -63,6 +63,7 @@ def test_the_unchanged_results_render(run: dict[str, Any], tmp_path: Path) -> No
     assert {"fig2a_fits", "fig34_estimator", "mixing_summary", "certify_rows"} <= set(
         summary["tables"]
     )
+    assert {"posterior_rows", "posterior_by_layer", "posterior_by_length"} <= set(summary["tables"])
     for name in summary["tables"]:
         assert (tmp_path / "tables" / f"{name}.csv").exists(), name
 

@@ -29,6 +29,10 @@ PROBE_S_PER_GFLOP = 0.016  # probe fits: float32 products and their bookkeeping,
 HTA_PASS_SHARE = 0.05  # a batched forward-mode product per token, against a traced pass
 STAGE_FIXED_S = {"attention": 4.0, "tokens": 2.0, "attribution": 6.0, "mixing": 8.0}
 CERTIFY_S_PER_HEAD_ROW = 0.35  # one query row's interval map, per head and sequence
+# one query row's posterior (200 effective samples, split-R̂ ≤ 1.01) at dim P = 12, and the
+# growth of its cost with dim P (the billiard walk's seconds per effective sample,
+# benchmarks/records/posterior.md); the stage's sequences bound dim P (`posterior_null_dim`)
+POSTERIOR_S_PER_HEAD_ROW, POSTERIOR_DIM, POSTERIOR_EXPONENT = 0.25, 12, 1.25
 REPORT_S = 12.0  # figures, tables and the page
 LOAD_S = 10.0  # importing and loading the model and corpus
 # Fig. 2 probe work per layer, in passes over the training tokens (the embedded model's
@@ -96,7 +100,19 @@ def stage_cpu_seconds(sizes: Sizes, budget: Any) -> dict[str, float]:
         "attribution": STAGE_FIXED_S["attribution"] + attribution * per_token * HTA_PASS_SHARE,
         "mixing": STAGE_FIXED_S["mixing"] + mixing * per_token * HTA_PASS_SHARE,
         "certify": rows * sizes.n_layers * sizes.n_heads * CERTIFY_S_PER_HEAD_ROW,
+        "posterior": posterior_seconds(sizes, budget),
     }
+
+
+def posterior_seconds(sizes: Sizes, budget: Any) -> float:
+    """CPU seconds of the posterior stage: its sampled rows (every head of every layer) at
+    the cost of a row of the largest dim P the length cap allows. Fewer than ~200 effective
+    samples save little: split-R̂ ≤ 1.01 needs about that many."""
+    dim = min(budget.posterior_null_dim, budget.max_tokens - sizes.hidden // sizes.n_heads)
+    growth = max(1.0, dim / POSTERIOR_DIM) ** POSTERIOR_EXPONENT
+    per_row = POSTERIOR_S_PER_HEAD_ROW * max(1.0, budget.posterior_samples / 200) * growth
+    rows = budget.posterior_sequences * budget.posterior_rows_per_head
+    return rows * sizes.n_layers * sizes.n_heads * per_row
 
 
 def probe_seconds(sizes: Sizes, tokens: int, budget: Any = None) -> float:

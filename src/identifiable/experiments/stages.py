@@ -9,6 +9,7 @@ renders the report.
   attribution  Figs. 3-4: Hidden Token Attribution per sequence
   mixing       beyond the paper: which account of context mixing tracks HTA and erasure
   certify      beyond the paper: interval maps and constrained effective attention
+  posterior    beyond the paper: the posterior over valid attention rows against the intervals
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from identifiable.experiments.pipeline import (
     concat_reduce,
     shard_items,
 )
+from identifiable.experiments.posterior import posterior_reduce, posterior_tables
 from identifiable.experiments.tokens import SharedPairs, probe_device, token_tables
 from identifiable.mixing import unavailable
 from identifiable.tokens.evaluate import fit_workers
@@ -61,7 +63,11 @@ class Budget:
     mixing_*: sequences (of at most mixing_max_tokens tokens) for "which account of mixing
     tracks the gradients?", and HTA's random probes there (None = exact).
     certify_*: sequences for "how far can attention really move?", and query rows sampled
-    per head (every head of every layer) for their interval maps. pipeline_check: the
+    per head (every head of every layer) for their interval maps.
+    posterior_*: sequences for "how uncertain is attention?" (of d_v + 2 to d_v + 1 +
+    posterior_null_dim tokens, d_v the head width: a row's null space, and the cost of its
+    posterior, grow with n − d_v), query rows sampled per head (shared by the heads of a
+    layer) and the effective samples asked of each row's posterior. pipeline_check: the
     budget only proves that the pipeline runs (smoke): the report shows no verdict badges
     or claim counts as findings.
     """
@@ -88,6 +94,10 @@ class Budget:
     mixing_probes: int | None = 4
     certify_sequences: int = 2
     certify_rows_per_head: int = 1
+    posterior_sequences: int = 2
+    posterior_null_dim: int = 16
+    posterior_rows_per_head: int = 1
+    posterior_samples: int = 200
     pipeline_check: bool = False
 
 
@@ -133,6 +143,11 @@ BUDGETS: dict[str, Budget] = {
         mixing_probes=4,
         certify_sequences=10,
         certify_rows_per_head=4,
+        # a row's posterior costs ~dim P^1.25 (billiard walk): the cost model puts 10 pairs of
+        # ≤ 128 tokens, 2 rows per head, at over an hour on 2 threads
+        posterior_sequences=8,
+        posterior_null_dim=32,
+        posterior_samples=400,
     ),
     # Seconds: proves the pipeline runs end to end (tests, installation checks); numbers are noise.
     "smoke": Budget(
@@ -150,6 +165,9 @@ BUDGETS: dict[str, Budget] = {
         mixing_max_tokens=24,
         mixing_probes=2,
         certify_sequences=1,
+        posterior_sequences=1,
+        posterior_null_dim=8,
+        posterior_samples=20,
         pipeline_check=True,
     ),
 }
@@ -177,8 +195,8 @@ def _mixing_reduce(
 
 
 def _samples(model: Any, items: list[Item], budget: Any) -> tuple[list[list[Item]], ...]:
-    """The shards of the attention, attribution, mixing and certify stages (the tokens
-    stage reads every item)."""
+    """The shards of the attention, attribution, mixing, certify and posterior stages (the
+    tokens stage reads every item)."""
     att_items = items[: budget.attention_sequences]
     att = shard_items(att_items, budget.shard_size)
     attribution_items = items_in_length_range(
@@ -196,12 +214,18 @@ def _samples(model: Any, items: list[Item], budget: Any) -> tuple[list[list[Item
     )
     mix = shard_items(mixing_items, MIXING_SHARD)
     cert = shard_items(items[: budget.certify_sequences], 1)
-    return att, hta, mix, cert
+    # a posterior costs ~dim P^2 per row (hit-and-run up to dim 16), dim P ≈ n − d_v − 1
+    d_v = int(model.info.head_dim)
+    post_items = items_in_length_range(
+        model, items, d_v + 2, d_v + 1 + budget.posterior_null_dim, budget.posterior_sequences
+    )
+    return att, hta, mix, cert, shard_items(post_items, 1)
 
 
 def stages(model: Any, items: list[Item], budget: Any, seed: int, cache_dir: Path) -> list[Stage]:
-    """The paper's three stages in paper order, then context mixing and certified attention."""
-    att, hta, mix, cert = _samples(model, items, budget)
+    """The paper's three stages in paper order, then context mixing, certified attention
+    and the attention posterior."""
+    att, hta, mix, cert, post = _samples(model, items, budget)
     n_layers = model.info.n_layers
     # what each method needs of the model is checked here, before the first stage starts:
     # a method that cannot run on this family is left out and named in its section
@@ -268,15 +292,42 @@ def stages(model: Any, items: list[Item], budget: Any, seed: int, cache_dir: Pat
             ),
             lambda parts: _mixing_reduce(parts, seed, skipped),
         ),
+        *_sampled_rows_stages(model, cert, post, budget, seed),
+    ]
+
+
+def _sampled_rows_stages(
+    model: Any, cert: list[list[Item]], post: list[list[Item]], budget: Any, seed: int
+) -> list[Stage]:
+    """Beyond the paper, on sampled query rows of every head (one sequence per shard):
+    certified attention, then the attention posterior."""
+    certify = Stage(
+        "certify",
+        "Beyond: certified attention",
+        cert,
+        [len(x) for x in cert],
+        lambda shard, i, adv: certify_tables(
+            model, shard, i, adv, rows_per_head=budget.certify_rows_per_head, seed=seed
+        ),
+        certify_reduce,
+    )
+    return [
+        certify,
         Stage(
-            "certify",
-            "Beyond: certified attention",
-            cert,
-            [len(x) for x in cert],
-            lambda shard, i, adv: certify_tables(
-                model, shard, i, adv, rows_per_head=budget.certify_rows_per_head, seed=seed
+            "posterior",
+            "Beyond: attention posterior",
+            post,
+            [len(x) for x in post],
+            lambda shard, i, adv: posterior_tables(
+                model,
+                shard,
+                i,
+                adv,
+                rows_per_head=budget.posterior_rows_per_head,
+                samples=budget.posterior_samples,
+                seed=seed,
             ),
-            certify_reduce,
+            posterior_reduce,
         ),
     ]
 

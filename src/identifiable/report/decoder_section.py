@@ -27,7 +27,7 @@ from identifiable.report.verdicts import (
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-TITLE = "8. Beyond the paper: decoders, causal rows and the attention sink"
+TITLE = "9. Beyond the paper: decoders, causal rows and the attention sink"
 SINK = 0.2  # a head whose mean raw attention on the first token reaches this is a sink head
 MOST = 0.5  # "most of the sink": the null share of the sink heads' first-token mass
 

@@ -23,6 +23,7 @@ from identifiable.report import (
     decoder_section,
     figures,
     mixing_section,
+    posterior_section,
     tokens_section,
 )
 from identifiable.report.files import write_figure, write_tables
@@ -37,6 +38,7 @@ from identifiable.report.tables import (
     CertifyStageTables,
     DecoderStageTables,
     MixingStageTables,
+    PosteriorStageTables,
     Results,
     TokenStageTables,
 )
@@ -91,6 +93,7 @@ def _tables(results: Results, causal: bool) -> tuple[dict[str, pd.DataFrame], di
     tok = TokenStageTables.of(results)
     hta = AttributionStageTables.of(results)
     mixing, certify = MixingStageTables.optional(results), CertifyStageTables.optional(results)
+    posterior = PosteriorStageTables.optional(results)
     to_tokens = (
         att.to_tokens.groupby(["layer", "head", "kind", "target"], as_index=False)["value"].mean()
         if not att.to_tokens.empty
@@ -141,6 +144,10 @@ def _tables(results: Results, causal: bool) -> tuple[dict[str, pd.DataFrame], di
         tables["certify_rows"] = certify.rows
         tables["certify_by_layer"] = certify.by_layer
         tables["certify_by_length"] = certify.by_length
+    if posterior is not None:
+        tables["posterior_rows"] = posterior.rows
+        tables["posterior_by_layer"] = posterior.by_layer
+        tables["posterior_by_length"] = posterior.by_length
     return tables, {"fig3b": v3b}
 
 
@@ -358,6 +365,7 @@ def _sections(
         _tokens_section(tables, info, caption["tokens"], fig),
         *_attribution_sections(tables, extra, info, caption["attribution"], fig),
         *_beyond(tables, info.name, fig),
+        *([posterior_section.section(tables, info, fig)] if "posterior_rows" in tables else []),
         *([decoder_section.section(tables, info, fig)] if "decoder_sinks" in tables else []),
     ]
 

@@ -19,10 +19,23 @@ CAUSAL_ROWS = (
     "i + 1 − rank(T≤i) ≥ i + 1 − d_v (d_v = {d_v}). Effective attention projects each row onto "
     "the row space of its own prefix; masked entries are exactly 0 in A and A_eff and are left "
     "out of Fig. 1a's Pearson r, and Fig. 1's null-space dimension is that of the last row (the "
-    "whole sequence). Section 8 follows every row: its null-space dimension and its share in "
+    "whole sequence). Section 9 follows every row: its null-space dimension and its share in "
     "the null space, ‖a − ã‖/‖a‖, against prefix length, and the attention on the first token "
     "averaged over the rows that see it (all rows, unless a sliding window hides it), raw "
     "against effective, per head."
+)
+
+POSTERIOR = (
+    "Section 8 samples the posterior over the valid attention rows of a row, P_i = {{ã ≥ 0 on "
+    "its keys, Σ ã = 1, ã T = a T}}, under a uniform prior (every valid row equally likely): "
+    "the first {sequences} pairs of d_v + 2 to d_v + 1 + {null_dim} tokens (dim P_i up to "
+    "{null_dim}; else the longest that fit), {rows} query row(s) per layer "
+    "drawn under the seed and shared by its heads, 4 chains per row (hit-and-run up to dim "
+    "P_i = 16, the billiard walk above; both exact, docs/posterior.md) run until each row "
+    "has {samples} effective samples of its worst weight and a split-R̂ ≤ 1.01, or a cap of "
+    "25 × {samples} / 4 draws per chain. A row that ends short of either is flagged: shown "
+    "in the table and figure and left out of the verdicts, which count it. Certified "
+    "intervals, A_eff and the constrained row are those of the same rows."
 )
 
 
@@ -95,6 +108,8 @@ def methods_section(
             "computation is too slow for the budget." + tokens_section.narrow_mlp(fig2, d),
         ),
     ]
+    if "posterior_rows" in tables:
+        items.insert(-1, ("Attention posterior", _posterior(budget)))
     if "decoder_by_prefix" in tables:
         items.insert(1, ("Decoders (causal rows)", CAUSAL_ROWS.format(d_v=d_v)))
     return h(
@@ -107,4 +122,14 @@ def methods_section(
             table_html(proto, max_rows=4),
         ),
         id="methods",
+    )
+
+
+def _posterior(budget: dict[str, Any]) -> str:
+    """The Methods entry of the posterior section, with the budget's sample sizes."""
+    return POSTERIOR.format(
+        sequences=budget.get("posterior_sequences", "?"),
+        null_dim=budget.get("posterior_null_dim", "?"),
+        rows=budget.get("posterior_rows_per_head", "?"),
+        samples=budget.get("posterior_samples", "?"),
     )

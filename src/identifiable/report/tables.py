@@ -141,6 +141,16 @@ class CertifyStageTables(StageTables):
 
 
 @dataclass(frozen=True)
+class PosteriorStageTables(StageTables):
+    """Beyond the paper: the attention posterior (`experiments.posterior.posterior_reduce`)."""
+
+    STAGE: ClassVar[str] = "posterior"
+    rows: pd.DataFrame  # one row per sampled query row: widths, P(top stays), ESS, R̂, flags
+    by_layer: pd.DataFrame  # per layer: counts, means over the sound rows
+    by_length: pd.DataFrame  # per sequence: the same
+
+
+@dataclass(frozen=True)
 class ScanStageTables(StageTables):
     """Beyond the paper: a whole-model scan (`experiments.scan`, concatenated over shards in
     text order; `identifiable.scan` builds its `ScanResult` from them). Not in `CONTRACTS`
@@ -159,5 +169,6 @@ CONTRACTS: tuple[type[StageTables], ...] = (
     AttributionStageTables,
     MixingStageTables,
     CertifyStageTables,
+    PosteriorStageTables,
 )
 """Every stage the report reads, in report order."""

@@ -59,6 +59,9 @@ class IntervalRow:
     weights: `[n_keys]` the model's attention row a; lo, hi: `[n_keys]` min/max weight
     each key can take among valid distributions that give the same head output;
     witness: `[n_keys]` one such distribution, or None when none exists (`note` says why).
+    credible_lo, credible_hi: `[n_keys]` the 95 % credible band of each weight under the
+    uniform posterior over those distributions (`attention_posterior`), inside [lo, hi];
+    None when it was not computed. posterior_note: its diagnostics and flags in words.
     Keys a causal row cannot see hold 0 everywhere.
     """
 
@@ -70,6 +73,9 @@ class IntervalRow:
     hi: np.ndarray
     witness: np.ndarray | None
     note: str = ""
+    credible_lo: np.ndarray | None = None
+    credible_hi: np.ndarray | None = None
+    posterior_note: str = ""
 
 
 def quantise(x: np.ndarray, bits: int = 8) -> tuple[np.ndarray, float, float]:
@@ -273,6 +279,10 @@ def interval_json(
         "witness": None if row.witness is None else r(row.witness),
         "ident": [int(j) for j in np.flatnonzero(width < threshold)],
         "note": row.note,
+        # rounding is monotone: a band inside [lo, hi] stays inside after it
+        "cred_lo": None if row.credible_lo is None else r(row.credible_lo),
+        "cred_hi": None if row.credible_hi is None else r(row.credible_hi),
+        "posterior_note": row.posterior_note,
     }
 
 

@@ -36,7 +36,10 @@ class ViewerOptions:
     (`identifiable.mixing.method_names()`) offered in place of the attention maps.
     certify: compute the chosen head's interval map and constrained attention, within
     interval_seconds. identifiable_below: interval width under which a weight is marked
-    identifiable. show_image: draw an image model's input under its patch grid.
+    identifiable. posterior: with certify, the credible band of each weight of the rows
+    asked for (else of the first row certified) under the uniform posterior over the valid
+    rows, within interval_seconds more. show_image: draw an image model's input under its
+    patch grid.
     memory_budget: bytes the page's effective attention may use (None: the memory free).
     """
 
@@ -50,6 +53,7 @@ class ViewerOptions:
     certify: bool = True
     interval_seconds: float = DEFAULT_INTERVAL_SECONDS
     identifiable_below: float = IDENTIFIABLE_BELOW
+    posterior: bool = True
     show_image: bool = True
     memory_budget: int | None = None
 

@@ -727,14 +727,21 @@
     }
 
     // One key's bar on the row's own axis [x0, x1] (see rowAxis): the interval as a band,
-    // the raw weight (black), witness (red), constrained (purple) and effective (orange) marks.
-    function bar(ax, lo, hi, a, w, cw, e, ok) {
+    // the credible band inside it (dark; cred = [lo, hi] or null), the raw weight (black),
+    // witness (red), constrained (purple) and effective (orange) marks.
+    function bar(ax, lo, hi, a, w, cw, e, ok, cred) {
       const at = (v) => (100 * (v - ax[0])) / (ax[1] - ax[0]);
       const b = el("div", null, "idf-bar");
       const span = el("div", null, ok ? "idf-span idf-span-ident" : "idf-span");
       span.style.left = at(lo).toFixed(2) + "%";
       span.style.width = Math.max(0.5, at(hi) - at(lo)).toFixed(2) + "%";
       b.append(span);
+      if (cred) {
+        const band = el("div", null, "idf-cred");
+        band.style.left = at(cred[0]).toFixed(2) + "%";
+        band.style.width = Math.max(0.5, at(cred[1]) - at(cred[0])).toFixed(2) + "%";
+        b.append(band);
+      }
       [[a, "idf-mark"], [w, "idf-wit"], [cw, "idf-con"], [e, "idf-eff"]].forEach(([v, cls]) => {
         if (v === null) return;
         const mark = el("div", null, cls);
@@ -754,12 +761,13 @@
     }
 
     // The row table's legend: the bars' axis and the colour of each mark.
-    function barLegend(ax, withEffective) {
+    function barLegend(ax, withEffective, withCredible) {
       const legend = el("p", null, "idf-legend");
       legend.append("bar axis fitted to this row: " + fmt(ax[0]) + " … " + fmt(ax[1]) +
         " (its least to greatest value, padded 4%): ");
       const keys = [["#9fbfe3", "interval"], ["#1b7a3a", "interval of an identifiable weight"], ["#1d232b", "raw weight"],
-        ["#d1495b", "witness"], ["#7b4fc4", "constrained"]].concat(withEffective ? [["#e08a00", "effective"]] : []);
+        ["#d1495b", "witness"], ["#7b4fc4", "constrained"]].concat(withEffective ? [["#e08a00", "effective"]] : [],
+        withCredible ? [["#1f4e8c", "95% credible band (uniform posterior)"]] : []);
       keys.forEach(([colourCss, label]) => {
         const sw = el("i");
         sw.style.background = colourCss;
@@ -821,14 +829,17 @@
           " (quantised); the identifiable marks come from the exact bounds.", "idf-note"));
       }
       if (entry && entry.note) panel.appendChild(el("p", entry.note, "idf-note"));
+      // The credible band (computed with the page, inside the row's exact bounds), or null.
+      const cred = entry && entry.cred_lo ? (j) => [entry.cred_lo[j], entry.cred_hi[j]] : null;
+      if (cred && entry.posterior_note) panel.appendChild(el("p", entry.posterior_note, "idf-note idf-posterior-note"));
       const drawn = keys.flatMap((j) => [iv.lo[j], iv.hi[j], iv.weights[j]].concat(
         witness ? [witness[j]] : [], con ? [con[j]] : [], eff ? [eff[j]] : []));
       const ax = rowAxis(drawn);
-      panel.appendChild(barLegend(ax, eff !== null));
+      panel.appendChild(barLegend(ax, eff !== null, cred !== null));
       const table = el("table");
       table.dataset.axis = ax.join(",");
       const head = el("tr");
-      ["key", "token", "raw a", "effective a_eff", "witness ã", "constrained c", "min", "max", "width", "identifiable", ""].forEach((t) => head.appendChild(el("th", t)));
+      ["key", "token", "raw a", "effective a_eff", "witness ã", "constrained c", "min", "max", "width", "credible 95%", "identifiable", ""].forEach((t) => head.appendChild(el("th", t)));
       table.appendChild(head);
       keys.forEach((j) => {
         const tr = el("tr");
@@ -837,9 +848,11 @@
         if (ok) tr.classList.add("idf-ident");
         tr.append(el("td", j), el("td", D.tokens[j], "idf-tok"), el("td", fmt(iv.weights[j])), el("td", eff ? fmt(eff[j]) : "–", "idf-eff-cell"),
           el("td", witness ? fmt(witness[j]) : "–"), el("td", con ? fmt(con[j]) : "–"), el("td", fmt(iv.lo[j])), el("td", fmt(iv.hi[j])),
-          el("td", fmt(iv.hi[j] - iv.lo[j])), el("td", ok ? "✓" : "", "idf-ident-mark"));
+          el("td", fmt(iv.hi[j] - iv.lo[j])), el("td", cred ? fmt(cred(j)[0]) + " … " + fmt(cred(j)[1]) : "–", "idf-cred-cell"),
+          el("td", ok ? "✓" : "", "idf-ident-mark"));
         const td = el("td");
-        td.appendChild(bar(ax, iv.lo[j], iv.hi[j], iv.weights[j], witness ? witness[j] : null, con ? con[j] : null, eff ? eff[j] : null, ok));
+        td.appendChild(bar(ax, iv.lo[j], iv.hi[j], iv.weights[j], witness ? witness[j] : null, con ? con[j] : null, eff ? eff[j] : null, ok,
+          cred ? cred(j) : null));
         tr.appendChild(td);
         table.appendChild(tr);
       });
