@@ -80,13 +80,16 @@ def test_summaries_are_consistent(post) -> None:
 
 @pytest.mark.parametrize("walk", ["billiard", "hitrun"])
 def test_a_fixed_seed_repeats_bit_for_bit(trace, walk) -> None:
-    def run(seed: int) -> AttentionPosterior:
-        return attention_posterior(trace, 0, 1, rows=[2, 5], samples=50, seed=seed, walk=walk,
-                                   progress=False)  # fmt: skip
+    def run(seed: int, **budget: float) -> AttentionPosterior:
+        return attention_posterior(
+            trace, 0, 1, rows=[2, 5], samples=50, seed=seed, walk=walk, progress=False, **budget
+        )
 
     one, two, other = run(7), run(7), run(8)
+    timed = run(7, time_budget=600.0)  # the budget's timed probe steps are rewound
     for f in ("mean", "credible_lower", "credible_upper", "p_top", "p_half", "ess", "rhat"):
         assert torch.equal(getattr(one, f), getattr(two, f)), f
+        assert torch.equal(getattr(one, f), getattr(timed, f)), f
     assert not torch.equal(one.mean, other.mean)
 
 

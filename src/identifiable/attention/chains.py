@@ -202,12 +202,14 @@ def sample(
     tau = TAU_BILLIARD if walk == "billiard" else TAU_GUESS
     x = hitrun.starts(spread, x_c, cfg.chains, gen)
     move = mover(walk, poly, spread)
-    if probe is not None:  # time a few steps, before the warm-up's sweeps
+    if probe is not None:  # time a few steps, then rewind: a budget leaves the draws as they are
+        state, y = gen.get_state(), x.clone()
         t0, tries = time.perf_counter(), min(thin, 8 if walk == "billiard" else 64)
         for _ in range(tries):
-            x = move(x, gen)
+            y = move(y, gen)
         planned = thin * (2 * warm + tau * cfg.samples / cfg.chains)
         probe((time.perf_counter() - t0) / tries, planned)
+        gen.set_state(state)
     moments = hitrun.Moments(poly)
     x, _, on_time = _sweeps(poly, move, x, warm, thin, gen, cfg.deadline, moments)
     spread = hitrun.adapted(poly, spread, moments)
