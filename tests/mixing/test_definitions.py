@@ -306,12 +306,12 @@ def explicit_value_zeroing(model, text: str, layer: int, token: int) -> torch.Te
 
     def zero(module, args, output):
         output = output.clone()
-        if model.spec.fused_qkv is None:
+        if model.spec.fused is None:
             output[:, token] = 0
-        else:
-            chunks, index = model.spec.fused_qkv
-            width = output.shape[-1] // chunks
-            output[:, token, index * width : (index + 1) * width] = 0
+        else:  # GPT-2's [Q | K | V] thirds (fused "qkv_blocks" with H_kv = H)
+            assert model.spec.fused == "qkv_blocks" and model.info.n_kv_heads == model.info.n_heads
+            width = output.shape[-1] // 3
+            output[:, token, 2 * width :] = 0
         return output
 
     with HookSet() as hooks, torch.no_grad():

@@ -11,7 +11,7 @@ import pytest
 
 from identifiable.cli import main
 from identifiable.errors import IdentifiableError
-from identifiable.store import outdir
+from identifiable.store import outdir_checks
 from identifiable.store.outdir import OutputFolder
 
 
@@ -239,4 +239,4 @@ def test_a_second_run_into_the_same_folder_refuses(tmp_path: Path) -> None:
         ):
             pass
     assert (out / "index.html").read_text() == "first"
-    assert not outdir._lockfile(out).exists()  # released and removed
+    assert not outdir_checks._lockfile(out).exists()  # released and removed

@@ -81,15 +81,14 @@ class ArchSpec:
             `out_proj` name raw parameters of shape [d, H, d_v] (XLNet's `v` and `o`),
             W_V = value reshaped to [d, H·d_v] and head h's rows of W_O = out_proj[:, h, :]ᵀ,
             without biases; E is then the input of the module holding `value`.
-        fused_qkv: for fused projections, (number of chunks, index of V) along
-            the output dimension; None when `value` is a separate V projection.
         causal: decoder-style (row i attends to keys ≤ i).
         norm: "post" (LayerNorm after the residual, BERT) or "pre" (GPT-2, Llama):
             documents what E is; E is always read at the value projection's input.
         position_offset: positions the model reserves before the first token
             (RoBERTa counts from padding_idx + 1), subtracted from the maximum length.
-        fused: layout of a fused QKV projection whose blocks differ in size
-            (see `FusedLayout`); `fused_qkv` covers the equal-chunk case.
+        fused: where W_V sits in a fused QKV projection (`FusedLayout`: equal [Q | K | V]
+            thirds are "qkv_blocks" with H_kv = H); None when `value` is a separate V
+            projection.
         layer_groups: for models that reuse layers (ALBERT), the path inside each
             entry of `layers` of the list of layers it runs; the logical layer i
             runs group ⌊i·G/L⌋ (G groups, L = `config.num_hidden_layers`).
@@ -149,7 +148,6 @@ class ArchSpec:
     value: str
     out_proj: str
     weight_layout: Literal["linear", "conv1d", "heads"] = "linear"
-    fused_qkv: tuple[int, int] | None = None
     causal: bool = False
     norm: Literal["pre", "post"] = "post"
     position_offset: int = 0

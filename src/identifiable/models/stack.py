@@ -521,10 +521,6 @@ def value_columns(
     """
     if spec.latent is not None:  # every query head has its own value block
         return n_heads, spec.latent.columns(width, n_heads, head_dim)
-    if spec.fused_qkv is not None:
-        chunks, index = spec.fused_qkv
-        part = width // chunks
-        return part // head_dim, slice(index * part, (index + 1) * part)
     if spec.fused is None:
         return width // head_dim, slice(0, width)
     n_kv = (width // head_dim - n_heads) // 2  # fused width is (H + 2·H_kv)·d_v
