@@ -195,10 +195,11 @@ def tiny_config(model_type: str) -> Any:
     kwargs |= _layer_types(default, int(kwargs.get("num_hidden_layers", 2)))
     kwargs |= OVERRIDES.get(model_type, {})
     if model_type in MROPE:
-        kwargs["rope_parameters"] = {
-            **default.rope_parameters,
-            "mrope_section": list(MROPE[model_type]),
-        }
+        section = list(MROPE[model_type])
+        if hasattr(default, "rope_parameters"):
+            kwargs["rope_parameters"] = {**default.rope_parameters, "mrope_section": section}
+        else:  # transformers 4.x keeps the sections in rope_scaling
+            kwargs["rope_scaling"] = {"type": "mrope", "mrope_section": section}
     return AutoConfig.for_model(model_type, **kwargs)
 
 
