@@ -7,13 +7,12 @@ matplotlib and report helpers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from identifiable.report.claims import NOT_SUPPORTED, NOT_TESTED, SUPPORTED, Verdict
-from identifiable.report.verdicts import binomial_interval, median_interval, settle, side
+from identifiable.report.claims import NOT_TESTED, Verdict
+from identifiable.report.verdicts import binomial_interval, median_interval, one_test, side
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -61,10 +60,6 @@ def main_table(rows: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def _pass_fail(ok: Sequence[bool]) -> str:
-    return SUPPORTED if ok[0] else NOT_SUPPORTED
-
-
 def claim_pinned(rows: pd.DataFrame) -> Verdict:
     """Supported when rows with a null space (dim LN([T,1]) > 0) have a median widest
     interval below NARROW, its exact distribution-free 95 % interval (`median_interval`,
@@ -81,7 +76,7 @@ def claim_pinned(rows: pd.DataFrame) -> Verdict:
     )
     lo, hi = median_interval(live["width_max"])
     ok = side(lo, hi, NARROW, below=True) if hi != NARROW else None
-    status = settle(_pass_fail, [ok])
+    status = one_test(ok)
     numbers = {
         "median_null_dim": float(med_dim),
         "median_width_max": float(med_w),
@@ -120,7 +115,7 @@ def claim_effective_overshoots(rows: pd.DataFrame) -> Verdict:
     frac = k / len(live)
     lo, hi = binomial_interval(k, len(live))
     ok = True if lo > 0.5 else False if hi < 0.5 else None
-    status = settle(_pass_fail, [ok])
+    status = one_test(ok)
     numbers = {
         "fraction": frac,
         "fraction_lo": lo,
@@ -160,7 +155,7 @@ def claim_constrained_is_closer(rows: pd.DataFrame) -> Verdict:
     med_c, med_e = float(live["l1_constrained"].median()), float(live["l1_effective"].median())
     lo, hi = median_interval(live["l1_constrained"] - live["l1_effective"])
     ok = True if hi < 0 else False if lo >= 0 else None
-    status = settle(_pass_fail, [ok])
+    status = one_test(ok)
     sentence = (
         f"{status.capitalize()}: the constrained effective attention (a distribution with the same "
         f"output) moves a median L1 of {med_c:.3f} from raw attention, against {med_e:.3f} for the "

@@ -15,13 +15,12 @@ import pandas as pd
 
 from identifiable.report.section import Section
 from identifiable.report.verdicts import (
-    NOT_SUPPORTED,
     NOT_TESTED,
-    SUPPORTED,
     Verdict,
     judged,
     median_interval,
-    settle,
+    one_test,
+    outcome,
 )
 
 if TYPE_CHECKING:
@@ -96,18 +95,16 @@ def claim_sink_is_null(sinks: pd.DataFrame) -> Verdict:
     share = float(np.median(per_seq))
     lo, hi = median_interval(per_seq)
     ok = True if lo > MOST else False if hi <= MOST else None
-    status = settle(lambda o: SUPPORTED if o[0] else NOT_SUPPORTED, [ok])
+    status = one_test(ok)
     sentence = (
         f"in the rows with a null space, {len(chosen)} sink heads put a mean {raw.mean():.3f} of "
         f"their raw attention on the first token and {eff.mean():.3f} of their effective "
         f"attention; the median over {len(per_seq)} sequences of the share in the null space is "
         f"{share:.1%} (exact 95% interval {lo:.1%} … {hi:.1%}; test: above {MOST:.0%})"
-        + (
-            ": most of the sink does not reach the heads' outputs."
-            if ok
-            else ": most of the sink reaches the heads' outputs."
-            if ok is False
-            else ": the sample cannot tell."
+        + outcome(
+            ok,
+            ": most of the sink does not reach the heads' outputs.",
+            ": most of the sink reaches the heads' outputs.",
         )
     )
     numbers = {

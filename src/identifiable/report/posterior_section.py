@@ -16,14 +16,13 @@ import pandas as pd
 
 from identifiable.report.section import Section
 from identifiable.report.verdicts import (
-    NOT_SUPPORTED,
     NOT_TESTED,
-    SUPPORTED,
     Verdict,
     binomial_interval,
     judged,
     median_interval,
-    settle,
+    one_test,
+    outcome,
 )
 
 if TYPE_CHECKING:
@@ -52,10 +51,6 @@ def _left_out(flagged: int, points: int) -> str:
     )
 
 
-def _ok(ok: bool | None, yes: str, no: str) -> str:
-    return yes if ok else no if ok is False else ": the sample cannot tell."
-
-
 def claim_band_inside(rows: pd.DataFrame) -> Verdict:
     """Supported when the 95 % credible band of a row's widest weight is under HALF of its
     certified interval in the typical row: the median of width_ratio (credible_max /
@@ -76,13 +71,13 @@ def claim_band_inside(rows: pd.DataFrame) -> Verdict:
     med = float(ratio.median())
     lo, hi = median_interval(ratio)
     ok = True if hi < HALF else False if lo >= HALF else None
-    status = settle(lambda o: SUPPORTED if o[0] else NOT_SUPPORTED, [ok])
+    status = one_test(ok)
     sentence = (
         f"over {len(ratio)} rows with a null space and a sound posterior ("
         f"{_left_out(flagged, points)}), the 95% credible band of a row's widest weight spans "
         f"a median {med:.3f} of its certified interval (exact 95% interval {lo:.3f} … "
         f"{hi:.3f}; test: below {HALF})"
-        + _ok(
+        + outcome(
             ok,
             ": most valid rows lie well inside the worst case, so the certified intervals "
             "overstate how far attention typically moves.",
@@ -113,7 +108,7 @@ def claim_top_key_settled(rows: pd.DataFrame) -> Verdict:
     n, k = len(used), int((~used["settled"].astype(bool)).sum())
     lo, hi = binomial_interval(k, n)
     ok = True if hi < MOST else False if lo > MOST else None
-    status = settle(lambda o: SUPPORTED if o[0] else NOT_SUPPORTED, [ok])
+    status = one_test(ok)
     eff = float((used["top_effective"] != used["top_key"]).mean())
     con = float((used["top_constrained"] != used["top_key"]).mean())
     sentence = (
@@ -123,7 +118,7 @@ def claim_top_key_settled(rows: pd.DataFrame) -> Verdict:
         f"below 0.95 when every valid row is equally likely; the paper's A_eff puts its "
         f"largest weight on another key in {eff:.1%} of these rows, the constrained row in "
         f"{con:.1%}"
-        + _ok(
+        + outcome(
             ok,
             ": where the weights are not identifiable, the top key mostly still is.",
             ": in most rows the data cannot say which key the head attends to most.",

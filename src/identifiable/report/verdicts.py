@@ -70,6 +70,21 @@ def settle(rule: Callable[[Sequence[bool]], str], outcomes: Sequence[bool | None
     return best if best == worst else NOT_SETTLED
 
 
+def _pass_fail(ok: Sequence[bool]) -> str:
+    return SUPPORTED if ok[0] else NOT_SUPPORTED
+
+
+def one_test(ok: bool | None) -> str:
+    """The status of a claim decided by one interval test: supported when it holds, not
+    supported when it fails, not settled when it is open (None)."""
+    return settle(_pass_fail, [ok])
+
+
+def outcome(ok: bool | None, yes: str, no: str, open_: str = ": the sample cannot tell.") -> str:
+    """The end of a verdict's sentence for one test's outcome (held, failed, open)."""
+    return yes if ok else no if ok is False else open_
+
+
 def _halves(ok: Sequence[bool]) -> str:
     return SUPPORTED if all(ok) else PARTLY if any(ok) else NOT_SUPPORTED
 
