@@ -132,8 +132,7 @@ def jacobian_sq_norms(
     def push(tangent: torch.Tensor) -> torch.Tensor:
         return torch.func.jvp(f, (e0,), (tangent,))[1]
 
-    # "same": an eval-mode pass may draw numbers it never uses (4.x FSMT's layerdrop draw)
-    batched = torch.func.vmap(push, randomness="same")
+    batched = torch.func.vmap(push, randomness="same")  # 4.x FSMT draws numbers it never uses
     s1 = torch.zeros(n_layers, n, n, dtype=torch.float64, device=e0.device)
     s2 = None if bank.exact else torch.zeros_like(s1)
     scale = float(d)  # estimator: y_a = d·‖J p_a‖²; exact mode sums ‖J e_a‖² unscaled
