@@ -23,14 +23,14 @@ TARGET = "Das Haus ist wunderbar."
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory, bert_tokenizer):
     root = tmp_path_factory.mktemp("cli-families")
-    for arch in ("t5", "bart", "vit"):
+    for arch in ("t5", "bart", "fsmt", "vit"):
         build_tiny_hf_model(arch).save_pretrained(root / arch)
         if arch != "vit":
             bert_tokenizer.save_pretrained(root / arch)
     return root
 
 
-@pytest.mark.parametrize("arch", ["t5", "bart"])
+@pytest.mark.parametrize("arch", ["t5", "bart", "fsmt"])  # FSMT: fairseq's layout
 def test_seq2seq_prints_three_tables_and_json(folders, arch, capsys, tmp_path, bert_tokenizer):
     out = tmp_path / "t.json"
     rc, stdout, stderr = run(

@@ -221,6 +221,8 @@ TINY_CONFIGS: dict[str, Tiny] = {
         "seq2seq",
         {**_BART_LIKE, "decoder_vocab_size": 30522, "share_encoder_decoder_embeddings": True},
     ),
+    # fairseq's layout: sequence-first hidden states, an encoder stack without a config
+    "fsmt": Tiny("seq2seq", {**_BART_LIKE, "src_vocab_size": 30522}),
     # the BART and T5 layouts' other families (issue 54's family table), and NLLB-MoE's
     # experts and BigBird-Pegasus's full attention (block-sparse is refused by name)
     **{t: Tiny("spec", _BART_LIKE) for t in ("blenderbot", "blenderbot-small", "pegasus")},

@@ -132,6 +132,8 @@ MROPE: dict[str, tuple[int, ...]] = {
 # Embedding widths that must add up to the hidden width (LayoutLMv3: 4 coordinates and 2
 # shapes; LiLT: six box embeddings of hidden / 6)
 OVERRIDES |= {"layoutlmv3": {"coordinate_size": 10, "shape_size": 12}, "lilt": {"hidden_size": 48}}
+# FSMT: a source vocabulary as small as the target's (its default is 42,024)
+OVERRIDES |= {"fsmt": {"src_vocab_size": 1024}}
 # Sparse attention: the indexer keeps 6 of the probe's 16 keys (models/keyselect.py)
 _INDEXER = {"index_topk": 6, "index_n_heads": 2, "index_head_dim": 16}
 OVERRIDES |= {t: _INDEXER for t in ("deepseek_v32", "glm_moe_dsa", "hy_v4", "axk2")}

@@ -89,7 +89,7 @@ def test_cross_effective_attention_matches_brute_force(traces):
             torch.testing.assert_close(ea.effective[layer, h], want, atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["t5", "bart"])
+@pytest.mark.parametrize("arch", ["t5", "bart", "fsmt"])
 def test_encoder_trace_equals_encoder_model_and_hta_runs(models, traces, arch):
     """The encoder stack alone is a Model: its trace equals the pair's, and HTA runs there."""
     from identifiable.attribution import hidden_token_attribution
@@ -139,3 +139,28 @@ def test_target_inputs_and_errors(models):
         m.trace(SOURCE, {"x": 1})
     with pytest.raises(IdentifiableError, match="Seq2SeqModel"):
         Model(m.task_model)
+
+
+def test_fsmt_fairseq_layout_and_source_vocabulary(models, bert_tokenizer):
+    """FSMT: its config-less encoder stack reads its model's config; its maps are batch-first
+    between sequence-first hidden states (a spec without that is refused in one line); source
+    ids are checked against the source vocabulary, not `vocab_size` (the target's)."""
+    from dataclasses import replace
+
+    from transformers import AutoModel
+
+    from helpers.families import tiny_config
+
+    m = models["fsmt"]
+    assert m.encoder.hf_model.config is m.hf_model.config
+    wrong = replace(m.spec, encoder=replace(m.spec.encoder, batch_first_maps=False))
+    with pytest.raises(IdentifiableError, match=r"^encoder attention: layer 0's attention maps"):
+        Seq2SeqModel(m.task_model, bert_tokenizer, spec=wrong).trace(SOURCE, TARGET)
+    cfg = tiny_config("fsmt")
+    cfg.tgt_vocab_size = 500
+    torch.manual_seed(0)
+    small = Model.from_hf(AutoModel.from_config(cfg, attn_implementation="eager").eval())
+    tr = small.trace(list(range(600, 620)), list(range(10, 20)))  # source ids ≥ 500
+    assert all(float(e.max()) < 1e-5 for e in tr.verify().values())
+    with pytest.raises(IdentifiableError, match=r"token ids must lie in 0\.\.30521"):
+        small.trace([30522, 11, 12])

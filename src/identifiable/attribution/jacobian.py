@@ -132,7 +132,7 @@ def jacobian_sq_norms(
     def push(tangent: torch.Tensor) -> torch.Tensor:
         return torch.func.jvp(f, (e0,), (tangent,))[1]
 
-    batched = torch.func.vmap(push)
+    batched = torch.func.vmap(push, randomness="same")  # 4.x FSMT draws numbers it never uses
     s1 = torch.zeros(n_layers, n, n, dtype=torch.float64, device=e0.device)
     s2 = None if bank.exact else torch.zeros_like(s1)
     scale = float(d)  # estimator: y_a = d·‖J p_a‖²; exact mode sums ‖J e_a‖² unscaled

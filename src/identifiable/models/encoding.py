@@ -133,7 +133,7 @@ class InputEncoder:
     ) -> Encoding:
         """Token ids used as given (list[int] or a 1-D integer tensor): no special tokens added."""
         ids = as_id_vector(input_ids, "input_ids")
-        vocab = int(getattr(self.config, "vocab_size", 0) or 0)
+        vocab = int(getattr(self.config, self.spec.vocab_attr, 0) or 0)
         if ids.numel() == 0:
             raise IdentifiableError("input_ids is empty: give at least one token id")
         if int(ids.min()) < 0 or (vocab and int(ids.max()) >= vocab):

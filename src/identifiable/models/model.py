@@ -229,8 +229,11 @@ class Seq2SeqModel:
         self.tokenizer = resolve_tokenizer(hf_model, tokenizer)
         name = name or str(getattr(config, "_name_or_path", ""))
         # The encoder stack alone is an encoder-only model: trace and HTA reuse `Model`.
+        encoder = get_submodule(base, spec.encoder_stack)
+        if getattr(encoder, "config", None) is None:  # a plain nn.Module stack (FSMT's)
+            encoder.config = base.config  # its model's, the same object, as HF's other stacks
         self.encoder = Model(
-            get_submodule(base, spec.encoder_stack),
+            encoder,
             self.tokenizer,
             name=name,
             spec=spec.encoder,

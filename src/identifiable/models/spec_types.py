@@ -114,6 +114,8 @@ class ArchSpec:
         sequence_first: the layers pass hidden states as [n, B, d] and their attention
             maps as [n, n, B, H] (XLNet); every capture turns them to [B, n, d] and
             [B, H, n, n].
+        batch_first_maps: with `sequence_first`, the attention maps are [B, H, n, n_k]
+            all the same (fairseq's layout in FSMT: [n, B, d] hidden states only).
         relative_segments: the model compares token types (same or different segment)
             instead of embedding them (XLNet), so a pair's token_type_ids are passed
             although the config has no `type_vocab_size`.
@@ -140,6 +142,8 @@ class ArchSpec:
         value_bias: dotted path (inside a layer) of a raw parameter holding b_V (H_kv·d_v,
             head by head) that the model adds after a bias-free value projection (DeBERTa's
             `v_bias` after its fused `in_proj`); None: the value module's own bias.
+        vocab_attr: config attribute with the size of the vocabulary the stack's token ids
+            come from (FSMT's encoder reads `src_vocab_size`; its `vocab_size` is the target's).
     """
 
     name: str
@@ -160,6 +164,7 @@ class ArchSpec:
     forward_ad: tuple[tuple[str, str], ...] = ()
     block_output_at: str | None = None
     sequence_first: bool = False
+    batch_first_maps: bool = False
     relative_segments: bool = False
     norms: NormLayout | None = None
     norm_rules: tuple[NormRule, ...] = ()
@@ -171,6 +176,7 @@ class ArchSpec:
     latent: LatentValues | None = None
     key_selector: str | None = None
     value_bias: str | None = None
+    vocab_attr: str = "vocab_size"
 
     def __post_init__(self) -> None:
         """One line for a spec of the wrong kind, when it is made (not at its first trace)."""

@@ -373,6 +373,18 @@ def _bart(part: str, attn: str, causal: bool, types: tuple[str, ...] = _BART_TYP
     )
 
 
+def _fairseq(part: str, attn: str, causal: bool) -> ArchSpec:
+    """FSMT: BART's module names in fairseq's layout (hidden states [n, B, d] between layers,
+    attention maps [B, H, n, n_k]); the encoder's ids come from the source vocabulary."""
+    return replace(
+        _bart(part, attn, causal, ("fsmt",)),
+        name=f"fsmt-{part}",
+        sequence_first=True,
+        batch_first_maps=True,
+        vocab_attr="src_vocab_size" if part == "encoder" else "vocab_size",
+    )
+
+
 SEQ2SEQ_SPECS: tuple[Seq2SeqSpec, ...] = (
     Seq2SeqSpec(
         name="t5",
@@ -407,6 +419,14 @@ SEQ2SEQ_SPECS: tuple[Seq2SeqSpec, ...] = (
         ),
         decoder=_bart("decoder", "self_attn", True, ("bigbird_pegasus",)),
         cross=_bart("cross", "encoder_attn", False, ("bigbird_pegasus",)),
+        decoder_heads_attr="decoder_attention_heads",
+    ),
+    Seq2SeqSpec(  # fairseq machine translation (WMT19): its encoder stack has no config
+        name="fsmt",
+        model_types=("fsmt",),
+        encoder=_fairseq("encoder", "self_attn", False),
+        decoder=_fairseq("decoder", "self_attn", True),
+        cross=_fairseq("cross", "encoder_attn", False),
         decoder_heads_attr="decoder_attention_heads",
     ),
 )

@@ -377,8 +377,9 @@ class AttentionStack:
 
     def _maps_in(self, out: Any, shape: tuple[int, int] | None, layer: int) -> torch.Tensor:
         """The attention probabilities `[B, H, n, n_k]` in an attention module's output."""
+        sequence_first = self.spec.sequence_first and not self.spec.batch_first_maps
         found = [
-            t.permute(2, 3, 0, 1) if self.spec.sequence_first else t  # [n, n, B, H]
+            t.permute(2, 3, 0, 1) if sequence_first else t  # [n, n, B, H]
             for t in (out if isinstance(out, tuple | list) else (out,))
             if isinstance(t, torch.Tensor) and t.dim() == 4
         ]
