@@ -170,14 +170,20 @@ class AttentionPosterior(
         stays, top = self.p_top_stays, self.raw.argmax(-1)
         for h, head in enumerate(self.heads):
             for r, row in enumerate(self.rows):
-                out.append({
-                    "head": head, "row": row,
-                    "row_token": self.tokens[row] if self.tokens else None,
-                    "dim": int(self.dim[h, r]), "ess": float(self.ess[h, r]),
-                    "rhat": float(self.rhat[h, r]), "draws": int(self.draws[h, r]),
-                    "top_key": int(top[h, r]), "p_top_stays": float(stays[h, r]),
-                    "flags": self.flag_text(h, r),
-                })  # fmt: skip
+                out.append(
+                    {
+                        "head": head,
+                        "row": row,
+                        "row_token": self.tokens[row] if self.tokens else None,
+                        "dim": int(self.dim[h, r]),
+                        "ess": float(self.ess[h, r]),
+                        "rhat": float(self.rhat[h, r]),
+                        "draws": int(self.draws[h, r]),
+                        "top_key": int(top[h, r]),
+                        "p_top_stays": float(stays[h, r]),
+                        "flags": self.flag_text(h, r),
+                    }
+                )
         return pd.DataFrame(out)
 
     def to_pandas(self, *fields: str, **sel: Any) -> pd.DataFrame:
@@ -199,8 +205,15 @@ class AttentionPosterior(
         return row_figure(self, **sel)
 
 
-def _check_request(prior: str, alpha: float, samples: int, chains: int, level: float,
-                   time_budget: float | None, walk: str = "auto") -> None:  # fmt: skip
+def _check_request(
+    prior: str,
+    alpha: float,
+    samples: int,
+    chains: int,
+    level: float,
+    time_budget: float | None,
+    walk: str = "auto",
+) -> None:
     """One line for each setting that cannot work, before anything runs."""
     if prior not in PRIORS:
         raise IdentifiableError(f"unknown prior {prior!r}: use one of {', '.join(PRIORS)}")
@@ -278,23 +291,51 @@ def attention_posterior(
         if rows is None
         else indices(rows, trace.n_tokens, "rows", "--row")
     )
-    imap = interval_map(trace, layers=[layer], heads=heads, rows=row_list,
-                        time_budget=time_budget, progress=False)  # fmt: skip
-    eff, con = _references(trace, layer, heads, row_list)
-    weight = 0.0 if prior == "uniform" else float(alpha)
+    imap = interval_map(
+        trace, layers=[layer], heads=heads, rows=row_list, time_budget=time_budget, progress=False
+    )
     problems = _row_problems(trace, layer, heads, row_list, imap)
+    settings = (prior, float(alpha), samples, chains, int(seed), level, keep_draws)
     where = torch.device(device) if device is not None else trace.attentions.device
-    gen = torch.Generator(device=where).manual_seed(int(seed))
+    out = _sample_rows(problems, settings, walk, (time_budget, start), where, progress)
+    eff, con = _references(trace, layer, heads, row_list)
+    return _assemble(
+        trace, layer, heads, row_list, imap, eff, con, problems, out, settings, start, walk
+    )
+
+
+def _sample_rows(
+    problems: list[_Row],
+    settings: tuple[str, float, int, int, int, float, bool],
+    walk: str,
+    timing: tuple[float | None, float],
+    where: torch.device,
+    progress: bool | None,
+) -> dict[int, tuple[chain_runs.Summary, int]]:
+    """Sample every row with a bar of the rows done; `timing` is (time_budget, start)."""
+    prior, alpha, samples, chains, seed, level, keep_draws = settings
+    time_budget, start = timing
+    weight = 0.0 if prior == "uniform" else alpha
+    gen = torch.Generator(device=where).manual_seed(seed)
     deadline = None if time_budget is None else start + 1.05 * time_budget
     budget = (time_budget, start, len(problems))
     shown = watching() if progress is None else progress
-    with task_bar("attention posterior (rows)", len(heads) * len(row_list), enabled=shown) as bar:
+    with task_bar("attention posterior (rows)", len(problems), enabled=shown) as bar:
         bar.advance(sum(p.dim == 0 for p in problems))
-        out = _sample_all(problems, weight, samples, chains, level, keep_draws, deadline,
-                          budget, where, gen, bar.advance, walk)  # fmt: skip
-    return _assemble(trace, layer, heads, row_list, imap, eff, con, problems, out,
-                     (prior, float(alpha), samples, chains, int(seed), level, keep_draws),
-                     start, walk)  # fmt: skip
+        return _sample_all(
+            problems,
+            weight,
+            samples,
+            chains,
+            level,
+            keep_draws,
+            deadline,
+            budget,
+            where,
+            gen,
+            bar.advance,
+            walk,
+        )
 
 
 def _references(
@@ -368,8 +409,9 @@ def _batches(problems: list[_Row], chains: int, samples: int) -> list[list[int]]
     """Indices of the rows with dim > 0, cut into batches whose rounding (s·k floats a
     row) and draws fit `MEMORY` at the batch's widest row; rows of similar size go
     together (sorted by their number of keys)."""
-    todo = sorted((i for i, p in enumerate(problems) if p.dim > 0),
-                  key=lambda i: (len(problems[i].keys), i))  # fmt: skip
+    todo = sorted(
+        (i for i, p in enumerate(problems) if p.dim > 0), key=lambda i: (len(problems[i].keys), i)
+    )
     per_chain = math.ceil(2 * chain_runs.TAU_GUESS * samples / chains) + 8
     out: list[list[int]] = []
     for i in todo:
@@ -382,8 +424,9 @@ def _batches(problems: list[_Row], chains: int, samples: int) -> list[list[int]]
     return out
 
 
-def _stack(problems: list[_Row], idx: list[int], weight: float, where: torch.device
-           ) -> tuple[Polytopes, Tensor]:  # fmt: skip
+def _stack(
+    problems: list[_Row], idx: list[int], weight: float, where: torch.device
+) -> tuple[Polytopes, Tensor]:
     """The padded `hitrun.Polytopes` of some rows, and half their keys' maxima `[R, s]`."""
     s = max(len(problems[i].keys) for i in idx)
     k = max(problems[i].dim for i in idx)
@@ -400,8 +443,9 @@ def _stack(problems: list[_Row], idx: list[int], weight: float, where: torch.dev
     return Polytopes(*(t.to(where) for t in vars(poly).values())), half.to(where)
 
 
-def _sample_all(problems, weight, samples, chains, level, keep, deadline, budget, where,
-                gen, advance, walk) -> dict[int, tuple[chain_runs.Summary, int]]:  # fmt: skip
+def _sample_all(
+    problems, weight, samples, chains, level, keep, deadline, budget, where, gen, advance, walk
+) -> dict[int, tuple[chain_runs.Summary, int]]:
     """Sample every batch; returns, per problem index, its summary and its place in it."""
     out: dict[int, tuple[chain_runs.Summary, int]] = {}
     batches = _batches(problems, chains, samples)
@@ -410,8 +454,9 @@ def _sample_all(problems, weight, samples, chains, level, keep, deadline, budget
         s = poly.raw.shape[1]
         room = MEMORY // max(1, 8 * len(idx) * chains * s)
         cap = max(8, min(MAX_TAU * samples // chains + 8, room))
-        cfg = chain_runs.Settings(samples, chains, level, cap, deadline, samples if keep else 0,
-                                  walk)  # fmt: skip
+        cfg = chain_runs.Settings(
+            samples, chains, level, cap, deadline, samples if keep else 0, walk
+        )
         share = _cost(problems, idx, walk) / max(
             1.0, sum(_cost(problems, i, walk) for i in batches)
         )
@@ -426,9 +471,14 @@ def _cost(problems: list[_Row], idx: list[int], walk: str) -> float:
     """The work of a sweep of every row of `idx`, up to a constant: steps × keys × dim
     (a billiard step meets about dim facets)."""
     ways = [chain_runs.resolve(walk, problems[i].dim) for i in idx]
-    return float(sum(chain_runs.sweep(problems[i].dim, w) * len(problems[i].keys)
-                     * problems[i].dim ** (2 if w == "billiard" else 1)
-                     for i, w in zip(idx, ways, strict=True)))  # fmt: skip
+    return float(
+        sum(
+            chain_runs.sweep(problems[i].dim, w)
+            * len(problems[i].keys)
+            * problems[i].dim ** (2 if w == "billiard" else 1)
+            for i, w in zip(idx, ways, strict=True)
+        )
+    )
 
 
 def _probe(budget: tuple[float | None, float, int], share: float, chains: int, samples: int):
@@ -452,13 +502,14 @@ def _probe(budget: tuple[float | None, float, int], share: float, chains: int, s
     return check
 
 
-def _assemble(trace, layer, heads, rows, imap, eff, con, problems, out, settings, start,
-              walk):  # fmt: skip
+def _assemble(trace, layer, heads, rows, imap, eff, con, problems, out, settings, start, walk):
     """The result's `[H, R, n]` arrays from the summaries (points: the raw row itself)."""
     n_h, n_r, n = len(heads), len(rows), trace.n_keys
     prior, alpha, samples, chains, seed, level, keep = settings
-    key_arrays = {k: torch.zeros(n_h, n_r, n, dtype=torch.float64) for k in
-                  ("mean", "credible_lower", "credible_upper", "p_top", "p_half", "mcse")}  # fmt: skip
+    key_arrays = {
+        k: torch.zeros(n_h, n_r, n, dtype=torch.float64)
+        for k in ("mean", "credible_lower", "credible_upper", "p_top", "p_half", "mcse")
+    }
     kept = torch.zeros(n_h, n_r, samples, n, dtype=torch.float64) if keep else None
     dims = torch.zeros(n_h, n_r, dtype=torch.long)
     ess, rhat = torch.full((n_h, n_r), math.nan), torch.full((n_h, n_r), math.nan)
@@ -475,21 +526,48 @@ def _assemble(trace, layer, heads, rows, imap, eff, con, problems, out, settings
             continue
         summary, k = out[i]
         size = len(p.keys)
-        for name, field in (("mean", "mean"), ("credible_lower", "lower"),
-                            ("credible_upper", "upper"), ("p_top", "p_top"),
-                            ("p_half", "p_half"), ("mcse", "mcse")):  # fmt: skip
+        for name, field in (
+            ("mean", "mean"),
+            ("credible_lower", "lower"),
+            ("credible_upper", "upper"),
+            ("p_top", "p_top"),
+            ("p_half", "p_half"),
+            ("mcse", "mcse"),
+        ):
             key_arrays[name][h, r, p.keys] = getattr(summary, field)[k, :size].cpu()
         ess[h, r], rhat[h, r] = float(summary.ess[k]), float(summary.rhat[k])
         draws[h, r], flags[h, r] = int(summary.draws[k]), int(summary.flags[k])
         if kept is not None:
             kept[h, r][:, p.keys] = summary.kept[k, :, :size].cpu()
     return AttentionPosterior(
-        layer, tuple(heads), tuple(rows), prior, alpha, samples, chains, seed, level,
-        imap.raw[0], eff, con, imap.lower[0], imap.upper[0], **key_arrays,
-        keys=imap.keys[0], dim=dims, ess=ess, rhat=rhat, draws=draws, flags=flags,
-        seconds=time.perf_counter() - start, samples_kept=kept, tokens=list(trace.tokens),
-        key_tokens=trace.key_tokens, model_name=trace.model_name, walk=walk,
-    )  # fmt: skip
+        layer,
+        tuple(heads),
+        tuple(rows),
+        prior,
+        alpha,
+        samples,
+        chains,
+        seed,
+        level,
+        imap.raw[0],
+        eff,
+        con,
+        imap.lower[0],
+        imap.upper[0],
+        **key_arrays,
+        keys=imap.keys[0],
+        dim=dims,
+        ess=ess,
+        rhat=rhat,
+        draws=draws,
+        flags=flags,
+        seconds=time.perf_counter() - start,
+        samples_kept=kept,
+        tokens=list(trace.tokens),
+        key_tokens=trace.key_tokens,
+        model_name=trace.model_name,
+        walk=walk,
+    )
 
 
 def _point(arrays: dict[str, Tensor], h: int, r: int, p: _Row) -> None:

@@ -44,24 +44,49 @@ def row_figure(res: Any, head: Any = None, row: Any = None, max_keys: int = MAX_
     ax.vlines(
         x, get("lower"), get("upper"), color=CERTIFIED, linewidth=9, label="certified interval"
     )
-    ax.vlines(x, get("credible_lower"), get("credible_upper"), color=CREDIBLE, linewidth=4,
-              label=f"{res.level:.0%} credible band")  # fmt: skip
-    marks = (("raw", "o", "black", "raw a"), ("effective", "x", "#e08a00", "paper A_eff"),
-             ("constrained", "D", "#7b4fc4", "constrained"), ("mean", "_", "white", "posterior mean"))  # fmt: skip
+    ax.vlines(
+        x,
+        get("credible_lower"),
+        get("credible_upper"),
+        color=CREDIBLE,
+        linewidth=4,
+        label=f"{res.level:.0%} credible band",
+    )
+    marks = (
+        ("raw", "o", "black", "raw a"),
+        ("effective", "x", "#e08a00", "paper A_eff"),
+        ("constrained", "D", "#7b4fc4", "constrained"),
+        ("mean", "_", "white", "posterior mean"),
+    )
     for name, marker, colour, label in marks:
-        ax.plot(x, get(name), marker, color=colour, markersize=5 if marker != "_" else 9,
-                markeredgecolor="black" if name == "mean" else colour, label=label)  # fmt: skip
+        ax.plot(
+            x,
+            get(name),
+            marker,
+            color=colour,
+            markersize=5 if marker != "_" else 9,
+            markeredgecolor="black" if name == "mean" else colour,
+            label=label,
+        )
     labels = res._labels("key", list(keys))
     _ticks(ax, "x", labels, keys)
-    ax.set_xlabel("key" + (f" ({len(keys)} with the largest certified maxima)" if
-                           len(keys) < int(res.keys[r].sum()) else ""))  # fmt: skip
+    ax.set_xlabel(
+        "key"
+        + (
+            f" ({len(keys)} with the largest certified maxima)"
+            if len(keys) < int(res.keys[r].sum())
+            else ""
+        )
+    )
     ax.set_ylabel("attention weight")
     ax.axhline(0, color="0.7", linewidth=0.6)
     ax.legend(fontsize=7, ncol=3, loc="upper right")
     token = f" “{res.tokens[res.rows[r]]}”" if res.tokens else ""
-    where = (f"layer {res.layer}, head {res.heads[h]}, row {res.rows[r]}{token}: dim P = "
-             f"{int(res.dim[h, r])}, ESS {float(res.ess[h, r]):.0f}, R̂ {float(res.rhat[h, r]):.4f}, "
-             f"prior {res.prior}")  # fmt: skip
+    where = (
+        f"layer {res.layer}, head {res.heads[h]}, row {res.rows[r]}{token}: dim P = "
+        f"{int(res.dim[h, r])}, ESS {float(res.ess[h, r]):.0f}, R̂ {float(res.rhat[h, r]):.4f}, "
+        f"prior {res.prior}"
+    )
     fig.suptitle(_figure_title(res, where), fontsize=9)
     flags = res.flag_text(h, r)
     if flags:

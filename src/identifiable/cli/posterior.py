@@ -79,19 +79,38 @@ def posterior(
     m = load(model)
     tr = m.trace((text, pair) if pair is not None else text, truncate=not no_truncate)
     check_ranges(tr, layer, head, row)
-    post = attention_posterior(tr, layer, head, rows=None if row is None else [row],
-                               prior=prior, alpha=alpha, samples=samples, chains=chains,
-                               seed=seed, time_budget=time_budget, walk=walk,
-                               progress=True)  # fmt: skip
+    post = attention_posterior(
+        tr,
+        layer,
+        head,
+        rows=None if row is None else [row],
+        prior=prior,
+        alpha=alpha,
+        samples=samples,
+        chains=chains,
+        seed=seed,
+        time_budget=time_budget,
+        walk=walk,
+        progress=True,
+    )
     rows = post.rows_table()
-    table = Table(title=f"{m.info.name}: layer {layer}, head {head}, prior {prior}, {walk}; "
-                  f"{samples} effective samples per row wanted ({post.seconds:.1f} s)")  # fmt: skip
+    table = Table(
+        title=f"{m.info.name}: layer {layer}, head {head}, prior {prior}, {walk}; "
+        f"{samples} effective samples per row wanted ({post.seconds:.1f} s)"
+    )
     for col in ("row", "token", "dim P", "ESS", "R̂", "top key", "P(top stays)", "flags"):
         table.add_column(col, justify="left" if col in ("token", "flags") else "right")
     for rec in rows.to_dict("records"):
-        table.add_row(str(rec["row"]), str(rec["row_token"]), str(rec["dim"]),
-                      f"{rec['ess']:.0f}", f"{rec['rhat']:.4f}", str(rec["top_key"]),
-                      f"{rec['p_top_stays']:.3f}", rec["flags"] or "")  # fmt: skip
+        table.add_row(
+            str(rec["row"]),
+            str(rec["row_token"]),
+            str(rec["dim"]),
+            f"{rec['ess']:.0f}",
+            f"{rec['rhat']:.4f}",
+            str(rec["top_key"]),
+            f"{rec['p_top_stays']:.3f}",
+            rec["flags"] or "",
+        )
     console.print(whole_values(table))
     flagged = int((post.flags & 3 != 0).sum())
     if flagged:

@@ -181,23 +181,36 @@ def _one_sequence(
             }
         )
         for head in range(trace.n_heads):
-            dims.append({
-                "seq": seq, "n_tokens": n, "layer": layer, "head": head,
-                "rank": int(le.rank[head, -1]), "dim": int(le.dim[head, -1]),
-                "dim_stochastic": int(le.dim_stochastic[head, -1]),
-                "out_proj_full_row_rank": bool(factors.full_row_rank[le.layer, head]),
-            })  # fmt: skip
+            dims.append(
+                {
+                    "seq": seq,
+                    "n_tokens": n,
+                    "layer": layer,
+                    "head": head,
+                    "rank": int(le.rank[head, -1]),
+                    "dim": int(le.dim[head, -1]),
+                    "dim_stochastic": int(le.dim_stochastic[head, -1]),
+                    "out_proj_full_row_rank": bool(factors.full_row_rank[le.layer, head]),
+                }
+            )
         for name, (token, keys) in categories.items():
             present = bool(keys.any())
             raw = attention_to(le.raw, keys) if present else None
             eff = attention_to(le.effective, keys) if present else None
             for head in range(trace.n_heads):
-                cats.append({
-                    "seq": seq, "n_tokens": n, "layer": layer, "head": head, "category": name,
-                    "token": token, "present": present,
-                    "raw": float(raw[head]) if raw is not None else math.nan,
-                    "effective": float(eff[head]) if eff is not None else math.nan,
-                })  # fmt: skip
+                cats.append(
+                    {
+                        "seq": seq,
+                        "n_tokens": n,
+                        "layer": layer,
+                        "head": head,
+                        "category": name,
+                        "token": token,
+                        "present": present,
+                        "raw": float(raw[head]) if raw is not None else math.nan,
+                        "effective": float(eff[head]) if eff is not None else math.nan,
+                    }
+                )
     corr.append(
         {
             "seq": seq,

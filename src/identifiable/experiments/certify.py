@@ -19,9 +19,20 @@ from identifiable.experiments.pipeline import Advance, Item
 from identifiable.models.protocol import TracedModel
 
 ROW_COLUMNS = [
-    "seq", "length", "layer", "head", "query", "keys", "null_dim", "width_max", "width_mean",
-    "movable_mass", "l1_effective", "l1_constrained", "lps",
-]  # fmt: skip
+    "seq",
+    "length",
+    "layer",
+    "head",
+    "query",
+    "keys",
+    "null_dim",
+    "width_max",
+    "width_mean",
+    "movable_mass",
+    "l1_effective",
+    "l1_constrained",
+    "lps",
+]
 
 
 def sample_rows(n_rows: int, k: int, seed: int, seq: int, layer: int, head: int) -> list[int]:
@@ -64,12 +75,23 @@ def certify_tables(
                 for i, q in enumerate(rows):
                     keys = imap.keys[0, i]
                     w = width[i][keys]
-                    records.append((
-                        seq, n, layer, head, q, int(keys.sum()), int(imap.null_dim[0, 0, i]),
-                        float(w.max()), float(w.mean()), float(mass[i]),
-                        float(con.l1_effective[i]), float(con.l1_constrained[i]),
-                        int(imap.lp_solved[0, 0, i]),
-                    ))  # fmt: skip
+                    records.append(
+                        (
+                            seq,
+                            n,
+                            layer,
+                            head,
+                            q,
+                            int(keys.sum()),
+                            int(imap.null_dim[0, 0, i]),
+                            float(w.max()),
+                            float(w.mean()),
+                            float(mass[i]),
+                            float(con.l1_effective[i]),
+                            float(con.l1_constrained[i]),
+                            int(imap.lp_solved[0, 0, i]),
+                        )
+                    )
         advance(1)
     return {"rows": pd.DataFrame(records, columns=ROW_COLUMNS)}
 

@@ -40,8 +40,14 @@ DEFAULT_METHODS = (
 )
 CORRELATION_COLUMNS = ["seq", "length", "layer", "method", "reference", "spearman", "rows"]
 SUMMARY_COLUMNS = [
-    "layer", "method", "reference", "mean", "ci_low", "ci_high", "n_sequences",
-]  # fmt: skip
+    "layer",
+    "method",
+    "reference",
+    "mean",
+    "ci_low",
+    "ci_high",
+    "n_sequences",
+]
 
 
 def row_spearman(a: np.ndarray, b: np.ndarray, causal: bool) -> np.ndarray:

@@ -22,11 +22,33 @@ from identifiable.models.protocol import TracedModel
 from identifiable.utils.threads import one_thread
 
 ROW_COLUMNS = [
-    "seq", "length", "layer", "head", "query", "keys", "null_dim", "certified_max",
-    "certified_mean", "credible_max", "credible_mean", "width_ratio", "top_key",
-    "p_top_stays", "settled", "ess", "rhat", "draws", "flags", "flagged", "flag_text",
-    "top_effective", "top_constrained", "l1_effective", "l1_constrained", "l1_mean",
-]  # fmt: skip
+    "seq",
+    "length",
+    "layer",
+    "head",
+    "query",
+    "keys",
+    "null_dim",
+    "certified_max",
+    "certified_mean",
+    "credible_max",
+    "credible_mean",
+    "width_ratio",
+    "top_key",
+    "p_top_stays",
+    "settled",
+    "ess",
+    "rhat",
+    "draws",
+    "flags",
+    "flagged",
+    "flag_text",
+    "top_effective",
+    "top_constrained",
+    "l1_effective",
+    "l1_constrained",
+    "l1_mean",
+]
 PINNED = 1e-9  # a row whose widest certified interval is below this cannot move at all
 UNSOUND = FLAG_RHAT | FLAG_ESS | FLAG_BUDGET  # a row whose summary cannot be trusted
 SETTLED = 0.95  # the raw top key is settled when P(it stays on top) reaches this
@@ -78,8 +100,9 @@ def posterior_tables(
         for layer in range(tr.n_layers):
             rows, chain_seed = sample_rows(tr.n_tokens, rows_per_head, seed, seq, layer)
             with one_thread():
-                post = attention_posterior(tr, layer, heads, rows, samples=samples,
-                                           seed=chain_seed, progress=False)  # fmt: skip
+                post = attention_posterior(
+                    tr, layer, heads, rows, samples=samples, seed=chain_seed, progress=False
+                )
             records += _records(post, seq, tr.n_tokens)
         advance(1)
     return {"rows": pd.DataFrame(records, columns=ROW_COLUMNS)}
@@ -98,15 +121,34 @@ def _records(p: AttentionPosterior, seq: int, length: int) -> list[tuple[object,
             keys, raw, flags = p.keys[r], p.raw[h, r], int(p.flags[h, r])
             l1 = [float((x[h, r] - raw).abs().sum()) for x in (p.effective, p.constrained, p.mean)]
             widest, band = float(certified[h, r][keys].max()), float(credible[h, r][keys].max())
-            out.append((
-                seq, length, p.layer, head, row, int(keys.sum()), int(p.dim[h, r]), widest,
-                float(certified[h, r][keys].mean()), band, float(credible[h, r][keys].mean()),
-                band / widest if widest >= PINNED else float("nan"),
-                int(top[h, r]), float(stays[h, r]), bool(stays[h, r] >= SETTLED),
-                float(p.ess[h, r]), float(p.rhat[h, r]),
-                int(p.draws[h, r]), flags, bool(flags & UNSOUND), flag_text(flags),
-                int(eff_top[h, r]), int(con_top[h, r]), *l1,
-            ))  # fmt: skip
+            out.append(
+                (
+                    seq,
+                    length,
+                    p.layer,
+                    head,
+                    row,
+                    int(keys.sum()),
+                    int(p.dim[h, r]),
+                    widest,
+                    float(certified[h, r][keys].mean()),
+                    band,
+                    float(credible[h, r][keys].mean()),
+                    band / widest if widest >= PINNED else float("nan"),
+                    int(top[h, r]),
+                    float(stays[h, r]),
+                    bool(stays[h, r] >= SETTLED),
+                    float(p.ess[h, r]),
+                    float(p.rhat[h, r]),
+                    int(p.draws[h, r]),
+                    flags,
+                    bool(flags & UNSOUND),
+                    flag_text(flags),
+                    int(eff_top[h, r]),
+                    int(con_top[h, r]),
+                    *l1,
+                )
+            )
     return out
 
 

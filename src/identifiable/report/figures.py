@@ -209,13 +209,27 @@ def _mark_fits(ax: Axes, t: pd.DataFrame, colour: str) -> None:
     naive probe (a fitting failure). The verdicts leave both out."""
     if "converged" in t:
         bad = t[~t["converged"].astype(bool)]
-        ax.scatter(bad["layer"], bad["rate"], marker="x", s=60, color=colour, zorder=5,
-                   label="unfinished fit (capped while improving)" if len(bad) else None)  # fmt: skip
+        ax.scatter(
+            bad["layer"],
+            bad["rate"],
+            marker="x",
+            s=60,
+            color=colour,
+            zorder=5,
+            label="unfinished fit (capped while improving)" if len(bad) else None,
+        )
     if "fit_failure" in t:
         bad = t[t["fit_failure"].astype(bool)]
-        ax.scatter(bad["layer"], bad["rate"], marker="o", s=70, facecolors="none",
-                   edgecolors=colour, zorder=5,
-                   label="fitting failure (MLP below naive)" if len(bad) else None)  # fmt: skip
+        ax.scatter(
+            bad["layer"],
+            bad["rate"],
+            marker="o",
+            s=70,
+            facecolors="none",
+            edgecolors=colour,
+            zorder=5,
+            label="fitting failure (MLP below naive)" if len(bad) else None,
+        )
 
 
 def fig2b_cross_layer(cross: pd.DataFrame, n_layers: int, model: str) -> Figure:
@@ -243,9 +257,14 @@ def fig2b_cross_layer(cross: pd.DataFrame, n_layers: int, model: str) -> Figure:
         )
         for (i, j), v in np.ndenumerate(grid.to_numpy()):
             ax.text(
-                j + 1, i + 1, f"{v:.2f}", ha="center", va="center", fontsize=6,
+                j + 1,
+                i + 1,
+                f"{v:.2f}",
+                ha="center",
+                va="center",
+                fontsize=6,
                 color="white" if v < 0.6 else "black",
-            )  # fmt: skip
+            )
         ax.set(
             xlabel="tested on layer",
             ylabel="trained on layer",
@@ -279,13 +298,38 @@ def fig3a_own(summary: pd.DataFrame, n_layers: int, model: str) -> Figure:
     """
     fig, (ax, ax_paper) = _figure(2)
     x = summary["layer"].to_numpy()
-    ax.fill_between(x, summary["q1"], summary["q3"], color="#1f5fa8", alpha=0.12, lw=0,
-                    label="quartiles of tokens")  # fmt: skip
-    _errorbar(ax, x, summary["median"], summary["median_lo"], summary["median_hi"],
-              fmt="o-", ms=3, color="#1f5fa8", label="median (95% CI over sequences)")  # fmt: skip
+    ax.fill_between(
+        x,
+        summary["q1"],
+        summary["q3"],
+        color="#1f5fa8",
+        alpha=0.12,
+        lw=0,
+        label="quartiles of tokens",
+    )
+    _errorbar(
+        ax,
+        x,
+        summary["median"],
+        summary["median_lo"],
+        summary["median_hi"],
+        fmt="o-",
+        ms=3,
+        color="#1f5fa8",
+        label="median (95% CI over sequences)",
+    )
     for q in ("q1", "q3"):
-        _errorbar(ax, x, summary[q], summary[f"{q}_lo"], summary[f"{q}_hi"],
-                  fmt="_", ms=6, color="#1f5fa8", alpha=0.6)  # fmt: skip
+        _errorbar(
+            ax,
+            x,
+            summary[q],
+            summary[f"{q}_lo"],
+            summary[f"{q}_hi"],
+            fmt="_",
+            ms=6,
+            color="#1f5fa8",
+            alpha=0.6,
+        )
     ax.set(ylabel="contribution of the token's own input (%)", title=f"our run: {model}")
     _layer_axis(ax, n_layers)
     ax.legend(fontsize=7)

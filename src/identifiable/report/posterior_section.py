@@ -85,8 +85,14 @@ def claim_band_inside(rows: pd.DataFrame) -> Verdict:
             "case is a fair guide to the typical uncertainty.",
         )
     )
-    numbers = {"median_ratio": med, "median_ratio_lo": lo, "median_ratio_hi": hi,
-               "rows": len(ratio), "flagged": flagged, "points": points}  # fmt: skip
+    numbers = {
+        "median_ratio": med,
+        "median_ratio_lo": lo,
+        "median_ratio_hi": hi,
+        "rows": len(ratio),
+        "flagged": flagged,
+        "points": points,
+    }
     return judged("posterior_band", status, sentence, numbers)
 
 
@@ -124,9 +130,16 @@ def claim_top_key_settled(rows: pd.DataFrame) -> Verdict:
             ": in most rows the data cannot say which key the head attends to most.",
         )
     )
-    numbers = {"unsettled": k / n, "unsettled_lo": lo, "unsettled_hi": hi, "rows": n,
-               "effective_moves_top": eff, "constrained_moves_top": con, "flagged": flagged,
-               "points": points}  # fmt: skip
+    numbers = {
+        "unsettled": k / n,
+        "unsettled_lo": lo,
+        "unsettled_hi": hi,
+        "rows": n,
+        "effective_moves_top": eff,
+        "constrained_moves_top": con,
+        "flagged": flagged,
+        "points": points,
+    }
     return judged("posterior_top", status, sentence, numbers)
 
 
@@ -146,29 +159,59 @@ def uncertainty_figure(rows: pd.DataFrame, by_layer: pd.DataFrame, model: str) -
     live = rows[rows["null_dim"] > 0]
     bad = live["flagged"].astype(bool)
     sound, flagged = live[~bad], live[bad]
-    ax_cert.scatter(sound["certified_max"], sound["credible_max"], s=9, color="C0", alpha=0.6,
-                    label="row (sound)")  # fmt: skip
+    ax_cert.scatter(
+        sound["certified_max"],
+        sound["credible_max"],
+        s=9,
+        color="C0",
+        alpha=0.6,
+        label="row (sound)",
+    )
     _flagged(ax_cert, flagged["certified_max"], flagged["credible_max"])
     top = float(live["certified_max"].max()) if len(live) else 1.0
     ax_cert.plot([0, top], [0, top], color="#444", lw=1, label="band = certified interval")
     ax_cert.plot([0, top], [0, HALF * top], ":", color="#444", lw=1, label="half of it")
     ax_cert.set(xlabel="certified interval, widest weight", ylabel="95% credible band")
-    ax_len.scatter(sound["length"], sound["certified_max"], s=9, color="#999", alpha=0.6,
-                   label="certified interval")  # fmt: skip
-    ax_len.scatter(sound["length"], sound["credible_max"], s=9, color="C0", alpha=0.6,
-                   label="credible band")  # fmt: skip
+    ax_len.scatter(
+        sound["length"],
+        sound["certified_max"],
+        s=9,
+        color="#999",
+        alpha=0.6,
+        label="certified interval",
+    )
+    ax_len.scatter(
+        sound["length"], sound["credible_max"], s=9, color="C0", alpha=0.6, label="credible band"
+    )
     _flagged(ax_len, flagged["length"], flagged["credible_max"])
     means = sound.groupby("length")[["certified_max", "credible_max"]].mean()
     ax_len.plot(means.index, means["certified_max"], "-", color="#666", lw=1)
     ax_len.plot(means.index, means["credible_max"], "-", color="C0", lw=1)
     ax_len.set(xlabel="sequence length n", ylabel="widest weight: width")
     layers = by_layer["layer"]
-    ax_top.bar(layers, by_layer["unsettled"], color="C0", alpha=0.7,
-               label="top key not settled (P(stays) < 0.95)")  # fmt: skip
-    ax_top.plot(layers, by_layer["effective_moves_top"], "s--", ms=4, color="C3",
-                label="paper A_eff: another top key")  # fmt: skip
-    ax_top.plot(layers, by_layer["constrained_moves_top"], "^:", ms=4, color="C2",
-                label="constrained row: another top key")  # fmt: skip
+    ax_top.bar(
+        layers,
+        by_layer["unsettled"],
+        color="C0",
+        alpha=0.7,
+        label="top key not settled (P(stays) < 0.95)",
+    )
+    ax_top.plot(
+        layers,
+        by_layer["effective_moves_top"],
+        "s--",
+        ms=4,
+        color="C3",
+        label="paper A_eff: another top key",
+    )
+    ax_top.plot(
+        layers,
+        by_layer["constrained_moves_top"],
+        "^:",
+        ms=4,
+        color="C2",
+        label="constrained row: another top key",
+    )
     ax_top.set(xlabel="layer", ylabel="share of sound rows", ylim=(0, 1))
     for ax in (ax_cert, ax_len, ax_top):
         ax.grid(alpha=0.3)

@@ -168,10 +168,25 @@ def narrow_mlp(fig2: pd.DataFrame, d: int) -> str:
 
 
 FIT_COLUMNS = (
-    "layer", "probe", "objective", "rate", "ci_low", "ci_high", "optimizer", "mlp_width",
-    "steps", "stopped", "converged", "fit_failure", "lr", "weight_decay", "ridge",
-    "train_loss", "val_loss", "late_gain",
-)  # fmt: skip
+    "layer",
+    "probe",
+    "objective",
+    "rate",
+    "ci_low",
+    "ci_high",
+    "optimizer",
+    "mlp_width",
+    "steps",
+    "stopped",
+    "converged",
+    "fit_failure",
+    "lr",
+    "weight_decay",
+    "ridge",
+    "train_loss",
+    "val_loss",
+    "late_gain",
+)
 
 
 def tables(

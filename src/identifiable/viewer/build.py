@@ -522,9 +522,14 @@ def with_posterior(
     try:
         with one_thread():
             post = attention.attention_posterior(
-                trace, iv0.layer, iv0.head, rows, samples=POSTERIOR_SAMPLES,
-                time_budget=seconds, progress=False,
-            )  # fmt: skip
+                trace,
+                iv0.layer,
+                iv0.head,
+                rows,
+                samples=POSTERIOR_SAMPLES,
+                time_budget=seconds,
+                progress=False,
+            )
     except IdentifiableError as err:
         return intervals, f" Credible bands not computed: {err}."
     out = []
@@ -536,8 +541,9 @@ def with_posterior(
         # draws lie in the valid set; the LP bounds hold it within their tolerance
         lo = np.clip(post.credible_lower[0, r].numpy(), iv.lo, iv.hi)
         hi = np.clip(post.credible_upper[0, r].numpy(), iv.lo, iv.hi)
-        out.append(replace(iv, credible_lo=lo, credible_hi=hi,
-                           posterior_note=_posterior_note(post, r)))  # fmt: skip
+        out.append(
+            replace(iv, credible_lo=lo, credible_hi=hi, posterior_note=_posterior_note(post, r))
+        )
     told = f" Credible bands (uniform posterior, {POSTERIOR_SAMPLES} effective samples): "
     return out, told + f"rows {_ranges(sorted(rows))}, {post.seconds:.1f} s."
 

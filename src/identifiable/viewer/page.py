@@ -546,8 +546,13 @@ def _check_certified(c: CertifiedHead, n_layers: int, n_heads: int, n: int) -> N
             f"{n_layers} layers × {n_heads} heads"
         )
     r = int(c.rows.size)
-    for name, arr in (("raw", c.raw), ("lower", c.lower), ("upper", c.upper),
-                      ("keys", c.keys), ("constrained", c.constrained)):  # fmt: skip
+    for name, arr in (
+        ("raw", c.raw),
+        ("lower", c.lower),
+        ("upper", c.upper),
+        ("keys", c.keys),
+        ("constrained", c.constrained),
+    ):
         if arr is not None and tuple(arr.shape) != (r, n):
             raise IdentifiableError(
                 f"certified {name} must be [R, n] = [{r}, {n}], got {arr.shape}"

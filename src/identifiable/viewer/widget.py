@@ -185,9 +185,13 @@ def __getattr__(name: str) -> Any:
 
 
 def viewer_widget(
-    model: Any = None, text: Any = None, *, page_html: str | None = None, height: int = 1000,
+    model: Any = None,
+    text: Any = None,
+    *,
+    page_html: str | None = None,
+    height: int = 1000,
     **options: Any,
-) -> Any:  # fmt: skip
+) -> Any:
     """The viewer of `text` through `model` as a notebook widget (`ViewerWidget`).
 
     Args:
