@@ -57,6 +57,8 @@ def test_tokens_refuses_a_cap_that_does_not_fit_naming_one_that_does(
 def test_reproduce_refuses_a_budget_that_does_not_fit_naming_the_smaller_one(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    # two layers fitted at once (one per thread on 2 threads), whatever threads the suite has
+    monkeypatch.setattr("identifiable.tokens.evaluate.fit_workers", lambda *_: 2)
     _tight(monkeypatch, 0.45)  # the embedded model's quick budget fits, its paper budget not
     out = tmp_path / "run"
     rc, _, err = run_main(
