@@ -12,19 +12,24 @@ run: setup
 	OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node 2 \
 		-m identifiable reproduce --force
 
+# The suite on both cores: two pytest workers (pytest-xdist) of one OpenMP thread each, one
+# test file per worker at a time (its module fixtures built once); tests that compare one
+# thread with two, or launch processes of their own, set their threads themselves.
+PYTEST = OMP_NUM_THREADS=1 .venv/bin/python -m pytest -n 2 --dist loadfile
+
 test: setup
 	.venv/bin/ruff check src tests benchmarks
 	.venv/bin/mypy
-	OMP_NUM_THREADS=2 .venv/bin/python -m pytest -q
+	$(PYTEST) -q
 
 # The unit tier: no embedded model, no browser, no torchrun, no test that took over 0.5 s
 # when last recorded (tests/helpers/tiers.py, tests/durations.json).
 test-fast: setup
-	OMP_NUM_THREADS=2 .venv/bin/python -m pytest -q -m "not slow"
+	$(PYTEST) -q -m "not slow"
 
 # Run everything once and rewrite tests/durations.json (the record the tiers are cut from).
 test-durations: setup
-	IDENTIFIABLE_WRITE_DURATIONS=tests/durations.json OMP_NUM_THREADS=2 .venv/bin/python -m pytest -q
+	IDENTIFIABLE_WRITE_DURATIONS=tests/durations.json $(PYTEST) -q
 
 # The low end of the transformers range in pyproject.toml (the newest 4.x) needs its own
 # environment (huggingface_hub < 1.0): the model-facing tests run there too. The
