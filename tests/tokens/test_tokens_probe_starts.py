@@ -151,3 +151,21 @@ def test_auto_precision_is_bfloat16_only_where_the_device_multiplies_it(monkeypa
     assert training_dtype("auto", torch.device("cuda")) == torch.bfloat16
     with pytest.raises(IdentifiableError, match="adam_precision"):
         ProbeConfig(adam_precision="float16")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("objective", ["l2", "cos"])
+def test_mlp_keeps_a_linear_start_that_identifies_every_validation_token(objective):
+    """At a validation rate of 100 % the MLP keeps its linear start untrained ("ceiling");
+    below it, Adam trains from the same start."""
+    x, y, xv, yv = _data(seed=4)
+    kinds = [("linear", objective), ("mlp", objective)]
+    cfg = ProbeConfig(mlp_width=16, max_steps=200, select_steps=20)
+    for rate, trained in ((1.0, False), (0.5, True)):
+        fits = fit_probes(x, y, xv, yv, kinds, config=cfg, seed=1, val_score=lambda p, o, r=rate: r)
+        lin, mlp = fits[kinds[0]], fits[kinds[1]]
+        assert (mlp.stopped != "ceiling") == trained and (mlp.steps > 0) == trained
+        if not trained:
+            assert mlp.extras["kept_start"] == 1.0 and mlp.extras["val_score"] == 1.0
+            assert mlp.probe.kind == "mlp" and mlp.val_loss == lin.val_loss
+            with torch.no_grad():
+                assert torch.equal(mlp.probe(xv), lin.probe(xv))
