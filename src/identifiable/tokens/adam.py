@@ -23,6 +23,7 @@ or with `ProbeConfig(adam_precision="float32")`, everything is float32.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import cast
 
@@ -296,8 +297,7 @@ class Run:
             self.perm, self.pos = torch.randperm(self.n, generator=self.gen), 0
         rows = self.perm[self.pos : self.pos + self.bs]
         self.pos += self.bs
-        device = self.net.data.z.device.type
-        with torch.autocast(device, self.dtype, enabled=self.dtype != torch.float32):
+        with self._precision():
             pred = self.net(rows)
         loss = objective_loss(pred, self.net.data.y[rows], self.objective)
         loss.backward()
@@ -305,6 +305,13 @@ class Run:
         self.step += 1
         self._train_sum += float(loss.detach())
         self._train_count += 1
+
+    def _precision(self) -> contextlib.AbstractContextManager[object]:
+        """bfloat16 products under autocast, or nothing (autocast refuses some devices, e.g.
+        meta, even when disabled)."""
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.net.data.z.device.type, self.dtype)
 
     def _plateau(self) -> bool:
         """Patience ran out: lower the learning rate from the best state, or stop (True)."""
