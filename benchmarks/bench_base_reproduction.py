@@ -101,7 +101,8 @@ with progress_bars(False) as bars:
     done = run_stages(cache, [stage], bars)
 wall, cpu = time.perf_counter() - w0, time.process_time() - c0
 per_layer = done["tokens"][0]["per_layer"]
-cols = ["layer", "probe", "objective", "rate", "n_tokens"]
+cols = ["layer", "probe", "objective", "rate", "n_tokens", "steps", "stopped"]
+cols = [c for c in cols if c in per_layer]
 print("BENCH " + json.dumps({"stages": {"tokens": {"wall_s": wall, "cpu_s": cpu}},
       "fig2": per_layer[cols].to_dict("records"), "split": {}}))
 """

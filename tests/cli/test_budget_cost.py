@@ -39,6 +39,32 @@ def test_estimates_grow_with_the_model_and_the_budget_and_read_as_minutes() -> N
     assert [minutes(s) for s in (4, 44, 150, 7200)] == ["10 s", "40 s", "3 min", "2.0 h"]
 
 
+def test_fig2_estimate_follows_the_adam_schedule_and_the_cpu_s_bfloat16(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The quick budget's shorter early-stopping tail (3 checks, one decay) and bfloat16 Adam
+    products on a CPU that has them each shorten the Fig. 2 estimate, by their measured shares."""
+    import math
+    from dataclasses import replace
+
+    from identifiable.experiments import cost
+
+    sizes, quick = cost.Sizes(12, 768, 3072, 12), resolve_budget("quick")
+    assert cost.adam_schedule_share(quick) == pytest.approx(math.sqrt(6 / 15))
+    default = replace(quick, probe_patience=None, probe_lr_decays=None)
+    assert cost.adam_schedule_share(default) == 1.0
+    monkeypatch.setattr(cost, "native_bfloat16", lambda device: False)
+    f32, f32_default = (cost.probe_seconds(sizes, 8192, b) for b in (quick, default))
+    monkeypatch.setattr(cost, "native_bfloat16", lambda device: True)
+    b16 = cost.probe_seconds(sizes, 8192, quick)
+    assert b16 < f32 < f32_default
+    adam = cost.probe_gflop_per_layer(sizes, 8192, 1536, 1500, adam_share=1.0)
+    rest = cost.probe_gflop_per_layer(sizes, 8192, 1536, 1500, adam_share=0.0)
+    share = cost.adam_schedule_share(quick)
+    expected = rest + (adam - rest) * share * cost.BFLOAT16_ADAM_SHARE
+    assert b16 == pytest.approx(expected * cost.PROBE_S_PER_GFLOP)
+
+
 def _tight(monkeypatch: pytest.MonkeyPatch, gib: float) -> None:
     monkeypatch.setattr("identifiable.models.budget.available_memory", lambda: int(gib * 2**30))
 

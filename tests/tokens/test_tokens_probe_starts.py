@@ -104,3 +104,68 @@ def test_evaluation_records_the_validation_rate_of_linear_cos():
     assert cos["optimizer"] == "L-BFGS" and 0 < cos["val_rate"] <= 1
     assert cos["val_rate"] >= cos["val_rate_start"]
     assert rows.loc["l2", "val_rate"] != rows.loc["l2", "val_rate"]  # NaN: closed form
+
+
+@pytest.mark.parametrize("objective", ["l2", "cos"])
+def test_bfloat16_products_fit_the_mlp_as_float32_does(objective):
+    """Mixed precision (bfloat16 minibatch products, float32 weights and validation) lands
+    within 2 % of the float32 fit's validation loss, from the same start on the same
+    minibatches, where the residual is far above bfloat16's 0.4 % rounding (as in probes of
+    hidden states); the two fits differ (the bfloat16 path really ran) and the probe is
+    float32."""
+    x, y, xv, yv = _data(seed=3)
+    g = torch.Generator().manual_seed(5)
+    y, yv = (
+        y + 3.0 * torch.randn(y.shape, generator=g),
+        yv + 3.0 * torch.randn(yv.shape, generator=g),
+    )
+    kinds = [("mlp", objective)]
+    fits = {}
+    for precision in ("float32", "bfloat16"):
+        cfg = ProbeConfig(mlp_width=16, max_steps=600, select_steps=30, adam_precision=precision)
+        fits[precision] = fit_probes(x, y, xv, yv, kinds, config=cfg, seed=1)[kinds[0]]
+    f32, b16 = fits["float32"], fits["bfloat16"]
+    assert f32.val_loss_start == b16.val_loss_start
+    assert b16.val_loss < 0.95 * b16.val_loss_start
+    assert b16.val_loss == pytest.approx(f32.val_loss, rel=0.02)
+    assert b16.val_loss != f32.val_loss
+    assert b16.probe.hidden_in is not None and b16.probe.hidden_in.dtype == torch.float32
+
+
+def test_auto_precision_is_bfloat16_only_where_the_device_multiplies_it(monkeypatch):
+    from identifiable.errors import IdentifiableError
+    from identifiable.tokens.adam import training_dtype
+
+    cpu = torch.device("cpu")
+    for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+        monkeypatch.setattr(torch.cpu, name, lambda: False)
+    assert training_dtype("auto", cpu) == torch.float32
+    assert training_dtype("bfloat16", cpu) == torch.bfloat16
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert training_dtype("auto", cpu) == torch.bfloat16
+    assert training_dtype("float32", cpu) == torch.float32
+    assert training_dtype("auto", torch.device("meta")) == torch.float32
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    assert training_dtype("auto", torch.device("cuda")) == torch.float32
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert training_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    with pytest.raises(IdentifiableError, match="adam_precision"):
+        ProbeConfig(adam_precision="float16")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("objective", ["l2", "cos"])
+def test_mlp_keeps_a_linear_start_that_identifies_every_validation_token(objective):
+    """At a validation rate of 100 % the MLP keeps its linear start untrained ("ceiling");
+    below it, Adam trains from the same start."""
+    x, y, xv, yv = _data(seed=4)
+    kinds = [("linear", objective), ("mlp", objective)]
+    cfg = ProbeConfig(mlp_width=16, max_steps=200, select_steps=20)
+    for rate, trained in ((1.0, False), (0.5, True)):
+        fits = fit_probes(x, y, xv, yv, kinds, config=cfg, seed=1, val_score=lambda p, o, r=rate: r)
+        lin, mlp = fits[kinds[0]], fits[kinds[1]]
+        assert (mlp.stopped != "ceiling") == trained and (mlp.steps > 0) == trained
+        if not trained:
+            assert mlp.extras["kept_start"] == 1.0 and mlp.extras["val_score"] == 1.0
+            assert mlp.probe.kind == "mlp" and mlp.val_loss == lin.val_loss
+            with torch.no_grad():
+                assert torch.equal(mlp.probe(xv), lin.probe(xv))

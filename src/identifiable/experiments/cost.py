@@ -21,7 +21,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from identifiable.errors import IdentifiableError
+from identifiable.tokens.adam import native_bfloat16
+from identifiable.tokens.probes import ProbeConfig
 
 # CPU seconds per unit of work, measured (see the module docstring)
 TRACE_S_PER_GFLOP = 0.026  # a traced forward pass, captures and checks included
@@ -40,6 +44,11 @@ LOAD_S = 10.0  # importing and loading the model and corpus
 # and Adam minibatch steps of the two MLPs (each ~ a twentieth of a pass at 8,192 tokens)
 LBFGS_EVALUATIONS = 120
 ADAM_STEPS = 1100
+# Adam steps grow with the early-stopping tail: on MiniLM's six layers the steps of patience
+# p and d learning-rate decays were sqrt((d + 1)·p / 15) of those of p = 5, d = 2 (0.78 at
+# p = 3, d = 2; 0.63 at p = 3, d = 1); bfloat16 products (`tokens.adam.training_dtype`) take
+# 0.57 of an Adam step's float32 CPU time on an AMX CPU (MiniLM 0.56, BERT-base 0.59)
+BFLOAT16_ADAM_SHARE = 0.57
 TRAIN_SHARE = 0.72  # of the extracted tokens (test 20 %, validation 10 % of the rest)
 
 
@@ -65,13 +74,18 @@ class Sizes:
 
 
 def probe_gflop_per_layer(
-    sizes: Sizes, tokens: int, mlp_width: int, cap: int | None = None, batch: int = 256
+    sizes: Sizes,
+    tokens: int,
+    mlp_width: int,
+    cap: int | None = None,
+    batch: int = 256,
+    adam_share: float = 1.0,
 ) -> float:
     """GFLOP of one layer's Fig. 2 fits: L-BFGS on linear-cos (a product and its gradient,
-    4·N·d² per evaluation) and Adam on the two MLPs (5 products of B·d·h per step), at most
-    what a step cap `cap` allows."""
+    4·N·d² per evaluation) and Adam on the two MLPs (5 products of B·d·h per step, times
+    `adam_share`: the schedule's and the precision's), at most what a step cap `cap` allows."""
     d, n = sizes.hidden, tokens * TRAIN_SHARE
-    evaluations, steps = float(LBFGS_EVALUATIONS), float(ADAM_STEPS)
+    evaluations, steps = float(LBFGS_EVALUATIONS), float(ADAM_STEPS) * adam_share
     if cap:  # two starts of about 1.3 evaluations an iteration; two MLPs, two learning rates
         evaluations, steps = min(evaluations, 2.6 * cap), min(steps, 6 * cap)
     lbfgs = evaluations * 4 * n * d * d
@@ -116,10 +130,28 @@ def posterior_seconds(sizes: Sizes, budget: Any) -> float:
 
 
 def probe_seconds(sizes: Sizes, tokens: int, budget: Any = None) -> float:
-    """CPU seconds of one layer's Fig. 2 probe fits on `tokens` extracted tokens."""
+    """CPU seconds of one layer's Fig. 2 probe fits on `tokens` extracted tokens, on this
+    machine's CPU (bfloat16 Adam products where it has them natively)."""
     width = getattr(budget, "probe_mlp_width", None) or max(512, 2 * sizes.hidden)
     cap = getattr(budget, "probe_max_steps", None)
-    return probe_gflop_per_layer(sizes, tokens, int(width), cap) * PROBE_S_PER_GFLOP
+    share = adam_schedule_share(budget)
+    if native_bfloat16(torch.device("cpu")):
+        share *= BFLOAT16_ADAM_SHARE
+    return probe_gflop_per_layer(sizes, tokens, int(width), cap, adam_share=share) * (
+        PROBE_S_PER_GFLOP
+    )
+
+
+def adam_schedule_share(budget: Any) -> float:
+    """The Adam steps of a budget's early-stopping schedule against the defaults' (patience
+    5, two learning-rate decays): sqrt((decays + 1)·patience / 15), fitted on MiniLM."""
+    default = ProbeConfig()
+    patience = getattr(budget, "probe_patience", None)
+    decays = getattr(budget, "probe_lr_decays", None)
+    patience = default.patience if patience is None else patience
+    decays = default.lr_decays if decays is None else decays
+    tail = (default.lr_decays + 1) * default.patience
+    return math.sqrt(max(1, (decays + 1) * patience) / tail)
 
 
 @dataclass(frozen=True)

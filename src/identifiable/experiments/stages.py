@@ -113,6 +113,10 @@ BUDGETS: dict[str, Budget] = {
         # stopping), with a cap above what early stopping needed on MiniLM (≤ 1,175 steps): a
         # capped fit still improving by more than 1 % is marked and left out of the verdicts
         probe_max_steps=1500,
+        # 3 checks of patience and one learning-rate decay: 0.63x the Adam steps of 5 and 2,
+        # MiniLM's rates within a test token or two (benchmarks/records/base_reproduction.md)
+        probe_patience=3,
+        probe_lr_decays=1,
         # paper-length pairs (100-128 tokens) cost ~n² each: four of them with two random
         # probes per token (stated error in the report) instead of eight ≤ 40-token ones
         attribution_sequences=4,

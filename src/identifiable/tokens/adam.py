@@ -14,10 +14,16 @@ on MiniLM), so it is trained by minibatch Adam with decoupled weight decay:
 For L2 the network predicts standardised targets (y − ȳ)/s with one scalar s, which leaves
 the objective unchanged up to the constant s²; for cosine it predicts y directly (a shift
 would change angles). Everything random draws from generators seeded by the caller.
+
+The minibatch products run in bfloat16 where the device multiplies it natively
+(`training_dtype`: AMX or AVX-512 BF16 CPUs, CUDA GPUs with bfloat16), the weights, Adam's
+state, the loss and every validation check staying float32 (mixed precision); elsewhere,
+or with `ProbeConfig(adam_precision="float32")`, everything is float32.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import cast
 
@@ -62,6 +68,28 @@ class Standardised:
         s0 = init.in_scale if init.in_scale is not None else self.mean.new_ones(d)
         w = (self.scale / s0)[:, None] * init.weight
         return w.clone(), (((self.mean - m0) / s0) @ init.weight + init.bias).clone()
+
+
+def training_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """The dtype of the minibatch products: bfloat16 with "bfloat16", or with "auto" where
+    `device` multiplies it natively (a CPU with AMX or AVX-512 BF16, a CUDA GPU that supports
+    it); float32 otherwise. The weights and every validation check stay float32."""
+    if precision == "float32":
+        return torch.float32
+    if precision == "bfloat16":
+        return torch.bfloat16
+    return torch.bfloat16 if native_bfloat16(device) else torch.float32
+
+
+def native_bfloat16(device: torch.device) -> bool:
+    """Whether `device` multiplies bfloat16 matrices natively (faster than float32)."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    if device.type != "cpu":
+        return False
+    cpu = getattr(torch, "cpu", None)
+    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
 
 
 class AdamW:
@@ -224,8 +252,8 @@ class Net:
             out = z @ self.w + self.b
         else:
             out = self.b
-        out = out + torch.relu(z @ self.w1 + self.b1) @ self.w2
-        return self.y_mean + self.y_scale * out
+        out = out + torch.relu(torch.addmm(self.b1, z, self.w1)) @ self.w2
+        return self.y_mean + self.y_scale * out.float()
 
     def probe(self, objective: Objective) -> Probe:
         """The fitted probe, with the output standardisation folded into its weights."""
@@ -247,6 +275,7 @@ class Run:
         for p in net.params:
             p.requires_grad_(True)
         self.opt = AdamW(net.params, lr=lr, weight_decay=wd, decay=net.decay)
+        self.dtype = training_dtype(cfg.adam_precision, net.data.z.device)
         self.gen = torch.Generator().manual_seed(seed)  # same minibatches for every grid point
         self.n = net.data.z.shape[0]
         self.bs = min(cfg.batch_size, self.n)
@@ -268,12 +297,21 @@ class Run:
             self.perm, self.pos = torch.randperm(self.n, generator=self.gen), 0
         rows = self.perm[self.pos : self.pos + self.bs]
         self.pos += self.bs
-        loss = objective_loss(self.net(rows), self.net.data.y[rows], self.objective)
+        with self._precision():
+            pred = self.net(rows)
+        loss = objective_loss(pred, self.net.data.y[rows], self.objective)
         loss.backward()
         self.opt.step()
         self.step += 1
         self._train_sum += float(loss.detach())
         self._train_count += 1
+
+    def _precision(self) -> contextlib.AbstractContextManager[object]:
+        """bfloat16 products under autocast, or nothing (autocast refuses some devices, e.g.
+        meta, even when disabled)."""
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.net.data.z.device.type, self.dtype)
 
     def _plateau(self) -> bool:
         """Patience ran out: lower the learning rate from the best state, or stop (True)."""

@@ -16,7 +16,8 @@ The protocol (stated in the report and in docs/token_identifiability.md):
   its objective (`mlp_init="linear"`, pairs of hidden units) or at random: minibatch Adam
   with a learning-rate grid chosen on validation, learning-rate decay on plateaus and
   early stopping (`identifiable.tokens.adam`); from the linear start it keeps the linear
-  probe unless Adam's state validates better. The skip variant (affine path at the
+  probe unless Adam's state validates better, and it is not trained from a linear start
+  that already identifies every validation token ("ceiling", as for L-BFGS). The skip variant (affine path at the
   linear probe, W₂ = 0) is an option (`mlp_skip`).
 - Early stopping always keeps the best state seen (the start included) and records why
   the fit ended, its loss curve and its final training and validation loss.
@@ -32,7 +33,7 @@ from dataclasses import replace
 import torch
 
 from identifiable.tokens.adam import Standardised, fit_adam
-from identifiable.tokens.lbfgs import Score, refine_linear
+from identifiable.tokens.lbfgs import SCORE_CEILING, Score, refine_linear
 from identifiable.tokens.probes import (
     FitInfo,
     Objective,
@@ -333,17 +334,23 @@ def _mlp(
 ) -> FitInfo:
     """The MLP probe of `obj`. From the linear start (exact when the width is ≥ 2d) the MLP
     keeps the linear probe unless Adam's best state validates better (`validation_key` on
-    all validation tokens): extras["kept_start"] is 1 then."""
+    all validation tokens): extras["kept_start"] is 1 then. A start that already identifies
+    every validation token (the caller's score at 1) is kept without training ("ceiling")."""
     if cfg.mlp_skip:
         init = linear_fit(obj)
         fit = fit_adam("skip", obj, data(), cfg, seed + 7, init.probe)
         return replace(fit, extras={**init.extras, **fit.extras})
     start = linear_fit(obj) if cfg.mlp_init == "linear" else None
+    x_val, y_val = val
+    d = x_val.shape[1]
+    if start is not None and score is not None and cfg.width_for(d) >= 2 * d:
+        rate = score(start.probe(x_val))
+        if rate >= SCORE_CEILING:  # the start identifies every validation token: keep it
+            return _ceiling(start, obj, rate, cfg.width_for(d))
     fit = fit_adam("mlp", obj, data(), cfg, seed + 7, None if start is None else start.probe)
-    exact = start is not None and (fit.width or 0) >= 2 * data().mean.numel()
+    exact = start is not None and (fit.width or 0) >= 2 * d
     if not exact or start is None:
         return fit
-    x_val, y_val = val
     if validation_key(fit.probe, x_val, y_val, obj, score) > validation_key(
         start.probe, x_val, y_val, obj, score
     ):
@@ -351,6 +358,26 @@ def _mlp(
     kept = Probe("mlp", obj, start.probe.weight, start.probe.bias)
     return replace(
         fit, probe=kept, val_loss=fit.val_loss_start, extras={**fit.extras, "kept_start": 1.0}
+    )
+
+
+def _ceiling(start: FitInfo, obj: Objective, rate: float, width: int) -> FitInfo:
+    """The MLP kept at its linear start, which already identifies every validation token (as
+    L-BFGS does from such a start: no state can validate better on Fig. 2's quantity)."""
+    kept = Probe("mlp", obj, start.probe.weight, start.probe.bias)
+    extras = {**start.extras, "kept_start": 1.0, "val_score_start": rate, "val_score": rate}
+    curve = ((0, start.train_loss, start.val_loss),)
+    return FitInfo(
+        kept,
+        0,
+        start.val_loss,
+        start.val_loss,
+        extras,
+        start.train_loss,
+        "ceiling",
+        curve,
+        optimizer="Adam",
+        width=width,
     )
 
 

@@ -77,6 +77,10 @@ class ProbeConfig:
             `lr_decays` times; the next time patience runs out the fit stops, keeping the
             best state seen. A fit that hits `max_steps` instead is reported as stopped by
             the cap.
+        adam_precision: the dtype of the Adam minibatch products. "auto" (default):
+            bfloat16 where the device multiplies it natively (AMX or AVX-512 BF16 CPUs,
+            CUDA GPUs), else float32; "float32" or "bfloat16" to fix it. The weights,
+            Adam's state, the losses and every validation check are float32 either way.
         fit_tokens: cap on training tokens for the Adam fits (a random subset; None: all).
         val_tokens: cap on validation tokens for the Adam fits' selection and early
             stopping (a random subset); the full-batch linear fits use all of them.
@@ -107,6 +111,7 @@ class ProbeConfig:
     patience: int = 5
     lr_decay: float = 0.2
     lr_decays: int = 2
+    adam_precision: Literal["auto", "float32", "bfloat16"] = "auto"
     fit_tokens: int | None = None
     val_tokens: int = 2048
 
@@ -123,6 +128,11 @@ class ProbeConfig:
             count(getattr(self, name), name, minimum=0)
         if self.mlp_width != "auto":
             count(self.mlp_width, "mlp_width")
+        if self.adam_precision not in ("auto", "float32", "bfloat16"):
+            raise IdentifiableError(
+                "adam_precision= takes 'auto', 'float32' or 'bfloat16', "
+                f"got {self.adam_precision!r}"
+            )
         if self.mlp_init not in ("linear", "random"):
             raise IdentifiableError(f"mlp_init= takes 'linear' or 'random', got {self.mlp_init!r}")
 
