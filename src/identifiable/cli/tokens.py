@@ -62,8 +62,9 @@ _QuickArg = Annotated[
     bool,
     typer.Option(
         "--quick",
-        help="Small token budget (2048) for a fast look: on 2 threads about 1 min on the "
-        "embedded model, 7 min on a BERT-base-sized one (the run prints its estimate first).",
+        help="Small token budget (2048) for a fast look: on 2 threads about 35 s on the "
+        "embedded model and on a BERT-base-sized one (measured; the run prints its estimate "
+        "first).",
     ),
 ]
 
