@@ -14,9 +14,9 @@ with `--threads` lock steps (default 2) and torch threads.
   this core's 2 MB L2), alternating which goes first, `--repeats` times: wall and CPU
   seconds, pivots, the largest |difference| of the bounds.
 - passes: the two passes a primal pivot makes over one chain's B⁻¹ (m = 129: the entering
-  column B⁻¹A_q, then the rank-one update accumulating v), copies of the engine's loops
-  over a batch of C chains' inverses, one thread: µs per pivot for C = 4 … 63, compiled
-  as numba does by default and, in a second process, without LLVM's preference for
+  column B⁻¹A_q, the engine's `kernel.column`, then the rank-one update accumulating v,
+  `kernel.pivot_basis`'s pass on bare arrays) over a batch of C chains' inverses, one
+  thread: µs per pivot for C = 4 … 63, compiled as numba does by default and, in a second process, without LLVM's preference for
   256-bit vectors on AVX-512 cores (`-prefer-256-bit`); with the count of 512-bit
   (zmm) and 256-bit (ymm) registers in the column loop's machine code.
 
@@ -137,32 +137,13 @@ def batches(trace, threads: int, tail: int, repeats: int, sizes: list[float], ou
 
 PASSES = r"""
 import json, re, sys, time
-import numba, numpy as np
-FM = {"reassoc", "contract", "nsz"}
-jit = numba.njit(nogil=True, error_model="numpy", fastmath=FM)
-
-@jit
-def column(binv, a_t, q, col):
-    aq = a_t[q]
-    m, i = binv.shape[0], 0
-    while i + 4 <= m:
-        s0 = s1 = s2 = s3 = 0.0
-        for c in range(m):
-            x = aq[c]
-            s0 += binv[i, c] * x
-            s1 += binv[i + 1, c] * x
-            s2 += binv[i + 2, c] * x
-            s3 += binv[i + 3, c] * x
-        col[i], col[i + 1], col[i + 2], col[i + 3] = s0, s1, s2, s3
-        i += 4
-    for r in range(i, m):
-        acc = 0.0
-        for c in range(m):
-            acc += binv[r, c] * aq[c]
-        col[r] = acc
+import numpy as np
+# the engine's own B⁻¹ A_q, compiled afresh here under this process's NUMBA_CPU_* settings
+from identifiable.attention.lp.kernel import column, jit
 
 @jit
 def update(binv, prow, v, r, col):
+    # kernel.pivot_basis's steepest-edge pass over B⁻¹, on bare arrays instead of a Chain
     m = binv.shape[0]
     for c in range(m):
         prow[c] = binv[r, c] / col[r]

@@ -18,21 +18,9 @@ from identifiable.attention import constrained_attention, interval_map
 from identifiable.experiments.pipeline import Advance, Item
 from identifiable.models.protocol import TracedModel
 
-ROW_COLUMNS = [
-    "seq",
-    "length",
-    "layer",
-    "head",
-    "query",
-    "keys",
-    "null_dim",
-    "width_max",
-    "width_mean",
-    "movable_mass",
-    "l1_effective",
-    "l1_constrained",
-    "lps",
-]
+# the per-row quantities that by_layer and by_length average
+MEANS = ["null_dim", "width_max", "width_mean", "movable_mass", "l1_effective", "l1_constrained"]
+ROW_COLUMNS = ["seq", "length", "layer", "head", "query", "keys", *MEANS, "lps"]
 
 
 def sample_rows(n_rows: int, k: int, seed: int, seq: int, layer: int, head: int) -> list[int]:
@@ -105,15 +93,7 @@ def certify_reduce(parts: Sequence[dict[str, pd.DataFrame]]) -> dict[str, pd.Dat
     """
     frames = [p["rows"] for p in parts if "rows" in p and len(p["rows"])]
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=ROW_COLUMNS)
-    means = [
-        "null_dim",
-        "width_max",
-        "width_mean",
-        "movable_mass",
-        "l1_effective",
-        "l1_constrained",
-    ]
-    by_layer = rows.groupby("layer", as_index=False)[means].mean()
+    by_layer = rows.groupby("layer", as_index=False)[MEANS].mean()
     by_layer["n_rows"] = rows.groupby("layer").size().to_numpy() if len(rows) else []
-    by_length = rows.groupby(["seq", "length"], as_index=False)[means].mean()
+    by_length = rows.groupby(["seq", "length"], as_index=False)[MEANS].mean()
     return {"rows": rows, "by_layer": by_layer, "by_length": by_length}

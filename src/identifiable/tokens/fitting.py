@@ -17,8 +17,8 @@ The protocol (stated in the report and in docs/token_identifiability.md):
   with a learning-rate grid chosen on validation, learning-rate decay on plateaus and
   early stopping (`identifiable.tokens.adam`); from the linear start it keeps the linear
   probe unless Adam's state validates better, and it is not trained from a linear start
-  that already identifies every validation token ("ceiling", as for L-BFGS). The skip variant (affine path at the
-  linear probe, W₂ = 0) is an option (`mlp_skip`).
+  that already identifies every validation token ("ceiling", as for L-BFGS). The skip
+  variant (affine path at the linear probe, W₂ = 0) is an option (`mlp_skip`).
 - Early stopping always keeps the best state seen (the start included) and records why
   the fit ended, its loss curve and its final training and validation loss.
 - Everything random draws from one `torch.Generator(seed)`.
