@@ -20,6 +20,16 @@ def test_models_lists_encoder_decoder_families(capsys) -> None:
         assert family in out, family
 
 
+def test_models_norm_column_is_the_specs_norm_layout() -> None:
+    from identifiable.cli.trace import _wiring
+    from identifiable.models import SEQ2SEQ_SPECS, SPECS
+
+    table = {s.name: s for s in SPECS}
+    got = [_wiring(table[name]) for name in ("bert", "xlnet", "llama", "falcon")]
+    assert got == ["post-LN", "post-LN", "pre-LN", "pre-LN"]  # falcon: parallel, pre-normalised
+    assert _wiring(SEQ2SEQ_SPECS[0].encoder) == "—"  # T5 describes no layout
+
+
 def _hta(n: int = 5) -> HTAResult:
     c = torch.full((2, n, n), 1.0 / n, dtype=torch.float64)
     return HTAResult(

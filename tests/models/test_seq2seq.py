@@ -13,6 +13,7 @@ from helpers.families import SEQ2SEQ_FAMILIES, build_tiny_hf_model
 from identifiable.attention import effective_attention, null_space
 from identifiable.errors import IdentifiableError
 from identifiable.models import Model
+from identifiable.models.quirks import SEQUENCE_FIRST
 from identifiable.models.seq2seq import Seq2SeqModel
 
 SOURCE = "The cat sat on the mat, and the dog sat on the log by the door."
@@ -153,7 +154,7 @@ def test_fsmt_fairseq_layout_and_source_vocabulary(models, bert_tokenizer):
 
     m = models["fsmt"]
     assert m.encoder.hf_model.config is m.hf_model.config
-    wrong = replace(m.spec, encoder=replace(m.spec.encoder, batch_first_maps=False))
+    wrong = replace(m.spec, encoder=replace(m.spec.encoder, axes=SEQUENCE_FIRST))  # XLNet's
     with pytest.raises(IdentifiableError, match=r"^encoder attention: layer 0's attention maps"):
         Seq2SeqModel(m.task_model, bert_tokenizer, spec=wrong).trace(SOURCE, TARGET)
     cfg = tiny_config("fsmt")

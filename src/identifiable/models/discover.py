@@ -277,7 +277,7 @@ def discover_spec(base: nn.Module, tokenizer: Any = None) -> Discovery:
         # Decoder first: an encoder's attention beyond the diagonal fails the
         # causal key mask; a decoder would pass as an encoder, so that order is wrong.
         for causal in (True, False):
-            cand = replace(spec, causal=causal, norm="pre" if causal else "post")
+            cand = replace(spec, causal=causal)
             try:
                 stack = stack_of(base, cand)
                 inputs = input_encoder(base, stack.spec, tokenizer)
@@ -345,7 +345,7 @@ def _with_norms(
     layout, tried = discover_norms(probe, tol)
     if layout is not None:
         note = f"{layout.first} → {layout.second} ({layout.kind}): verified"
-        return replace(spec, norms=layout, norm="post" if layout.kind == "post" else "pre"), note
+        return replace(spec, norms=layout), note
     why = (
         "has no normalisation layout that discovery could prove on a probe "
         f"({'; '.join(tried[:2]) or 'no normalisation modules found'})"
@@ -514,8 +514,7 @@ def probe_norms(
         x = x[0] if isinstance(x, tuple) and x else x
         if not isinstance(x, torch.Tensor):
             return
-        if x.dim() == 3:  # one sequence: element 0
-            x = x[:, 0] if stack.spec.sequence_first else x[0]
+        x = stack.spec.axes.first_sequence(x)  # one sequence: element 0
         taps.setdefault(key, []).append(x.detach().double().cpu())
 
     def sink(tap: Tap, layer: int, x: Captured) -> None:

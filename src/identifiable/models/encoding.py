@@ -321,12 +321,8 @@ def input_encoder(
     """The `InputEncoder` of a base model traced with `spec` (`source`: the model as the
     user gave it, beside whose weights an image processor may be saved)."""
     config: Any = base.config
-    # Segment ids only for models with more than one segment embedding (RoBERTa has
-    # one), or that compare segments instead of embedding them (XLNet).
     takes_types = "token_type_ids" in inspect.signature(base.forward).parameters
-    accepts = takes_types and (
-        int(getattr(config, "type_vocab_size", 0) or 0) > 1 or spec.relative_segments
-    )
+    accepts = takes_types and spec.segments.passed(config)
     limit, limited_by = position_limit(config, tokenizer, spec)
     if spec.modality == "image":
         given = image_processor if image_processor is not None else tokenizer

@@ -27,6 +27,19 @@ def get_submodule(root: nn.Module, path: str) -> nn.Module:
         ) from None
 
 
+def module_list(root: nn.Module, path: str) -> list[nn.Module]:
+    """The entries of the `ModuleList` at `path`, or one line saying the spec does not fit."""
+    found = get_submodule(root, path)
+    if not isinstance(found, nn.ModuleList | nn.Sequential):
+        from identifiable.errors import IdentifiableError
+
+        raise IdentifiableError(
+            f"'{path}' is a {type(found).__name__}, not a list of layers; the architecture "
+            "spec does not match this model class (see docs/families.md, 'Adding an architecture')."
+        )
+    return list(found)
+
+
 def first_tensor(output: Any) -> torch.Tensor:
     """Layers return a tensor or a tuple whose first item is the hidden states.
 

@@ -16,10 +16,10 @@ from identifiable.models.specs import ArchSpec
 
 def has_attention(layer: nn.Module, spec: ArchSpec) -> bool:
     """Whether `layer` holds the spec's value and output projections."""
-    paths = (spec.value, spec.block_output_at or spec.out_proj)
+    paths = (spec.value, spec.block_output.path(spec.out_proj))
     try:
         for path in paths:
-            if spec.weight_layout == "heads" and path != spec.block_output_at:
+            if spec.weight_layout == "heads" and path != spec.block_output.at:
                 layer.get_parameter(path)
             else:
                 layer.get_submodule(path)

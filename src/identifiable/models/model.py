@@ -111,12 +111,8 @@ class Model(Tracing, FunctionalView):
                 "Model.from_hf(model, tokenizer) or load_model(...), which return a Seq2SeqModel"
             )
         spec = spec or find_spec(str(config.model_type))
-        if (
-            spec is not None
-            and spec.tower
-            and isinstance(getattr(base, spec.tower, None), nn.Module)
-        ):
-            base = getattr(base, spec.tower)  # CLIP: the vision tower (images in)
+        if spec is not None:
+            base = spec.tower.of(base)  # CLIP: the vision tower (images in)
         if spec is None:
             with backends.eager(hf_model):  # discovery's probes read the modules' outputs
                 self.discovery = discover_spec(base, tokenizer)

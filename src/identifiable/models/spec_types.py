@@ -1,7 +1,8 @@
 """The data types of the family table (models/specs.py): `ArchSpec` (where the pieces of
 docs/definitions.md#notation live in one family), `Seq2SeqSpec` (the three attention kinds of an
 encoder–decoder family), the residual-block layout `NormLayout` and the config switches that
-rewire it (`NormRule`). They name no family; the entries live in models/specs.py.
+rewire it (`NormRule`); a family's quirks are objects of models/quirks.py. They name no family;
+the entries live in models/specs.py.
 """
 
 from __future__ import annotations
@@ -11,6 +12,19 @@ from typing import Literal
 
 from identifiable.errors import IdentifiableError
 from identifiable.models.latent import LatentValues
+from identifiable.models.quirks import (
+    AT_OUT_PROJ,
+    BATCH_FIRST,
+    EMBEDDED_SEGMENTS,
+    NO_TOWER,
+    ONE_RUN_EACH,
+    QUIRKS,
+    Axes,
+    BlockOutput,
+    LayerGroups,
+    Segments,
+    Tower,
+)
 
 FusedLayout = Literal["qkv_blocks", "per_kv_group", "qvk_mp4"]
 """Where W_V sits inside a fused QKV weight (output dimension, d_v = head width):
@@ -82,16 +96,13 @@ class ArchSpec:
             W_V = value reshaped to [d, H·d_v] and head h's rows of W_O = out_proj[:, h, :]ᵀ,
             without biases; E is then the input of the module holding `value`.
         causal: decoder-style (row i attends to keys ≤ i).
-        norm: "post" (LayerNorm after the residual, BERT) or "pre" (GPT-2, Llama):
-            documents what E is; E is always read at the value projection's input.
         position_offset: positions the model reserves before the first token
             (RoBERTa counts from padding_idx + 1), subtracted from the maximum length.
         fused: where W_V sits in a fused QKV projection (`FusedLayout`: equal [Q | K | V]
             thirds are "qkv_blocks" with H_kv = H); None when `value` is a separate V
             projection.
-        layer_groups: for models that reuse layers (ALBERT), the path inside each
-            entry of `layers` of the list of layers it runs; the logical layer i
-            runs group ⌊i·G/L⌋ (G groups, L = `config.num_hidden_layers`).
+        layer_groups: how the entries of `layers` run across depths (`LayerGroups`; ALBERT
+            reuses them: `LayerGroups("albert_layers")`).
         window_attr: config attribute with the sliding/local window size.
         layer_types_attr: config attribute naming each layer's attention type
             ("sliding_attention"/"local" layers use the window, others see all keys).
@@ -105,27 +116,22 @@ class ArchSpec:
             `autograd.Function` without forward-mode AD, and the function that
             computes the same numbers with plain torch ops. Hidden Token
             Attribution runs the function in their place (BLOOM's GELU).
-        block_output_at: for models whose attention block output is the output of no
-            module (XLNet multiplies by W_O inside the attention module's forward):
-            dotted path (inside a layer) of a module that is called on that output
-            (XLNet's attention dropout, before the residual); its calls on other
-            tensors (attention maps, 4-D) are skipped. None: the block output is
-            `out_proj`'s output.
-        sequence_first: the layers pass hidden states as [n, B, d] and their attention
-            maps as [n, n, B, H] (XLNet); every capture turns them to [B, n, d] and
-            [B, H, n, n].
-        batch_first_maps: with `sequence_first`, the attention maps are [B, H, n, n_k]
-            all the same (fairseq's layout in FSMT: [n, B, d] hidden states only).
-        relative_segments: the model compares token types (same or different segment)
-            instead of embedding them (XLNet), so a pair's token_type_ids are passed
-            although the config has no `type_vocab_size`.
-        norms: the residual block's normalisation layout (`NormLayout`), None where it
-            is not described (the norm-based methods then refuse in one line).
+        block_output: where the attention block's output is read (`BlockOutput`: `out_proj`'s
+            output, or XLNet's `BlockOutput("rel_attn.dropout")`, a module's input).
+        axes: the order of the layers' tensors (`Axes`: `BATCH_FIRST`, XLNet's
+            `SEQUENCE_FIRST`, FSMT's `FAIRSEQ`); every capture turns them to `[B, n, d]` and
+            `[B, H, n, n_k]`.
+        segments: whether a pair's token types are passed (`Segments`; XLNet compares them
+            without embedding them: `Segments(compared=True)`).
+        norms: the residual block's normalisation layout (`NormLayout`), whose `kind` says
+            how the block is wired (post-LN, pre-LN or parallel, and so what E is; E is always
+            read at the value projection's input); None where it is not described (the
+            norm-based methods then refuse in one line).
         norm_rules: config switches that change `norms` or make it undefined (`NormRule`).
         mlp_width: config attribute with the MLP width (memory estimates; 4·d if unset).
         prefix_tokens: image models: the tokens before the patches ([CLS], DeiT's [DIST]).
-        tower: attribute of the base model holding the traced tower, where the base model
-            is more than it (a full CLIP model: its `vision_model`); used where present.
+        tower: the tower traced where the base model holds several (`Tower`; a full CLIP
+            model: `Tower("vision_model")`); used where present.
         tf4_paths: (layers, value, out_proj) as transformers 4.x names them, where they
             differ (4.x ViT); used only when the model lacks `layers` and has these.
         tf4_windows: config attributes (local window width, period of global layers) that
@@ -153,24 +159,22 @@ class ArchSpec:
     out_proj: str
     weight_layout: Literal["linear", "conv1d", "heads"] = "linear"
     causal: bool = False
-    norm: Literal["pre", "post"] = "post"
     position_offset: int = 0
     fused: FusedLayout | None = None
-    layer_groups: str | None = None
+    layer_groups: LayerGroups = ONE_RUN_EACH
     window_attr: str = "sliding_window"
     layer_types_attr: str = "layer_types"
     source: Literal["table", "discovered", "registered"] = "table"
     modality: Literal["text", "image"] = "text"
     forward_ad: tuple[tuple[str, str], ...] = ()
-    block_output_at: str | None = None
-    sequence_first: bool = False
-    batch_first_maps: bool = False
-    relative_segments: bool = False
+    block_output: BlockOutput = AT_OUT_PROJ
+    axes: Axes = BATCH_FIRST
+    segments: Segments = EMBEDDED_SEGMENTS
     norms: NormLayout | None = None
     norm_rules: tuple[NormRule, ...] = ()
     mlp_width: str = "intermediate_size"
     prefix_tokens: tuple[str, ...] = ("[CLS]",)
-    tower: str | None = None
+    tower: Tower = NO_TOWER
     tf4_paths: tuple[str, str, str] | None = None
     tf4_windows: tuple[str, str] | None = None
     latent: LatentValues | None = None
@@ -192,6 +196,13 @@ class ArchSpec:
                 raise IdentifiableError(
                     f"ArchSpec {field} must be a non-empty string (a module path such as "
                     f"'encoder.layer' for layers), got {value!r:.60}"
+                )
+        for field, kind in QUIRKS.items():
+            value = getattr(self, field)
+            if not isinstance(value, kind):
+                raise IdentifiableError(
+                    f"ArchSpec {field} must be a {kind.__name__} (identifiable.models.quirks; "
+                    f"docs/families.md, 'Adding an architecture'), got {value!r:.60}"
                 )
 
 

@@ -5,8 +5,10 @@ the base model (`AutoModel`), where the list of layers is, which module inside a
 layer is the value projection (its *input* is E), which is the output projection
 W_O (its *output* is the attention block's output before dropout and residual),
 and how to slice W_V out of a fused QKV weight (or, for XLNet, which raw
-parameters hold W_V and W_O and which module receives the block output). It also
-carries the family's residual-block layout (`NormLayout`, read by the context-mixing
+parameters hold W_V and W_O). A family whose layers depart from the ordinary layout says so
+with a quirk object (models/quirks.py: tensor axes, where the block output is read, layers
+shared across depths, token types, the traced tower). It also carries the family's
+residual-block layout (`NormLayout`, read by the context-mixing
 decompositions, and the config switches that rewire it, `NormRule`), the module paths
 of transformers 4.x where they differ, and the few config names and token names that
 differ between families.
@@ -24,6 +26,16 @@ from dataclasses import replace
 
 from identifiable.errors import IdentifiableError
 from identifiable.models.latent import MLA
+from identifiable.models.quirks import (
+    BATCH_FIRST,
+    FAIRSEQ,
+    SEQUENCE_FIRST,
+    Axes,
+    BlockOutput,
+    LayerGroups,
+    Segments,
+    Tower,
+)
 from identifiable.models.spec_types import (
     ArchSpec,
     BlockKind,
@@ -34,14 +46,22 @@ from identifiable.models.spec_types import (
 )
 
 __all__ = [
+    "BATCH_FIRST",
+    "FAIRSEQ",
     "SEQ2SEQ_SPECS",
+    "SEQUENCE_FIRST",
     "SPECS",
     "ArchSpec",
+    "Axes",
     "BlockKind",
+    "BlockOutput",
     "FusedLayout",
+    "LayerGroups",
     "NormLayout",
     "NormRule",
+    "Segments",
     "Seq2SeqSpec",
+    "Tower",
     "all_seq2seq_specs",
     "all_specs",
     "find_seq2seq_spec",
@@ -75,7 +95,6 @@ _LLAMA = ArchSpec(
     value="self_attn.v_proj",
     out_proj="self_attn.o_proj",
     causal=True,
-    norm="pre",
     norms=_PRE_RMS,
 )
 _VIT = ArchSpec(
@@ -84,7 +103,6 @@ _VIT = ArchSpec(
     layers="layers",
     value="attention.v_proj",
     out_proj="attention.o_proj",
-    norm="pre",
     modality="image",
     norms=NormLayout("layernorm_before", "layernorm_after", "pre"),
     tf4_paths=("encoder.layer", "attention.attention.value", "attention.output.dense"),
@@ -117,7 +135,6 @@ SPECS: tuple[ArchSpec, ...] = (
         weight_layout="conv1d",
         fused="qkv_blocks",
         causal=True,
-        norm="pre",
         norms=NormLayout("ln_1", "ln_2", "pre"),
         mlp_width="n_inner",
     ),
@@ -126,7 +143,7 @@ SPECS: tuple[ArchSpec, ...] = (
         name="albert",
         model_types=("albert",),
         layers="encoder.albert_layer_groups",
-        layer_groups="albert_layers",
+        layer_groups=LayerGroups("albert_layers"),
         value="attention.value",
         out_proj="attention.dense",
         # the layer is shared across depths: one hook per module, calls taken in order
@@ -140,7 +157,6 @@ SPECS: tuple[ArchSpec, ...] = (
         out_proj="attention.dense",
         fused="per_kv_group",
         causal=True,
-        norm="pre",
         norms=NormLayout("input_layernorm", "post_attention_layernorm", "parallel"),
         norm_rules=(NormRule("use_parallel_residual", False, _PRE_RMS),),
     ),
@@ -151,7 +167,6 @@ SPECS: tuple[ArchSpec, ...] = (
         value="self_attn.v_proj",
         out_proj="self_attn.out_proj",
         causal=True,
-        norm="pre",
         position_offset=2,
         norms=NormLayout("self_attn_layer_norm", "final_layer_norm", "pre"),
         # opt-350m: LayerNorm after the residual
@@ -171,7 +186,6 @@ SPECS: tuple[ArchSpec, ...] = (
         value="attn.attention.v_proj",
         out_proj="attn.attention.out_proj",
         causal=True,
-        norm="pre",
         window_attr="window_size",
         layer_types_attr="attention_layers",
         norms=NormLayout("ln_1", "ln_2", "pre"),
@@ -184,7 +198,6 @@ SPECS: tuple[ArchSpec, ...] = (
         out_proj="self_attention.dense",
         fused="per_kv_group",
         causal=True,
-        norm="pre",
         # transformers 5.x runs GeLUFunction (backward only) in eval mode too.
         forward_ad=(("mlp.gelu_impl", "bloom_gelu_forward"),),
         norms=_PRE_RMS,
@@ -205,7 +218,6 @@ SPECS: tuple[ArchSpec, ...] = (
         out_proj="self_attention.dense",
         fused="per_kv_group",
         causal=True,
-        norm="pre",
         norms=NormLayout("input_layernorm", "input_layernorm", "parallel"),
         norm_rules=(
             NormRule("new_decoder_architecture", True, NormLayout("ln_attn", "ln_mlp", "parallel")),
@@ -221,7 +233,6 @@ SPECS: tuple[ArchSpec, ...] = (
         out_proj="attn.out_proj",
         fused="qvk_mp4",
         causal=True,
-        norm="pre",
         norms=NormLayout("ln_1", "ln_1", "parallel"),
         mlp_width="n_inner",
     ),
@@ -233,7 +244,6 @@ SPECS: tuple[ArchSpec, ...] = (
         out_proj="self_attn.o_proj",
         fused="qkv_blocks",
         causal=True,
-        norm="pre",
         norms=_PRE_RMS,
     ),
     replace(
@@ -261,9 +271,9 @@ SPECS: tuple[ArchSpec, ...] = (
         # `rel_attn.dropout` runs on A, then on the block output (both eval identities);
         # reading it there is exact, whereas the layer norm's input minus E would add
         # the rounding of the residual sum (beyond the half-precision tolerance).
-        block_output_at="rel_attn.dropout",
-        sequence_first=True,
-        relative_segments=True,
+        block_output=BlockOutput("rel_attn.dropout"),
+        axes=SEQUENCE_FIRST,
+        segments=Segments(compared=True),
         mlp_width="d_inner",
         # post-LN: the attention's own layer norm reads x + Attn, the FFN's ends the layer
         norms=NormLayout("rel_attn.layer_norm", "ff.layer_norm", "post"),
@@ -275,7 +285,6 @@ SPECS: tuple[ArchSpec, ...] = (
         value="attn.Wqkv",
         out_proj="attn.Wo",
         fused="qkv_blocks",
-        norm="pre",
         norms=NormLayout("attn_norm", "mlp_norm", "pre"),  # layer 0's attn_norm: Identity
         tf4_windows=("local_attention", "global_attn_every_n_layers"),
     ),
@@ -288,10 +297,9 @@ SPECS: tuple[ArchSpec, ...] = (
         layers="encoder.layers",
         value="self_attn.v_proj",
         out_proj="self_attn.out_proj",
-        norm="pre",
         modality="image",
         norms=NormLayout("layer_norm1", "layer_norm2", "pre"),
-        tower="vision_model",
+        tower=Tower("vision_model"),
     ),
     replace(
         _LLAMA,
@@ -356,7 +364,6 @@ def _t5(part: str, value: str, out: str, causal: bool) -> ArchSpec:
         value=value,
         out_proj=out,
         causal=causal,
-        norm="pre",
         mlp_width="d_ff",
     )
 
@@ -379,8 +386,7 @@ def _fairseq(part: str, attn: str, causal: bool) -> ArchSpec:
     return replace(
         _bart(part, attn, causal, ("fsmt",)),
         name=f"fsmt-{part}",
-        sequence_first=True,
-        batch_first_maps=True,
+        axes=FAIRSEQ,
         vocab_attr="src_vocab_size" if part == "encoder" else "vocab_size",
     )
 

@@ -33,7 +33,13 @@ from identifiable.models.compat import (
     per_layer_windows,
     window_config,
 )
-from identifiable.models.hooks import HookSet, first_tensor, get_submodule, hidden_input
+from identifiable.models.hooks import (
+    HookSet,
+    first_tensor,
+    get_submodule,
+    hidden_input,
+    module_list,
+)
 from identifiable.models.hybrid import has_attention, kind_of, others_line, ranges
 from identifiable.models.recompute import AttentionCall
 from identifiable.models.selection import indices
@@ -83,8 +89,8 @@ class AttentionStack:
             across depths, ALBERT's, appears once per run).
         spec: where the pieces live (`ArchSpec`).
         value_modules, out_modules, attention_modules: per layer, the module whose input
-            is E, the module whose output (or, `spec.block_output_at`, input) is the block
-            output, and the module whose output holds A.
+            is E, the module where the block output is read (`spec.block_output`), and the
+            module whose output holds A.
         v_cols: the value module's output columns that hold W_V, in key/value-head order.
         n_heads, n_kv_heads, head_dim, hidden_size: H, H_kv, d_v, d.
         kv_head_of: `[H]` the key/value head each query head reads.
@@ -116,7 +122,7 @@ class AttentionStack:
         self.n_heads, self.head_dim, self.hidden_size = n_heads, head_dim, hidden_size
         self.value_modules = [_e_module(layer, spec) for layer in self.layers]
         self.out_modules = [
-            get_submodule(layer, spec.block_output_at or spec.out_proj) for layer in self.layers
+            get_submodule(layer, spec.block_output.path(spec.out_proj)) for layer in self.layers
         ]
         self.attention_modules = [_attention_module(layer, spec.value) for layer in self.layers]
         width = self.projections(0)[0].shape[1]
@@ -261,7 +267,7 @@ class AttentionStack:
     # ---- capture -----------------------------------------------------------------
     def batch_first(self, x: torch.Tensor) -> torch.Tensor:
         """A layer-level tensor as [B, n, …]: sequence-first models (XLNet) pass [n, B, …]."""
-        return x.transpose(0, 1) if self.spec.sequence_first else x
+        return self.spec.axes.batch_first(x)
 
     def tap(
         self,
@@ -288,10 +294,6 @@ class AttentionStack:
         def emit(what: Tap, x: Captured) -> None:
             calls[what] += 1
             sink(what, calls[what] - 1, x)
-
-        def block_input(m: nn.Module, a: Any) -> None:
-            if a[0].dim() == 3:  # XLNet's dropout also runs on the attention maps (4-D)
-                emit("block", self.batch_first(a[0]))
 
         def maps(m: nn.Module, a: Any, out: Any) -> None:
             emit("maps", self._maps_in(out, map_shape, calls["maps"]))
@@ -323,14 +325,11 @@ class AttentionStack:
                     hooks.pre(mod, ask, with_kwargs=True)
         if "block" in taps:
             for mod in distinct(self.out_modules):
-                if self.spec.block_output_at is None:
-                    hooks.post(
-                        mod, lambda m, a, o: emit("block", self.batch_first(first_tensor(o)))
-                    )
-                else:
-                    hooks.pre(mod, block_input)
+                self.spec.block_output.hook(
+                    hooks, mod, lambda x: emit("block", self.batch_first(x))
+                )
         if "head_outputs" in taps:
-            if self.spec.block_output_at is not None or self.spec.weight_layout == "heads":
+            if not self.spec.block_output.at_out_proj or self.spec.weight_layout == "heads":
                 raise IdentifiableError(
                     f"{self.prefix}the '{self.spec.name}' spec has no output projection module "
                     "whose input holds each head's output: trace all heads (heads=None)"
@@ -377,9 +376,8 @@ class AttentionStack:
 
     def _maps_in(self, out: Any, shape: tuple[int, int] | None, layer: int) -> torch.Tensor:
         """The attention probabilities `[B, H, n, n_k]` in an attention module's output."""
-        sequence_first = self.spec.sequence_first and not self.spec.batch_first_maps
         found = [
-            t.permute(2, 3, 0, 1) if sequence_first else t  # [n, n, B, H]
+            self.spec.axes.maps_batch_first(t)
             for t in (out if isinstance(out, tuple | list) else (out,))
             if isinstance(t, torch.Tensor) and t.dim() == 4
         ]
@@ -432,7 +430,7 @@ def stack_of(base: nn.Module, spec: ArchSpec, *, label: str = "") -> AttentionSt
     kept = [i for i, layer in enumerate(every) if has_attention(layer, spec)]
     if not kept:
         if spec.weight_layout != "heads":  # the message names the first missing module
-            for path in (spec.value, spec.block_output_at or spec.out_proj):
+            for path in (spec.value, spec.block_output.path(spec.out_proj)):
                 get_submodule(every[0] if every else base, path)
         raise IdentifiableError(
             f"no layer of '{spec.layers}' holds the spec's '{spec.value}' and "
@@ -459,25 +457,7 @@ def stack_of(base: nn.Module, spec: ArchSpec, *, label: str = "") -> AttentionSt
 
 def logical_layers(base: nn.Module, spec: ArchSpec) -> list[nn.Module]:
     """The layers in the order the forward pass runs them (a shared layer appears once per run)."""
-    listed = module_list(base, spec.layers)
-    if spec.layer_groups is None:
-        return listed
-    config: Any = base.config
-    n_runs = int(config.num_hidden_layers)
-    groups = [module_list(g, spec.layer_groups) for g in listed]
-    # ALBERT: run i uses group ⌊i / (L / G)⌋, then every layer inside that group.
-    return [layer for i in range(n_runs) for layer in groups[int(i / (n_runs / len(groups)))]]
-
-
-def module_list(root: nn.Module, path: str) -> list[nn.Module]:
-    """The entries of the `ModuleList` at `path`, or one line saying the spec does not fit."""
-    found = get_submodule(root, path)
-    if not isinstance(found, nn.ModuleList | nn.Sequential):
-        raise IdentifiableError(
-            f"'{path}' is a {type(found).__name__}, not a list of layers; the architecture "
-            "spec does not match this model class (see docs/families.md, 'Adding an architecture')."
-        )
-    return list(found)
+    return spec.layer_groups.runs(module_list(base, spec.layers), base)
 
 
 def layer_windows(config: Any, spec: ArchSpec, n_layers: int) -> list[int | None]:

@@ -24,6 +24,7 @@ from identifiable.errors import IdentifiableError
 from identifiable.models.backends import running
 from identifiable.models.hooks import HookSet, get_submodule
 from identifiable.models.protocol import TracedModel
+from identifiable.models.quirks import BATCH_FIRST
 from identifiable.models.stack import Tap
 
 
@@ -93,7 +94,11 @@ class Captured:
 def check_supported(model: TracedModel) -> None:
     """One line for a model whose penalty cannot be read from its forward pass."""
     spec = model.spec
-    if spec.weight_layout == "heads" or spec.sequence_first or spec.block_output_at:
+    if (
+        spec.weight_layout == "heads"
+        or spec.axes != BATCH_FIRST
+        or not spec.block_output.at_out_proj
+    ):
         raise IdentifiableError(
             f"the null-attention penalty reads the value projection's output, which the "
             f"'{spec.name}' family does not have as a module of its own; use a family "
