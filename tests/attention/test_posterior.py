@@ -66,6 +66,30 @@ def test_every_draw_lies_inside_the_certified_intervals(trace, post) -> None:
     assert bool((post.credible_upper <= upper + slack).all())
 
 
+def test_causal_rows_of_different_dimensions_sample_together() -> None:
+    """Rows of a causal head with different key sets and dim P_i share one padded batch:
+    each draw is a valid row over its own prefix, inside its certified interval."""
+    trace = synthetic_trace(12, d_v=3, heads=1, causal=True, seed=1)
+    rows = [4, 6, 11]
+    post = attention_posterior(trace, 0, 0, rows=rows, samples=60, keep_draws=True, progress=False)
+    assert post.dim[0].tolist() == [1, 3, 8] and not bool(post.flags.any())
+    imap = interval_map(trace, layers=[0], heads=[0], rows=rows, progress=False)
+    t = _t(trace, 0, 0)
+    assert post.samples_kept is not None
+    for r, row in enumerate(rows):
+        draws = post.samples_kept[0, r]
+        a = trace.attentions[0, 0, row].double()
+        a = a / a.sum()
+        assert bool((draws[:, row + 1 :] == 0).all())  # no weight after the query
+        assert float(draws.min()) >= -1e-12
+        assert float((draws.sum(-1) - 1).abs().max()) <= 1e-10
+        assert float((draws @ t - a @ t).norm(dim=-1).max()) <= 1e-8 * float((a @ t).norm())
+        slack = 1e-6 * imap.upper[0, 0, r]
+        assert bool((draws >= imap.lower[0, 0, r] - slack).all())
+        assert bool((draws <= imap.upper[0, 0, r] + slack).all())
+        assert float(draws[:, : row + 1].std(0).max()) > 1e-3  # the chains moved
+
+
 def test_summaries_are_consistent(post) -> None:
     assert torch.allclose(post.p_top.sum(-1), torch.ones(2, 3, dtype=torch.float64))
     assert bool((post.credible_lower <= post.mean + 1e-12).all())

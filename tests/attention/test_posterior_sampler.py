@@ -40,14 +40,21 @@ def _poly(a: np.ndarray, null: np.ndarray, weights: np.ndarray | None = None) ->
     )
 
 
-def _billiard(poly, spread, x, gen):
+def _billiard(poly, spread, x, gen, threads=0):
     k = spread.shape[-1]
     metric, length = billiard.gram(spread), billiard.scale(poly)
-    return billiard.step(poly, spread, metric, length, x, gen, billiard.cap(k))
+    return billiard.step(poly, spread, metric, length, x, gen, billiard.cap(k), threads)
 
 
-WALKS = {"hitrun": (hitrun.step, lambda k: 30 * k * k + 60),
-         "billiard": (_billiard, lambda k: 10 * k + 30)}  # fmt: skip
+def _compiled(poly, spread, x, gen):
+    return _billiard(poly, spread, x, gen, threads=2)
+
+
+WALKS = {
+    "hitrun": (hitrun.step, lambda k: 30 * k * k + 60),
+    "billiard": (_billiard, lambda k: 10 * k + 30),
+    "compiled": (_compiled, lambda k: 10 * k + 30),
+}
 
 
 def _walk(poly: hitrun.Polytopes, steps: int, step=hitrun.step, seed: int = 0) -> np.ndarray:
@@ -83,7 +90,7 @@ def _biased_billiard(poly, spread, x, gen):
     return torch.addcmul(x, torch.minimum(hi, tau).unsqueeze(-1), u).clamp_min(0.0)
 
 
-BIASED = {"hitrun": _biased_step, "billiard": _biased_billiard}
+BIASED = {"hitrun": _biased_step, "billiard": _biased_billiard, "compiled": _biased_billiard}
 
 
 @pytest.mark.parametrize("walk", list(WALKS))
@@ -160,8 +167,70 @@ def test_ess_and_rhat_against_known_chains() -> None:
 
 
 def test_auto_takes_hit_and_run_up_to_dim_16_and_the_billiard_walk_above() -> None:
+    """In torch; compiled, "auto" is the billiard walk at every dimension."""
     from identifiable.attention.chains import AUTO_HITRUN, resolve
 
-    assert [resolve("auto", k) for k in (1, AUTO_HITRUN, AUTO_HITRUN + 1, 383)] == [
-        "hitrun", "hitrun", "billiard", "billiard"]  # fmt: skip
+    dims = (1, AUTO_HITRUN, AUTO_HITRUN + 1, 383)
+    assert [resolve("auto", k) for k in dims] == ["hitrun", "hitrun", "billiard", "billiard"]
+    assert [resolve("auto", k, compiled=True) for k in dims] == ["billiard"] * 4
     assert resolve("hitrun", 383) == "hitrun" and resolve("billiard", 2) == "billiard"
+    assert resolve("hitrun", 383, compiled=True) == "hitrun"
+
+
+def _batch(seed: int) -> tuple[hitrun.Polytopes, torch.Tensor]:
+    """Three rows of different sizes padded together (the middle one with a pinned key,
+    held at its raw weight 0.05), and the Dikin rounding: what `attention_posterior` hands
+    the walk."""
+    s, k = 12, 7
+    raw = torch.zeros(3, s, dtype=torch.float64)
+    null = torch.zeros(3, s, k, dtype=torch.float64)
+    live = torch.zeros(3, s, dtype=torch.bool)
+    for r, (first, size, d) in enumerate([(0, 6, 2), (1, 9, 3), (0, 12, 4)]):
+        a, n = _polytope(size - first, d, seed + r)
+        share = 1.0 - 0.05 * first
+        raw[r, first:size] = share * torch.tensor(a)
+        null[r, first:size, : n.shape[1]] = torch.tensor(n)
+        live[r, first:size] = True
+    raw[1, 0] = 0.05
+    poly = hitrun.Polytopes(raw, null, live, torch.zeros_like(raw))
+    return poly, hitrun.rounding(poly, hitrun.centre(poly))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_compiled_walk_follows_the_torch_walk(seed: int) -> None:
+    """From the same states with the same draws, the compiled paths end where torch's do
+    (to round-off), on padded rows of different dimensions, and the draws do not depend
+    on the thread count (bit for bit)."""
+    poly, spread = _batch(seed)
+    gen = torch.Generator().manual_seed(seed)
+    x = start = hitrun.starts(spread, hitrun.centre(poly), 4, gen)
+    moved = 0.0
+    for _ in range(20):
+        state = gen.get_state()
+        ends = {}
+        for threads in (0, 1, 2, 3):
+            gen.set_state(state)
+            ends[threads] = _billiard(poly, spread, x, gen, threads)
+        assert (ends[0] - ends[1]).abs().max() < 1e-12
+        assert torch.equal(ends[1], ends[2]) and torch.equal(ends[1], ends[3])
+        moved = max(moved, float((ends[1] - x).abs().max()))
+        x = ends[1]
+    assert moved > 1e-3  # the chains moved: the comparison is not of still states
+    still = ~poly.live.unsqueeze(1).expand_as(x)  # the pinned key and the padding
+    assert torch.equal(x[still], start[still]), "keys the walk does not move stay put"
+
+
+def test_a_compiled_step_over_the_cap_stays_where_torch_stays() -> None:
+    """With a reflection cap of 0, every path that meets a facet stays put, in both."""
+    poly, spread = _batch(2)
+    gen = torch.Generator().manual_seed(0)
+    x = hitrun.starts(spread, hitrun.centre(poly), 64, gen)
+    metric, length = billiard.gram(spread), billiard.scale(poly)
+    state = gen.get_state()
+    torch_end = billiard.step(poly, spread, metric, length, x, gen, 0)
+    gen.set_state(state)
+    compiled_end = billiard.step(poly, spread, metric, length, x, gen, 0, threads=2)
+    stayed = (compiled_end == x).all(-1)
+    assert stayed.any() and (~stayed).any()  # some paths met a facet, some did not
+    assert torch.equal(stayed, (torch_end == x).all(-1))
+    assert (compiled_end - torch_end).abs().max() < 1e-12

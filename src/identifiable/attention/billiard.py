@@ -29,6 +29,7 @@ import math
 import torch
 from torch import Tensor
 
+from identifiable.attention import billiard_cpu
 from identifiable.attention.hitrun import Polytopes, log_prior
 
 LENGTH = 6.0  # L = LENGTH · √k in rounded coordinates (benchmarks/records/posterior.md)
@@ -59,14 +60,34 @@ def step(
     x: Tensor,
     gen: torch.Generator,
     most: int,
+    threads: int = 0,
 ) -> Tensor:
     """One billiard step of every chain: `x` `[R, C, s]` → the next states; `metric` is
-    `gram(spread)`, `length` `[R]` the mean path length L, `most` the reflection cap."""
-    r, c, s = x.shape
+    `gram(spread)`, `length` `[R]` the mean path length L, `most` the reflection cap. On the
+    CPU with `threads` ≥ 1 the paths run compiled (`billiard_cpu`) on that many threads;
+    otherwise in torch (`paths`). Both draw the same numbers and follow the same paths."""
+    r, c = x.shape[:2]
     g = torch.randn(r, c, spread.shape[-1], generator=gen, dtype=x.dtype, device=x.device)
+    pick = torch.rand(r, c, generator=gen, dtype=x.dtype, device=x.device)
+    if threads and x.device.type == "cpu":
+        new = billiard_cpu.step(spread, metric, length, x, g, pick, most, threads)
+    else:
+        new = paths(spread, metric, length, x, g, pick, most)
+    if not bool((poly.weights != 0).any()):
+        return new
+    mh = torch.rand(r, c, generator=gen, dtype=x.dtype, device=x.device)
+    ok = torch.log(mh) < log_prior(poly.weights, new) - log_prior(poly.weights, x)
+    return torch.where(ok.unsqueeze(-1), new, x)
+
+
+def paths(
+    spread: Tensor, metric: Tensor, length: Tensor, x: Tensor, g: Tensor, pick: Tensor, most: int
+) -> Tensor:
+    """The end points of every chain's path in torch, all chains in lock step (on any
+    device): `g` `[R, C, k]` Gaussian directions, `pick` `[R, C]` uniforms for the lengths."""
+    r, c, s = x.shape
     g = g / torch.linalg.vector_norm(g, dim=-1, keepdim=True).clamp_min(1e-300)
     u = g @ spread.mT
-    pick = torch.rand(r, c, generator=gen, dtype=x.dtype, device=x.device)
     left = 2.0 * length[:, None] * pick  # τ ~ U[0, 2L]
     y = x
     for _ in range(most + 1):
@@ -83,9 +104,4 @@ def step(
         diag = col.gather(-1, j.unsqueeze(-1)).squeeze(-1)
         coef = torch.where(hit, 2.0 * u.gather(-1, j.unsqueeze(-1)).squeeze(-1) / diag, 0.0)
         u = torch.addcmul(u, coef.unsqueeze(-1), col, value=-1.0)
-    new = torch.where((left > 0).unsqueeze(-1), x, y)  # over the cap: stay
-    if not bool((poly.weights != 0).any()):
-        return new
-    mh = torch.rand(r, c, generator=gen, dtype=x.dtype, device=x.device)
-    ok = torch.log(mh) < log_prior(poly.weights, new) - log_prior(poly.weights, x)
-    return torch.where(ok.unsqueeze(-1), new, x)
+    return torch.where((left > 0).unsqueeze(-1), x, y)  # over the cap: stay

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from identifiable.attention import billiard, hitrun, mcmc
+from identifiable.attention import billiard, billiard_cpu, hitrun, mcmc
 
 WALKS: tuple[str, ...] = ("auto", "billiard", "hitrun")
 AUTO_HITRUN = 16  # "auto" runs hit-and-run on batches up to this dim P_i (cheaper there)
@@ -49,7 +49,9 @@ class Settings:
     """What the chains aim for: `samples` effective samples per row from `chains` chains,
     central credible intervals at `level`, at most `max_draws` kept draws per chain,
     stopping at `deadline` (a `time.perf_counter()` value, or None); `keep` draws per row
-    are returned (thinned, pooled over chains); `walk` is one of `WALKS` ("auto": `resolve`)."""
+    are returned (thinned, pooled over chains); `walk` is one of `WALKS` ("auto": `resolve`);
+    `threads` ≥ 1 runs the billiard walk compiled on that many CPU threads (`billiard_cpu`),
+    0 in torch."""
 
     samples: int
     chains: int
@@ -58,6 +60,7 @@ class Settings:
     deadline: float | None = None
     keep: int = 0
     walk: str = "auto"
+    threads: int = 0
 
 
 @dataclass(frozen=True)
@@ -125,26 +128,34 @@ def warmup(k: int, walk: str = "hitrun") -> int:
     return WARMUP + (k // 2 if walk == "billiard" else 0)
 
 
-def resolve(walk: str, k: int) -> str:
-    """The walk that runs a batch of largest dim k: "auto" is hit-and-run up to
-    `AUTO_HITRUN` (its steps are cheap there) and the billiard walk above, where it wins
-    on seconds per effective sample (benchmarks/records/posterior.md)."""
+def resolve(walk: str, k: int, compiled: bool = False) -> str:
+    """The walk that runs a batch of largest dim k: "auto" is the billiard walk where it
+    runs `compiled` (fewer steps per effective sample at every k, and each step a few
+    microseconds); in torch, hit-and-run up to `AUTO_HITRUN` (its steps are cheap there)
+    and the billiard walk above, where it wins on seconds per effective sample
+    (benchmarks/records/posterior.md)."""
     if walk != "auto":
         return walk
-    return "hitrun" if k <= AUTO_HITRUN else "billiard"
+    return "hitrun" if k <= AUTO_HITRUN and not compiled else "billiard"
+
+
+def compiled(x: Tensor, threads: int) -> bool:
+    """Whether the billiard walk runs compiled for states `x`: on the CPU, with threads."""
+    return threads > 0 and x.device.type == "cpu" and billiard_cpu.available()
 
 
 Move = Callable[[Tensor, torch.Generator], Tensor]
 
 
-def mover(walk: str, poly: hitrun.Polytopes, spread: Tensor) -> Move:
+def mover(walk: str, poly: hitrun.Polytopes, spread: Tensor, threads: int = 0) -> Move:
     """One step of `walk` for every chain, `x` `[R, C, s]` → next states, with directions
-    from the rounding `spread`."""
+    from the rounding `spread` (the billiard walk compiled on `threads` CPU threads, or in
+    torch with 0)."""
     if walk == "hitrun":
         return lambda x, gen: hitrun.step(poly, spread, x, gen)
     metric, length = billiard.gram(spread), billiard.scale(poly)
     most = billiard.cap(poly.null.shape[-1])
-    return lambda x, gen: billiard.step(poly, spread, metric, length, x, gen, most)
+    return lambda x, gen: billiard.step(poly, spread, metric, length, x, gen, most, threads)
 
 
 def _flags(ess: Tensor, rhat: Tensor, samples: int) -> Tensor:
@@ -197,11 +208,14 @@ def sample(
     rows = poly.raw.shape[0]
     x_c = hitrun.centre(poly)
     spread = hitrun.rounding(poly, x_c)
-    walk = resolve(cfg.walk, poly.null.shape[-1])
+    threads = cfg.threads if compiled(x_c, cfg.threads) else 0
+    walk = resolve(cfg.walk, poly.null.shape[-1], threads > 0)
     thin, warm = sweep(poly.null.shape[-1], walk), warmup(poly.null.shape[-1], walk)
     tau = TAU_BILLIARD if walk == "billiard" else TAU_GUESS
     x = hitrun.starts(spread, x_c, cfg.chains, gen)
-    move = mover(walk, poly, spread)
+    if walk == "billiard" and threads:
+        billiard_cpu.ready()  # a compile is not a step: the probe below times steps
+    move = mover(walk, poly, spread, threads)
     if probe is not None:  # time a few steps, then rewind: a budget leaves the draws as they are
         state, y = gen.get_state(), x.clone()
         t0, tries = time.perf_counter(), min(thin, 8 if walk == "billiard" else 64)
@@ -213,7 +227,7 @@ def sample(
     moments = hitrun.Moments(poly)
     x, _, on_time = _sweeps(poly, move, x, warm, thin, gen, cfg.deadline, moments)
     spread = hitrun.adapted(poly, spread, moments)
-    move = mover(walk, poly, spread)
+    move = mover(walk, poly, spread, threads)
     x, _, on_time = _sweeps(poly, move, x, warm, thin, gen, cfg.deadline)
     target = min(cfg.max_draws, max(4, math.ceil(tau * cfg.samples / cfg.chains)))
     kept: list[Tensor] = []
@@ -235,7 +249,7 @@ def sample(
         left = (~finished).nonzero().flatten()
         ids, poly, x = ids[left], poly.select(left), x.index_select(0, left)
         spread, half_max = spread.index_select(0, left), half_max
-        move = mover(walk, poly, spread)
+        move = mover(walk, poly, spread, threads)
         kept = [k.index_select(0, left) for k in kept]
         grow = max(1.25, 1.1 * cfg.samples / worst)
         target = min(cfg.max_draws, math.ceil(len(kept) * grow))

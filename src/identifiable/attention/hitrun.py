@@ -74,9 +74,11 @@ def _interior(poly: Polytopes) -> Tensor:
     ±axis directions from a (a may touch the boundary where a weight underflowed)."""
     x = torch.where(poly.live, poly.raw, 1.0)
     k = poly.null.shape[-1]
+    pad = poly.null.abs().sum(1) == 0  # [R, k]: padding directions (a row of smaller dim)
     for _ in range(3):  # each pass moves further from the walls
         dirs = poly.null.mT  # [R, k, s]: every column of N
         lo, hi = chord(x.unsqueeze(1).expand(-1, k, -1), dirs)
+        lo, hi = lo.masked_fill(pad, 0.0), hi.masked_fill(pad, 0.0)  # unbounded chords: stay
         mid = x.unsqueeze(1) + (0.5 * (lo + hi)).unsqueeze(-1) * dirs
         x = torch.where(poly.live, mid.mean(1), 1.0)
     return x

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ from identifiable.models.trace import Trace
 from identifiable.results import Result
 from identifiable.utils.checks import count, indices, number, whole
 from identifiable.utils.progress import task_bar, watching
+from identifiable.utils.threads import engine_threads, one_thread
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     import pandas as pd
@@ -251,6 +253,7 @@ def attention_posterior(
     walk: str = "auto",
     device: str | torch.device | None = None,
     progress: bool | None = None,
+    threads: int | None = None,
 ) -> AttentionPosterior:
     """The posterior over the valid attention rows of `rows` of `head` (see the module
     docstring and `AttentionPosterior`).
@@ -272,10 +275,13 @@ def attention_posterior(
         keep_draws: keep `samples` draws per row (`samples_kept`).
         walk: "billiard" (the billiard walk: about two steps per effective sample, each
             meeting about k facets, k = dim P_i), "hitrun" (hit-and-run: about k^2.2
-            cheap steps) or "auto" (hit-and-run on batches of rows with k ≤ 16, the
+            cheap steps) or "auto" (the billiard walk on the CPU, where it runs
+            compiled; elsewhere hit-and-run on batches of rows with k ≤ 16 and the
             billiard walk above); all are exact (docs/posterior.md#the-sampler).
         device: where the chains run (default: the trace's device).
         progress: a bar of the rows done on stderr (None: when a person is watching).
+        threads: CPU threads of the compiled billiard walk (default: torch's intra-op
+            thread count); the draws do not depend on it.
 
     Raises IdentifiableError for an unknown prior or walk, alpha ≤ 0, samples or chains < 1,
     an index out of range, a corrupt trace, or a budget too small for the request.
@@ -297,7 +303,11 @@ def attention_posterior(
     problems = _row_problems(trace, layer, heads, row_list, imap)
     settings = (prior, float(alpha), samples, chains, int(seed), level, keep_draws)
     where = torch.device(device) if device is not None else trace.attentions.device
-    out = _sample_rows(problems, settings, walk, (time_budget, start), where, progress)
+    lanes = engine_threads(threads)
+    # torch's part of a step is small kernels, which a second OpenMP thread slows; the
+    # compiled walk runs on its own `lanes` threads (benchmarks/records/posterior.md)
+    with one_thread() if where.type == "cpu" else nullcontext():
+        out = _sample_rows(problems, settings, (walk, lanes), (time_budget, start), where, progress)
     eff, con = _references(trace, layer, heads, row_list)
     return _assemble(
         trace, layer, heads, row_list, imap, eff, con, problems, out, settings, start, walk
@@ -307,12 +317,13 @@ def attention_posterior(
 def _sample_rows(
     problems: list[_Row],
     settings: tuple[str, float, int, int, int, float, bool],
-    walk: str,
+    walk: tuple[str, int],
     timing: tuple[float | None, float],
     where: torch.device,
     progress: bool | None,
 ) -> dict[int, tuple[chain_runs.Summary, int]]:
-    """Sample every row with a bar of the rows done; `timing` is (time_budget, start)."""
+    """Sample every row with a bar of the rows done; `walk` is (walk, CPU threads),
+    `timing` (time_budget, start)."""
     prior, alpha, samples, chains, seed, level, keep_draws = settings
     time_budget, start = timing
     weight = 0.0 if prior == "uniform" else alpha
@@ -447,6 +458,8 @@ def _sample_all(
     problems, weight, samples, chains, level, keep, deadline, budget, where, gen, advance, walk
 ) -> dict[int, tuple[chain_runs.Summary, int]]:
     """Sample every batch; returns, per problem index, its summary and its place in it."""
+    walk, threads = walk
+    fast = chain_runs.compiled(torch.empty(0, device=where), threads)
     out: dict[int, tuple[chain_runs.Summary, int]] = {}
     batches = _batches(problems, chains, samples)
     for b, idx in enumerate(batches):
@@ -455,10 +468,10 @@ def _sample_all(
         room = MEMORY // max(1, 8 * len(idx) * chains * s)
         cap = max(8, min(MAX_TAU * samples // chains + 8, room))
         cfg = chain_runs.Settings(
-            samples, chains, level, cap, deadline, samples if keep else 0, walk
+            samples, chains, level, cap, deadline, samples if keep else 0, walk, threads
         )
-        share = _cost(problems, idx, walk) / max(
-            1.0, sum(_cost(problems, i, walk) for i in batches)
+        share = _cost(problems, idx, walk, fast) / max(
+            1.0, sum(_cost(problems, i, walk, fast) for i in batches)
         )
         probe = _probe(budget, share, chains, samples) if b == 0 else None
         summary = chain_runs.sample(poly, half, cfg, gen, advance, probe)
@@ -467,10 +480,10 @@ def _sample_all(
     return out
 
 
-def _cost(problems: list[_Row], idx: list[int], walk: str) -> float:
+def _cost(problems: list[_Row], idx: list[int], walk: str, fast: bool) -> float:
     """The work of a sweep of every row of `idx`, up to a constant: steps × keys × dim
-    (a billiard step meets about dim facets)."""
-    ways = [chain_runs.resolve(walk, problems[i].dim) for i in idx]
+    (a billiard step meets about dim facets; `fast`: it runs compiled)."""
+    ways = [chain_runs.resolve(walk, problems[i].dim, fast) for i in idx]
     return float(
         sum(
             chain_runs.sweep(problems[i].dim, w)

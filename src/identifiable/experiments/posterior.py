@@ -89,10 +89,13 @@ def posterior_tables(
     the raw row of A_eff, the constrained row and the posterior mean (l1_effective,
     l1_constrained, l1_mean).
 
-    The chains run on one torch thread: each step is a dozen small kernels, which a second
-    OpenMP thread slows (benchmarks/records/posterior.md). Every row's chains are seeded from
-    (seed, seq, layer), so a shard's tables do not depend on where it runs.
+    The certificates and references run on one torch thread (small kernels, which a second
+    OpenMP thread slows: benchmarks/records/posterior.md), the compiled chains on every
+    thread the caller had. Every row's chains are seeded from (seed, seq, layer), and their
+    draws do not depend on the thread count, so a shard's tables do not depend on where it
+    runs.
     """
+    lanes = torch.get_num_threads()
     records = []
     for k, tr in enumerate(model.trace_many(list(shard), batch_size=8)):
         seq = first + k
@@ -101,7 +104,14 @@ def posterior_tables(
             rows, chain_seed = sample_rows(tr.n_tokens, rows_per_head, seed, seq, layer)
             with one_thread():
                 post = attention_posterior(
-                    tr, layer, heads, rows, samples=samples, seed=chain_seed, progress=False
+                    tr,
+                    layer,
+                    heads,
+                    rows,
+                    samples=samples,
+                    seed=chain_seed,
+                    progress=False,
+                    threads=lanes,
                 )
             records += _records(post, seq, tr.n_tokens)
         advance(1)

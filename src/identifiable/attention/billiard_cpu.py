@@ -1,0 +1,113 @@
+"""The billiard step of `billiard.step`, compiled for the CPU: the same path for each chain
+(the same directions, lengths, facets and reflections), in numba loops instead of a dozen
+small torch kernels per reflection, which cost launch overhead rather than arithmetic
+(benchmarks/records/posterior.md). The chains are shared out over threads in contiguous
+blocks; each chain's path depends only on its own draws, so the output does not depend on
+the thread count.
+
+The compiled function is cached on disk in the user cache's folder "posterior"
+(`store.jitcache`); `ready()` loads or compiles it once per process, with a status line
+while it compiles, and rebuilds a cache that does not load.
+"""
+
+from __future__ import annotations
+
+import itertools
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from identifiable.store import jitcache
+from identifiable.utils.progress import status
+
+KIND, WHAT = "posterior", "the posterior's billiard walk"
+_ready: list[bool] = []
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def available() -> bool:
+    """Whether the compiled step can run here (numba imports)."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _compiled():
+    from identifiable.attention import billiard_paths
+
+    return billiard_paths.paths
+
+
+def ready(quiet: bool = False) -> None:
+    """Load the compiled step from its disk cache, or compile it now (a status line on
+    stderr while it compiles; a cache that does not load is cleared and rebuilt)."""
+    if _ready:
+        return
+    paths = _compiled()
+    if paths.stats.cache_hits or paths.signatures:
+        _ready.append(True)
+        return
+
+    def tiny() -> None:
+        x = np.full((1, 2), 0.5)
+        spread = np.array([[[1.0], [-1.0]]])
+        metric = spread @ spread.transpose(0, 2, 1)
+        out = np.empty_like(x)
+        paths(x, spread, metric, np.ones(1), np.ones((1, 1)), np.full(1, 0.5), 8, 0, 1, out)
+
+    with status(
+        "compiling the posterior's billiard walk (once; cached on disk)", enabled=not quiet
+    ):
+        if not jitcache.loads(KIND, WHAT, tiny):
+            tiny()
+    _ready.append(True)
+
+
+def step(
+    spread: Tensor,
+    metric: Tensor,
+    length: Tensor,
+    x: Tensor,
+    g: Tensor,
+    pick: Tensor,
+    most: int,
+    threads: int,
+) -> Tensor:
+    """The end points of every chain's path (before any Metropolis-Hastings test):
+    `x` `[R, C, s]` states, `g` `[R, C, k]` Gaussian directions (not normalised), `pick`
+    `[R, C]` uniforms for the lengths, on `threads` threads; the other arguments as
+    `billiard.step`'s."""
+    ready()
+    r, c, s = x.shape
+    xs = x.detach().reshape(r * c, s).contiguous().numpy()
+    args = (
+        xs,
+        spread.detach().contiguous().numpy(),
+        metric.detach().contiguous().numpy(),
+        length.detach().contiguous().numpy(),
+        g.detach().reshape(r * c, -1).contiguous().numpy(),
+        pick.detach().reshape(r * c).contiguous().numpy(),
+        int(most),
+    )
+    out = np.empty_like(xs)
+    paths = _compiled()
+    cuts = np.linspace(0, r * c, min(threads, r * c) + 1).round().astype(np.int64).tolist()
+    if len(cuts) <= 2:
+        paths(*args, 0, r * c, out)
+    else:
+        pool = _pool(len(cuts) - 1)
+        jobs = [pool.submit(paths, *args, lo, hi, out) for lo, hi in itertools.pairwise(cuts)]
+        for job in jobs:
+            job.result()
+    return torch.from_numpy(out).reshape(r, c, s)
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """One pool per thread count, kept for the process (at most a thread per core asked)."""
+    if threads not in _pools:
+        _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="identifiable-billiard")
+    return _pools[threads]
