@@ -83,10 +83,34 @@ class Summary:
     kept: Tensor
 
 
-def summarise(draws: Tensor, half_max: Tensor, cfg: Settings, budget_hit: bool) -> Summary:
-    """Summaries of `[R, s, C, D]` draws (`half_max` `[R, s]`)."""
-    r, s, c, d = draws.shape
+@dataclass(frozen=True)
+class Diagnosis:
+    """Per key (`[R, s]`) and per row (`[R]`): ESS and split-R̂ of the draws, the row's
+    smallest ESS and largest R̂, and its flags (`FLAG_RHAT`, `FLAG_ESS`)."""
+
+    ess_key: Tensor
+    rhat_key: Tensor
+    ess: Tensor
+    rhat: Tensor
+    flags: Tensor
+
+    def select(self, rows: Tensor) -> Diagnosis:
+        """The diagnosis of some rows `[R']`."""
+        return Diagnosis(*(t.index_select(0, rows) for t in vars(self).values()))
+
+
+def diagnose(draws: Tensor, samples: int) -> Diagnosis:
+    """Convergence of `[R, s, C, D]` draws against `samples` effective samples a row."""
     ess_key, rhat_key = mcmc.ess(draws), mcmc.split_rhat(draws)
+    ess, rhat = mcmc.row_ess(ess_key), mcmc.row_rhat(rhat_key)
+    return Diagnosis(ess_key, rhat_key, ess, rhat, _flags(ess, rhat, samples))
+
+
+def summarise(
+    draws: Tensor, half_max: Tensor, cfg: Settings, budget_hit: bool, diag: Diagnosis
+) -> Summary:
+    """Summaries of `[R, s, C, D]` draws (`half_max` `[R, s]`, `diag` their `diagnose`)."""
+    r, s, c, d = draws.shape
     pooled = draws.reshape(r, s, c * d)
     lower, upper = mcmc.central_interval(pooled, cfg.level)
     top = pooled.argmax(1)  # [R, C·D]
@@ -94,9 +118,8 @@ def summarise(draws: Tensor, half_max: Tensor, cfg: Settings, budget_hit: bool) 
     hits.scatter_add_(1, top, torch.ones_like(top))
     p_half = (pooled >= half_max[..., None]).to(draws.dtype).mean(-1)
     spread = pooled.var(-1, correction=1)
-    mcse = torch.where(ess_key.isnan(), 0.0, (spread / ess_key).sqrt())
-    ess, rhat = mcmc.row_ess(ess_key), mcmc.row_rhat(rhat_key)
-    flags = _flags(ess, rhat, cfg.samples) | (FLAG_BUDGET if budget_hit else 0)
+    mcse = torch.where(diag.ess_key.isnan(), 0.0, (spread / diag.ess_key).sqrt())
+    flags = diag.flags | (FLAG_BUDGET if budget_hit else 0)
     pick = torch.linspace(0, c * d - 1, cfg.keep, device=draws.device).round().long()
     return Summary(
         pooled.mean(-1),
@@ -105,8 +128,8 @@ def summarise(draws: Tensor, half_max: Tensor, cfg: Settings, budget_hit: bool) 
         hits.to(draws.dtype) / (c * d),
         p_half,
         mcse,
-        ess,
-        rhat,
+        diag.ess,
+        diag.rhat,
         torch.full((r,), c * d, device=draws.device),
         flags,
         pooled[..., pick].transpose(1, 2),
@@ -239,13 +262,22 @@ def sample(
         draws = torch.stack(kept, -1).permute(0, 2, 1, 3)  # [R', s, C, D]
         if draws.shape[-1] < 4:  # the deadline came before four draws: repeat what there is
             draws = draws.repeat_interleave(4, -1)
-        summary = summarise(draws, half_max.index_select(0, ids), cfg, not on_time)
-        finished = (summary.flags == 0) | (not on_time) | (len(kept) >= cfg.max_draws)
-        for k in finished.nonzero().flatten().tolist():
-            results[int(ids[k])] = Summary(*(getattr(summary, f)[k : k + 1] for f in _FIELDS))
-        if done is not None and bool(finished.any()):
-            done(int(finished.sum()))
-        worst = float(summary.ess[~finished].clamp_min(1).amin()) if (~finished).any() else 1.0
+        diag = diagnose(draws, cfg.samples)
+        finished = (diag.flags == 0) | (not on_time) | (len(kept) >= cfg.max_draws)
+        ended = finished.nonzero().flatten()
+        if len(ended):  # summarised once, when they leave (sorting the draws is the cost)
+            summary = summarise(
+                draws.index_select(0, ended),
+                half_max.index_select(0, ids.index_select(0, ended)),
+                cfg,
+                not on_time,
+                diag.select(ended),
+            )
+            for j, k in enumerate(ended.tolist()):
+                results[int(ids[k])] = Summary(*(getattr(summary, f)[j : j + 1] for f in _FIELDS))
+        if done is not None and len(ended):
+            done(len(ended))
+        worst = float(diag.ess[~finished].clamp_min(1).amin()) if (~finished).any() else 1.0
         left = (~finished).nonzero().flatten()
         ids, poly, x = ids[left], poly.select(left), x.index_select(0, left)
         spread, half_max = spread.index_select(0, left), half_max
