@@ -12,8 +12,12 @@ while it compiles, and rebuilds a cache that does not load.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import itertools
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,21 +40,19 @@ def available() -> bool:
     return True
 
 
-def _compiled():
+def _compiled() -> Any:
     from identifiable.attention import billiard_paths
 
     return billiard_paths.paths
 
 
 def ready(quiet: bool = False) -> None:
-    """Load the compiled step from its disk cache, or compile it now (a status line on
-    stderr while it compiles; a cache that does not load is cleared and rebuilt)."""
+    """Load the compiled step from its disk cache, or compile it now, with a status line
+    on stderr unless the cache's marker says it holds this code; a cache that does not
+    load is cleared and rebuilt after one warning line."""
     if _ready:
         return
     paths = _compiled()
-    if paths.stats.cache_hits or paths.signatures:
-        _ready.append(True)
-        return
 
     def tiny() -> None:
         x = np.full((1, 2), 0.5)
@@ -59,12 +61,32 @@ def ready(quiet: bool = False) -> None:
         out = np.empty_like(x)
         paths(x, spread, metric, np.ones(1), np.ones((1, 1)), np.full(1, 0.5), 8, 0, 1, out)
 
+    mark = _marker()
+    warm = mark is not None and mark.exists()
     with status(
-        "compiling the posterior's billiard walk (once; cached on disk)", enabled=not quiet
+        "compiling the posterior's billiard walk (once; cached on disk)",
+        enabled=not (quiet or warm),
     ):
         if not jitcache.loads(KIND, WHAT, tiny):
             tiny()
+    if mark is not None:
+        with contextlib.suppress(OSError):
+            mark.touch()
     _ready.append(True)
+
+
+def _marker() -> Path | None:
+    """The file that says the cache holds this code, compiled and loaded back (keyed by
+    the compiled file's bytes and numba's version); None without a cache folder."""
+    import numba
+
+    from identifiable.attention import billiard_paths
+
+    where = jitcache.folder(KIND, WHAT)
+    if where is None:
+        return None
+    key = hashlib.sha256(Path(billiard_paths.__file__).read_bytes()).hexdigest()[:16]
+    return where / f"ready-{key}-numba{numba.__version__}"
 
 
 def step(

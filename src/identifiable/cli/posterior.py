@@ -35,7 +35,9 @@ _ChainsArg = Annotated[int, typer.Option("--chains", help="Chains per row (≥ 1
 _WalkArg = Annotated[
     str,
     typer.Option(
-        "--walk", help="'auto' (hit-and-run up to dim P 16, billiard above), 'billiard', 'hitrun'."
+        "--walk",
+        help="'auto' (billiard on the CPU; elsewhere hit-and-run up to dim P 16, billiard above), "
+        "'billiard', 'hitrun'.",
     ),
 ]
 _SeedArg = Annotated[int, typer.Option("--seed", help="Seed of every random draw.")]
