@@ -106,7 +106,7 @@ def step(
     ready()
     r, c, s = x.shape
     xs = x.detach().reshape(r * c, s).contiguous().numpy()
-    args = (
+    args: tuple[Any, ...] = (
         xs,
         spread.detach().contiguous().numpy(),
         metric.detach().contiguous().numpy(),
