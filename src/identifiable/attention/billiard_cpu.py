@@ -117,13 +117,16 @@ def step(
     )
     out = np.empty_like(xs)
     paths = _compiled()
+
+    def block(lo: int, hi: int) -> None:
+        paths(*args, lo, hi, out)
+
     cuts = np.linspace(0, r * c, min(threads, r * c) + 1).round().astype(np.int64).tolist()
     if len(cuts) <= 2:
-        paths(*args, 0, r * c, out)
+        block(0, r * c)
     else:
         pool = _pool(len(cuts) - 1)
-        jobs = [pool.submit(paths, *args, lo, hi, out) for lo, hi in itertools.pairwise(cuts)]
-        for job in jobs:
+        for job in [pool.submit(block, lo, hi) for lo, hi in itertools.pairwise(cuts)]:
             job.result()
     return torch.from_numpy(out).reshape(r, c, s)
 
