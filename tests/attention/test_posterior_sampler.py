@@ -150,6 +150,16 @@ def test_the_dirichlet_prior_pulls_towards_the_raw_row(walk: str) -> None:
     assert abs(exact_mean - uniform_mean) > 8 * se  # the prior moved it
 
 
+def test_fft_lengths_are_scipy_fast_lengths() -> None:
+    """The autocorrelations' FFT length is the smallest 5-smooth length ≥ 2n − 1, as
+    scipy.fft.next_fast_len computes it for real input."""
+    from scipy.fft import next_fast_len
+
+    from identifiable.attention.mcmc import _smooth
+
+    assert all(_smooth(m) == next_fast_len(m, real=True) for m in range(1, 3000))
+
+
 def test_ess_and_rhat_against_known_chains() -> None:
     """ESS of independent draws ≈ their number; of an AR(1) chain with ρ = 0.5 it is
     N (1 − ρ)/(1 + ρ); split-R̂ flags chains that sit at different levels."""

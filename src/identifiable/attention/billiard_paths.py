@@ -20,6 +20,7 @@ def paths(x, spread, metric, length, dirs, picks, most, lo, hi, out):  # pragma:
     s, k = spread.shape[1], spread.shape[2]
     u = np.empty(s)
     y = np.empty(s)
+    t = np.empty(s)
     for p in range(lo, hi):
         r = p // chains
         norm = 0.0
@@ -34,15 +35,18 @@ def paths(x, spread, metric, length, dirs, picks, most, lo, hi, out):  # pragma:
             y[i] = x[p, i]
         left = 2.0 * length[r] * picks[p]  # τ ~ U[0, 2L]
         for _ in range(most + 1):
-            h, j = math.inf, -1  # the first facet met, and the length to it
+            # the first facet met and the length to it, in passes that vectorise
             for i in range(s):
-                if u[i] < 0.0:
-                    t = y[i] / -u[i]
-                    if t < h:
-                        h, j = t, i
+                t[i] = y[i] / -u[i] if u[i] < 0.0 else math.inf
+            h = math.inf
+            for i in range(s):
+                h = min(h, t[i])
+            j = 0
+            while t[j] != h and j < s - 1:
+                j += 1
             hit = h < left
             move = h if hit else left
-            for i in range(s):  # separate passes: these two vectorise, a fused one does not
+            for i in range(s):
                 y[i] = max(y[i] + move * u[i], 0.0)
             left -= move
             if not hit:

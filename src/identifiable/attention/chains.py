@@ -17,12 +17,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from identifiable.attention import billiard, billiard_cpu, hitrun, mcmc
+from identifiable.utils.threads import one_thread
 
 WALKS: tuple[str, ...] = ("auto", "billiard", "hitrun")
 AUTO_HITRUN = 16  # "auto" runs hit-and-run on batches up to this dim P_i (cheaper there)
@@ -197,7 +199,22 @@ def _sweeps(
 ) -> tuple[Tensor, list[Tensor], bool]:
     """`n` sweeps of `thin` steps from `x`; returns the last states, one draw per sweep
     (`[R, C, s]` each) and False when the deadline cut it short. `moments` sees every
-    state."""
+    state. On the CPU torch's part of a step is small kernels, which a second OpenMP
+    thread slows (benchmarks/records/posterior.md): they run on one."""
+    with one_thread() if x.device.type == "cpu" else nullcontext():
+        return _steps(poly, move, x, n, thin, gen, deadline, moments)
+
+
+def _steps(
+    poly: hitrun.Polytopes,
+    move: Move,
+    x: Tensor,
+    n: int,
+    thin: int,
+    gen: torch.Generator,
+    deadline: float | None,
+    moments: hitrun.Moments | None,
+) -> tuple[Tensor, list[Tensor], bool]:
     out: list[Tensor] = []
     steps = 0
     for _ in range(n):
@@ -242,8 +259,7 @@ def sample(
     if probe is not None:  # time a few steps, then rewind: a budget leaves the draws as they are
         state, y = gen.get_state(), x.clone()
         t0, tries = time.perf_counter(), min(thin, 8 if walk == "billiard" else 64)
-        for _ in range(tries):
-            y = move(y, gen)
+        y, _, _ = _sweeps(poly, move, y, 1, tries, gen, None)
         planned = thin * (2 * warm + tau * cfg.samples / cfg.chains)
         probe((time.perf_counter() - t0) / tries, planned)
         gen.set_state(state)

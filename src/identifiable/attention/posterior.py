@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +37,7 @@ from identifiable.models.trace import Trace
 from identifiable.results import Result
 from identifiable.utils.checks import count, indices, number, whole
 from identifiable.utils.progress import task_bar, watching
-from identifiable.utils.threads import engine_threads, one_thread
+from identifiable.utils.threads import engine_threads
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     import pandas as pd
@@ -304,10 +303,7 @@ def attention_posterior(
     settings = (prior, float(alpha), samples, chains, int(seed), level, keep_draws)
     where = torch.device(device) if device is not None else trace.attentions.device
     lanes = engine_threads(threads)
-    # torch's part of a step is small kernels, which a second OpenMP thread slows; the
-    # compiled walk runs on its own `lanes` threads (benchmarks/records/posterior.md)
-    with one_thread() if where.type == "cpu" else nullcontext():
-        out = _sample_rows(problems, settings, (walk, lanes), (time_budget, start), where, progress)
+    out = _sample_rows(problems, settings, (walk, lanes), (time_budget, start), where, progress)
     eff, con = _references(trace, layer, heads, row_list)
     return _assemble(
         trace, layer, heads, row_list, imap, eff, con, problems, out, settings, start, walk
