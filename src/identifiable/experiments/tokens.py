@@ -300,9 +300,14 @@ def token_identifiability(
     plan |= {"candidates": candidates, "cross_layer": cross_layer, "controls": controls}
     plan |= {"probe_config": probe_config}
     ev = _evaluate_with_progress(
-        pairs, progress, layers=hidden_indices(layers, pairs.n_layers), seed=seed,
-        test_fraction=test_fraction, vocab_embeddings=vocab, **plan,
-    )  # fmt: skip
+        pairs,
+        progress,
+        layers=hidden_indices(layers, pairs.n_layers),
+        seed=seed,
+        test_fraction=test_fraction,
+        vocab_embeddings=vocab,
+        **plan,
+    )
     t2 = time.perf_counter()
     settings = _settings(
         model, texts, pairs, ev, source, max_tokens, candidates, seed, probe_config, storage
@@ -385,9 +390,11 @@ class SharedPairs:
         with self._lock:  # the first shard extracts (on every thread); the others wait
             if self._pairs is None:
                 self._pairs, _ = extract(
-                    self.model, list(self.items), max_tokens=self.max_tokens(),
+                    self.model,
+                    list(self.items),
+                    max_tokens=self.max_tokens(),
                     cache_dir=self.cache_dir,
-                )  # fmt: skip
+                )
             return self._pairs
 
 

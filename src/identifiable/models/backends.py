@@ -225,9 +225,13 @@ def ensure_eager(hf_model: nn.Module, *, quiet: bool = False) -> None:
 
 
 def probe_maps(
-    hf_model: nn.Module, stack: AttentionStack, inputs: InputEncoder, ids: torch.Tensor, *,
+    hf_model: nn.Module,
+    stack: AttentionStack,
+    inputs: InputEncoder,
+    ids: torch.Tensor,
+    *,
     from_call: bool,
-) -> list[torch.Tensor]:  # fmt: skip
+) -> list[torch.Tensor]:
     """Each layer's `[H, n, n]` maps on `ids` under the model's current implementation:
     recomputed from the attention function's arguments (`from_call`), else what it returns
     (eager) or, where it returns nothing, recomputed."""

@@ -248,8 +248,11 @@ def check_analysis(
     where, limit, of = "", memory_budget, "the memory_budget= of {}"
     if room is not None:
         where = f" on {device}"
-        limit, of = (room, "the {} free there") if memory_budget is None else (
-            min(room, memory_budget), "the {} free there or in the budget")  # fmt: skip
+        limit, of = (
+            (room, "the {} free there")
+            if memory_budget is None
+            else (min(room, memory_budget), "the {} free there or in the budget")
+        )
     elif memory_budget is None:
         limit, of = available_memory(), "the {} available"
     if limit is None or need <= limit:

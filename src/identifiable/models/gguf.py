@@ -99,8 +99,13 @@ _SCALARS = {
 }
 _STRING, _ARRAY = 8, 9
 _MAX_DIMS = 4  # GGML_MAX_DIMS
-_KEEP = ("general.architecture", "general.name", "general.file_type", "general.alignment",
-         "tokenizer.ggml.model")  # fmt: skip
+_KEEP = (
+    "general.architecture",
+    "general.name",
+    "general.file_type",
+    "general.alignment",
+    "tokenizer.ggml.model",
+)
 
 
 @dataclass(frozen=True)
@@ -230,10 +235,14 @@ def _parse(cur: _Cursor, sizes: Any, types: Any) -> GgufHeader:
         raise damaged(path, f"its tensors need {end} bytes and the file has {cur.size} (truncated)")
     counts = Counter(name for _, _, name in tensors)
     return GgufHeader(
-        path=path, size=cur.size, architecture=str(scalars.get("general.architecture") or ""),
+        path=path,
+        size=cur.size,
+        architecture=str(scalars.get("general.architecture") or ""),
         quantization=_file_type(scalars.get("general.file_type"), counts),
-        tensor_types=dict(sorted(counts.items())), keys=frozenset(keys), scalars=scalars,
-    )  # fmt: skip
+        tensor_types=dict(sorted(counts.items())),
+        keys=frozenset(keys),
+        scalars=scalars,
+    )
 
 
 def _tensor(cur: _Cursor, sizes: Any, types: Any) -> tuple[int, int, str]:

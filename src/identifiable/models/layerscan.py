@@ -255,6 +255,14 @@ def scan_model(
             return model.hf_model(**batch)
 
     scan_layers(
-        model.hf_model, model.stack, model.inputs, enc, model.meta, consumer,
-        layers=layers, weights=weights, forward=forward, recompute=impl != "eager",
-    )  # fmt: skip
+        model.hf_model,
+        model.stack,
+        model.inputs,
+        enc,
+        model.meta,
+        consumer,
+        layers=layers,
+        weights=weights,
+        forward=forward,
+        recompute=impl != "eager",
+    )

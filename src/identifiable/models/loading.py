@@ -195,9 +195,15 @@ def _check_remote_code(config: Any, name: str, trust_remote_code: bool) -> None:
 
 
 def _from_pretrained(
-    name: str, source: str, local: bool, config: Any, attention: AttentionChoice,
-    dtype: torch.dtype | None, device_map: Any, kwargs: dict[str, Any],
-) -> torch.nn.Module:  # fmt: skip
+    name: str,
+    source: str,
+    local: bool,
+    config: Any,
+    attention: AttentionChoice,
+    dtype: torch.dtype | None,
+    device_map: Any,
+    kwargs: dict[str, Any],
+) -> torch.nn.Module:
     """The weights, safetensors only; sdpa where the class has it unless eager is asked for."""
     from transformers import AutoModel
     from transformers.utils import logging as hf_logging
