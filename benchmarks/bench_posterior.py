@@ -9,7 +9,8 @@ Sections:
   chains run by `chains.sample` to `--samples` effective samples of the worst weight, for
   each route of `--routes`; steps per effective sample (after the warm-up) and seconds per
   effective sample (all in), and the least-squares exponent of each against k (log-log).
-  Each run stops at `--budget` seconds (flagged); hit-and-run runs up to `--hitrun-kmax`.
+  Each run stops at `--budget` seconds (flagged); hit-and-run runs up to `--hitrun-kmax`,
+  the torch billiard walk up to `--torch-kmax`.
 - minilm: the embedded MiniLM, layer 2 head 5 on the packaged text (n ≈ 100), every row
   with dim P_i > 0 at once, 4 chains, each route of `--case-routes` run to
   `--head-samples` effective samples per row (or `--head-budget` seconds; the worst row's
@@ -18,7 +19,7 @@ Sections:
   dim P = 383), the same.
 
 Run: python benchmarks/bench_posterior.py [--threads 2] [--samples 200]
-     [--k 2 4 8 16 32 64] [--budget 60] [--head-budget 120] [--parts scaling minilm llama]
+     [--k 2 4 8 16 32 64 128 256] [--torch-kmax 64] [--budget 60] [--head-budget 120] [--parts scaling minilm llama]
      [--routes compiled torch hitrun] [--case-routes compiled torch] [--json out.json]
 """
 
@@ -33,7 +34,7 @@ import time
 import numpy as np
 import torch
 
-from identifiable.attention import chains, hitrun
+from identifiable.attention import billiard_cpu, chains, hitrun
 
 ROUTES = {"compiled": "billiard", "torch": "billiard", "hitrun": "hitrun"}
 LANES = [2]  # the compiled route's threads (--threads)
@@ -90,7 +91,9 @@ def scaling(args: argparse.Namespace) -> list[dict]:
     out = []
     for k in args.k:
         for route in args.routes:
-            if route == "hitrun" and k > args.hitrun_kmax:
+            if (route == "hitrun" and k > args.hitrun_kmax) or (
+                route == "torch" and k > args.torch_kmax
+            ):
                 continue
             rec = run(polytope(k, 8, k), route, args.samples, args.budget)
             rec["steps_per_es"] = rec["steps"] / rec["ess"]
@@ -162,6 +165,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
     ap.add_argument("--budget", type=float, default=60.0)
     ap.add_argument("--hitrun-kmax", type=int, default=32)
+    ap.add_argument("--torch-kmax", type=int, default=64)
     ap.add_argument("--head-samples", type=int, default=1000)
     ap.add_argument("--head-budget", type=float, default=120.0)
     ap.add_argument("--parts", nargs="+", default=["scaling", "minilm", "llama"])
@@ -171,12 +175,20 @@ def main() -> None:
     args = ap.parse_args()
     LANES[0] = args.threads
     torch.set_num_threads(1)  # torch's small kernels, as attention_posterior runs them
+    t0 = time.perf_counter()
+    billiard_cpu.ready(quiet=True)  # load (or compile) before any timing
+    load_s = time.perf_counter() - t0
     print(
         f"compiled walk on {args.threads} threads, torch on 1; load average "
         f"{os.getloadavg()[0]:.1f}",
         flush=True,
     )
-    record: dict = {"threads": args.threads, "torch_threads": 1, "load_start": os.getloadavg()[0]}
+    record: dict = {
+        "threads": args.threads,
+        "torch_threads": 1,
+        "load_start": os.getloadavg()[0],
+        "compiled_ready_s": load_s,
+    }
     if "scaling" in args.parts:
         rows = scaling(args)
         record["scaling"] = rows

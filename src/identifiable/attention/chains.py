@@ -31,7 +31,7 @@ AUTO_HITRUN = 16  # "auto" runs hit-and-run on batches up to this dim P_i (cheap
 RHAT_MAX = 1.01
 WARMUP = 20  # sweeps per chain in each half of the warm-up (rounding, then burn-in)
 TAU_GUESS = 3.0  # kept draws per effective sample of the worst weight (first round's plan)
-TAU_BILLIARD = 1.5  # the same for the billiard walk
+TAU_BILLIARD = 2.0  # the same for the billiard walk (about 2 at dim 74: one round for most rows)
 FLAG_RHAT, FLAG_ESS, FLAG_POINT, FLAG_BUDGET = 1, 2, 4, 8
 FLAG_TEXT = {
     FLAG_RHAT: f"R̂ > {RHAT_MAX}",
