@@ -57,8 +57,11 @@ class LayerWeights:
             w = self.stack.weights[layer].w_o
             h, d_v = self.stack.n_heads, self.stack.head_dim
             work = torch.float64 if w.dtype == torch.float64 else torch.float32
-            rows = w.reshape(h, d_v, -1)[self.heads].to(work)
-            self._out[layer] = rows[None].contiguous()
+            rows = w.reshape(h, d_v, -1)
+            if self.heads != list(range(h)):
+                rows = rows[self.heads]
+            # all heads of a float32 model: a view of the weight, not a copy per layer
+            self._out[layer] = rows.to(work)[None]
         return self._out[layer]
 
 
