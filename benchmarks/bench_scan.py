@@ -16,7 +16,10 @@ Measurements, each a fresh process with the same threads:
 2. memory: the peak RSS above the loaded model (sampled every 2 ms) of the forward pass
    alone and of the scan alone, each in its own fresh process;
 3. agreement (`--check`): the scan's null fraction against `effective_attention` of a
-   one-head trace, on sampled heads.
+   one-head trace, on sampled heads;
+4. phases (`--phases`): one Llama-width causal layer (random q and k, values repeated as
+   Zipf-like tokens repeat) through `LayerScanner` alone, no model, the time of the fill,
+   rank decisions, projection and statistics.
 
     python benchmarks/bench_scan.py --model llama3 --n 4096 --threads 2 --check
     python benchmarks/bench_scan.py --model deep --n 2048 --threads 2
@@ -169,6 +172,53 @@ def check_child(name: str, layers: int | None, n: int, threads: int, samples: in
     return {"max_abs_diff": worst, "heads": rows}
 
 
+def phases_child(n: int, threads: int) -> dict:
+    """Seconds of each phase of one layer's `LayerScanner` call (`--phases`)."""
+    from collections import defaultdict
+
+    import identifiable.attention.scan as S
+    from identifiable.models.capture import TraceMeta
+    from identifiable.models.encoding import Encoding
+    from identifiable.models.layerscan import LayerView
+    from identifiable.models.recompute import AttentionCall
+
+    torch.set_num_threads(threads)
+    h, kv, d = 32, 8, 128
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, h, n, d, generator=g), torch.randn(1, kv, n, d, generator=g)
+    ids = zipf_ids(n, 32000)
+    token = torch.unique(ids, return_inverse=True)[1]
+    emb = torch.randn(int(token.max()) + 1, kv, d, generator=g)
+    kv_of = torch.arange(h) // (h // kv)
+    values = emb[token].permute(1, 0, 2)[kv_of].contiguous()
+    w_o = torch.randn(1, h, d, 4096, generator=g) / 64
+    call = AttentionCall(q, k, None, d**-0.5, None, None, True, None)
+    enc = Encoding(ids, [str(int(i)) for i in ids], 0)
+    view = LayerView(0, list(range(h)), values, w_o, call, None, True, kv_of, enc,
+                     TraceMeta("m", "llama"), None)  # type: ignore[arg-type]  # fmt: skip
+    spent: dict[str, float] = defaultdict(float)
+
+    def timed(name, f):
+        def run(*a, **kw):
+            t0 = time.perf_counter()
+            out = f(*a, **kw)
+            spent[name] += time.perf_counter() - t0
+            return out
+
+        return run
+
+    S.layer_dims, S.project_layer = timed("dims", S.layer_dims), timed("project", S.project_layer)
+    S.head_statistics = timed("stats", S.head_statistics)
+    LayerView.trace = timed("fill", LayerView.trace)  # type: ignore[method-assign]
+    plan = S.ScanPlan((0,), tuple(range(h)), 0, frozenset(), "paper", torch.float32, 2)
+    scanner = S.LayerScanner(plan, kv_of)
+    scanner(view, scanner.start())  # warm-up: W_O factors
+    spent.clear()
+    t0 = time.perf_counter()
+    scanner(view, scanner.start())
+    return {"total": time.perf_counter() - t0, **spent}
+
+
 def _child(kind: str, *args: object) -> dict:
     code = (
         "import json, sys; sys.path.insert(0, 'benchmarks'); import bench_scan as b; "
@@ -210,6 +260,7 @@ def main() -> None:
         "--check", action="store_true", help="null fraction against effective_attention"
     )
     ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--phases", action="store_true", help="one layer's phases, no model")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     ns = [int(x) for x in args.n.split(",")]
@@ -220,6 +271,12 @@ def main() -> None:
     print(f"{'layers':>6} {'n':>5} {'fwd s':>8} {'scan s':>8} {'× fwd':>6} {'fwd MB':>8} "
           f"{'scan MB':>8} {'× fwd':>6}")  # fmt: skip
     rows = []
+    if args.phases:
+        for n in ns:
+            ph = _child("phases_child", n, args.threads)
+            print(f"n = {n}, one layer: " + ", ".join(f"{k} {v:.2f} s" for k, v in ph.items()))
+            rows.append({"phases_n": n, **ph})
+        ns = []
     for layers in layer_counts:
         for n in ns:
             r = row(args.model, layers, n, args.threads, args.repeats)

@@ -279,3 +279,30 @@ def test_a_device_the_model_is_not_on_is_refused(models):
     with pytest.raises(IdentifiableError, match=r"the model is on cpu, not on meta") as err:
         scan(models["llama-sdpa"], TEXTS, device="meta", progress=False)
     assert "\n" not in str(err.value) and "--device cpu" in err.value.for_cli()
+
+
+def test_groups_of_one_key_value_head_share_its_solves(monkeypatch):
+    """Groups of one head each (4 query heads reading 2 key/value heads): the second group
+    of each key/value head reuses the first's rank decisions and block solves, and the
+    reused map buffers leave the statistics and a kept map of the first group as they are
+    with groups of 2."""
+    import identifiable.attention.scan as scan_module
+    from identifiable.attention.scan import LayerScanner, ScanPlan
+
+    calls = []
+    real = scan_module.layer_dims
+    monkeypatch.setattr(scan_module, "layer_dims", lambda *a, **k: calls.append(1) or real(*a, **k))
+    kv = torch.tensor([0, 0, 1, 1])
+    got = {}
+    for group in (1, 2):
+        plan = ScanPlan((2,), (0, 1, 2, 3), 3, frozenset({(2, 0)}), "paper", torch.float32, group)
+        scanner = LayerScanner(plan, kv)
+        into = scanner.start()
+        calls.clear()
+        scanner(_view(lambda t: t, causal=True, window=None, n=60), into)
+        got[group] = (into, len(calls))
+    assert got[1][1] == 2 and got[2][1] == 2  # one decision per key/value head
+    torch.testing.assert_close(got[1][0].stats, got[2][0].stats, atol=1e-12, rtol=0)
+    assert got[1][0].stats[0, :, 2].min() > 0.05  # n = 60 > d_v: the projection did work
+    for a, b in zip(got[1][0].kept[(2, 0)], got[2][0].kept[(2, 0)], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)

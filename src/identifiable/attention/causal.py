@@ -322,6 +322,7 @@ def project_prefixes(
     block: int | None = None,
     small: Callable[[], AbstractContextManager[Any]] = nullcontext,
     rows: int = _ROW_CHUNK,
+    solves: dict[tuple, Any] | None = None,
 ) -> Tensor:
     """Project each row a_i onto col(X[:i+1]); masked keys stay exactly 0.
 
@@ -341,6 +342,8 @@ def project_prefixes(
             the CPU); the n×n products run outside it.
         rows: rows per chunk of the n×n products, per head (fewer, larger kernels for
             the scan); a batch of heads takes `_BATCH_ROWS` rows in all.
+        solves: a dict the caller keeps with `p` to reuse the block solves of its
+            matrices in later calls (the scan's groups of heads that read one X).
     Returns: `out`. Rows whose prefix has full row rank are copied, not rounded.
     """
     n_h = a.shape[0]
@@ -348,7 +351,7 @@ def project_prefixes(
     out = torch.empty(a.shape, dtype=dtype, device=a.device) if out is None else out
     size = block or max(16, 3 * p.coords.shape[-1] // 4)
     for h0, h1, mats, r in _runs(p, owner.tolist(), max(1, _BATCH_ROWS // rows)):
-        _project_run(a[h0:h1], p, mats, r, out[h0:h1], dtype, (size, rows), small)
+        _project_run(a[h0:h1], p, mats, r, out[h0:h1], dtype, (size, rows), small, solves)
     return out
 
 
@@ -400,6 +403,7 @@ def _project_run(
     dtype: torch.dtype,
     sizes: tuple[int, int],
     small: Callable[[], AbstractContextManager[Any]],
+    solves: dict[tuple, Any] | None = None,
 ) -> None:
     """`project_prefixes` for heads a `[g, n, n]` reading `mats` (r heads each, in turn).
     Only the batched GEMM of A C runs outside `small` (at the caller's threads; its result
@@ -426,7 +430,12 @@ def _project_run(
         u = u.to(exact, torch.float64).reshape(len(mats), r, n - s1, k)
         y = torch.empty_like(u)
         for m0 in range(0, len(mats), step):
-            solve = _BlockSolve(c[m0 : m0 + step], p.rank[first], s1, size)
+            key = (tuple(mats[m0 : m0 + step]), s1, size)
+            solve = None if solves is None else solves.get(key)
+            if solve is None:
+                solve = _BlockSolve(c[m0 : m0 + step], p.rank[first], s1, size)
+                if solves is not None:
+                    solves[key] = solve
             y[m0 : m0 + step] = solve(u[m0 : m0 + step])
         del u
         y = y.reshape(-1, n - s1, k).to(a.device, dtype)

@@ -54,12 +54,13 @@ def project_layer(
     layer: int,
     small: Callable[[], AbstractContextManager[Any]] | None = None,
     rows: int | None = None,
+    solves: dict[tuple, Any] | None = None,
 ) -> None:
     """Write A_eff of one layer's heads `raw` `[H, n, n_k]` into `out` (same shape and
     device, of `dtype`), with the route data `bases` of `layer_dims` and its dims
     (`dim`, `dim_stochastic`, `[H, n]`); `small`, `rows`: the context of the causal
-    route's small float64 solves (default `small_work`) and its rows per chunk
-    (`causal.project_prefixes`)."""
+    route's small float64 solves (default `small_work`), its rows per chunk and a dict
+    kept with `bases` to reuse its block solves (`causal.project_prefixes`)."""
     route, data = bases
     if route in ("windows", "keysets"):
         check_finite(raw, "attention", layer=layer)
@@ -79,7 +80,9 @@ def project_layer(
         chosen = p if variant == "paper" else pa
         chunk = {} if rows is None else {"rows": rows}
         small = small or small_work(chosen.coords.device)
-        project_prefixes(raw, chosen, owner=owner, out=out, dtype=dtype, small=small, **chunk)
+        project_prefixes(
+            raw, chosen, owner=owner, out=out, dtype=dtype, small=small, solves=solves, **chunk
+        )
     else:
         q, w = data
         if w is None and variant != "paper":

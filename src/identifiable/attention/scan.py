@@ -239,31 +239,46 @@ class LayerScanner:
         plan = self.plan
         li = plan.layers.index(view.layer)
         factors = self._layer_factors(view)
+        # the maps' fill, the small float64 solves and the row reductions: on a shared CPU
+        # a second thread waits on a descheduled peer at every kernel (utils.threads)
+        small = one_thread if factors[0].device.type == "cpu" else nullcontext
+        buffers = _Buffers(view.device)
+        shared: list[Any] = []  # the last group's causal route data, for the next group
         for slots in self.groups:
-            trace = view.trace(slots)
-            sel = HeadFactors(*(f[slots][None] for f in factors))
-            # small float64 factorisations and solves: on a shared CPU a second thread
-            # waits on a descheduled peer at every kernel (utils.threads.one_thread)
-            small = one_thread if factors[0].device.type == "cpu" else nullcontext
+            shape = (len(slots), view.n, view.n)
             with small():
-                rank, dim, dim_s, bases = layer_dims(trace, 0, OutProj(trace, sel), None)
+                trace = view.trace(slots, buffers.take("raw", shape, view.values.dtype))
+            sel = HeadFactors(*(f[slots][None] for f in factors))
+            with small():
+                rank, dim, dim_s, bases, solves = _group_dims(trace, sel, shared)
             raw = trace.attentions[0]
-            eff = torch.empty(raw.shape, dtype=plan.dtype, device=raw.device)
+            eff = buffers.take("eff", shape, plan.dtype)
             rows = max(256, _CHUNK // raw.shape[-1])
+            dims_both = (dim, dim_s)
             project_layer(
-                raw, plan.variant, bases, (dim, dim_s), eff, plan.dtype, view.layer, small, rows
+                raw,
+                plan.variant,
+                bases,
+                dims_both,
+                eff,
+                plan.dtype,
+                view.layer,
+                small,
+                rows,
+                solves,
             )
             del bases
             dims = dim if plan.variant == "paper" else dim_s
             seen = trace.key_mask[0] if trace.key_mask is not None else None
-            into.stats[li, slots] = head_statistics(
-                raw, eff, dims, plan.sink, seen, trace.is_causal
-            )
+            with small():
+                into.stats[li, slots] = head_statistics(
+                    raw, eff, dims, plan.sink, seen, trace.is_causal
+                )
             for i, s in enumerate(slots):
-                if (view.layer, plan.heads[s]) in plan.keep:
+                if (view.layer, plan.heads[s]) in plan.keep:  # copies: the buffers are reused
                     into.kept[(view.layer, plan.heads[s])] = (
-                        raw[i].float().cpu(),
-                        eff[i].float().cpu(),
+                        raw[i].to("cpu", torch.float32, copy=True),
+                        eff[i].to("cpu", torch.float32, copy=True),
                         rank[i].cpu(),
                         dim[i].cpu(),
                         dim_s[i].cpu(),
@@ -279,6 +294,42 @@ class LayerScanner:
                 w_o.to(exact_device(w_o.device), torch.float64)
             )
         return self._factors[view.layer]
+
+
+def _group_dims(trace: Any, sel: HeadFactors, shared: list[Any]) -> tuple:
+    """`layer_dims` of one group's trace, plus a dict of its block solves. On the causal
+    route, a group whose heads all use V itself (`routes._causal_prefixes`: X = V for a
+    proved well-conditioned W_O) has the pivots and solves of the previous group that
+    read the same values (the query heads of one key/value head): those are reused
+    (`shared` holds that group's values and results)."""
+    values, ok = trace.values[0], bool(sel.well_conditioned.all())
+    if ok and shared and torch.equal(shared[0], values):
+        return shared[1]
+    got = layer_dims(trace, 0, OutProj(trace, sel), None)
+    out: tuple = (*got, {})
+    route, data = got[3]
+    n_kv = int(torch.unique(trace.kv_head_of).numel())
+    shared.clear()
+    if ok and route == "causal" and data[0].coords.shape[0] == n_kv:  # X = V for every head
+        shared.extend((values, out))
+    return out
+
+
+class _Buffers:
+    """One layer's n×n buffers (maps, A_eff), reused by its groups and dropped with it: a
+    fresh buffer per group paid its page faults (and their release) every time."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._flat: dict[str, Tensor] = {}
+
+    def take(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        size = math.prod(shape)
+        flat = self._flat.get(name)
+        if flat is None or flat.numel() < size or flat.dtype != dtype:
+            self._flat.pop(name, None)  # the old buffer goes before the new one is made
+            flat = self._flat[name] = torch.empty(size, dtype=dtype, device=self.device)
+        return flat[:size].view(shape)
 
 
 def scan_text(model: Any, enc: Any, scanner: LayerScanner, weights: Any) -> TextScan:
@@ -308,9 +359,12 @@ def head_statistics(
     sq_a = torch.zeros(g, dtype=acc, device=dev)
     sq_d, same = torch.zeros_like(sq_a), torch.zeros_like(sq_a)
     step = max(1, _CHUNK // max(1, g * n))
+    # causal rows r0..r1-1 see keys < r1 only: A and A_eff are 0 after, and not read
+    cut = causal and seen is None
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
-        a, e = raw[:, r0:r1], eff[:, r0:r1]
+        keys = r1 if cut else n
+        a, e = raw[:, r0:r1, :keys], eff[:, r0:r1, :keys]
         # each row's norm in the maps' own precision (no converted copy), rows summed in acc
         sq_a += torch.linalg.vector_norm(a, dim=-1).to(acc).square().sum(-1)
         d = a.to(e.dtype) - e
@@ -326,7 +380,7 @@ def head_statistics(
         if bad is not None and bad.numel():
             g_i, rows = bad[:, 0], r0 + bad[:, 1]
             hidden = (
-                ~seen[rows] if seen is not None else torch.arange(n, device=dev) > rows[:, None]
+                ~seen[rows] if seen is not None else torch.arange(keys, device=dev) > rows[:, None]
             )
             top_e[g_i, bad[:, 1]] = e[g_i, bad[:, 1]].masked_fill(hidden, -math.inf).argmax(-1)
         same += (top_a == top_e).sum(-1, dtype=acc)

@@ -57,8 +57,11 @@ class LayerWeights:
             w = self.stack.weights[layer].w_o
             h, d_v = self.stack.n_heads, self.stack.head_dim
             work = torch.float64 if w.dtype == torch.float64 else torch.float32
-            rows = w.reshape(h, d_v, -1)[self.heads].to(work)
-            self._out[layer] = rows[None].contiguous()
+            rows = w.reshape(h, d_v, -1)
+            if self.heads != list(range(h)):
+                rows = rows[self.heads]
+            # all heads of a float32 model: a view of the weight, not a copy per layer
+            self._out[layer] = rows.to(work)[None]
         return self._out[layer]
 
 
@@ -115,11 +118,13 @@ class LayerView:
             mask = ((j <= i) & (i - j < w)) if self.causal else (i - j).abs() <= w
         return mask if self.selected is None else mask & self.selected.to(mask.device)
 
-    def maps(self, slots: Sequence[int]) -> torch.Tensor:
+    def maps(self, slots: Sequence[int], out: torch.Tensor | None = None) -> torch.Tensor:
         """`[len(slots), n, n]` attention of those chosen heads, on the device, in the
-        traces' dtype (eager maps checked to be 0 outside the layer's key mask)."""
+        traces' dtype (eager maps checked to be 0 outside the layer's key mask), written
+        into `out` where given (a buffer the consumer reuses for its groups)."""
         n = self.n
-        out = torch.empty(len(slots), n, n, dtype=self.values.dtype, device=self.device)
+        if out is None:
+            out = torch.empty(len(slots), n, n, dtype=self.values.dtype, device=self.device)
         fill_maps(self.source, 0, [self.heads[s] for s in slots], n, n, out, FILL_CHUNK)
         if not isinstance(self.source, AttentionCall):  # recomputed maps are masked by build
             mask = self.key_mask()
@@ -129,11 +134,12 @@ class LayerView:
                 self.stack.check_key_mask(out[None], mask[None], self.layer)
         return out
 
-    def trace(self, slots: Sequence[int]) -> Trace:
-        """A one-layer `Trace` of the chosen heads `slots` on the device (maps filled now;
-        no hidden states or block output, so `verify()` does not apply)."""
+    def trace(self, slots: Sequence[int], out: torch.Tensor | None = None) -> Trace:
+        """A one-layer `Trace` of the chosen heads `slots` on the device (maps filled now,
+        into `out` where given; no hidden states or block output, so `verify()` does not
+        apply)."""
         slots = list(slots)
-        attn = self.maps(slots)[None]
+        attn = self.maps(slots, out)[None]
         d_v, d = self.out_proj.shape[-2:]
         dev, dtype = self.device, self.values.dtype
         mask = self.key_mask()
