@@ -40,8 +40,8 @@ def reproduce(
         typer.Option(
             "--budget",
             "-b",
-            help="quick (on 2 threads, measured: the embedded model about 2.5 min, a "
-            "BERT-base-sized encoder about 8 min), paper (the paper's protocol: GPU or long run), smoke (a pipeline "
+            help="quick (on 2 threads, measured: the embedded model about 2 min, a "
+            "BERT-base-sized encoder about 5 min), paper (the paper's protocol: GPU or long run), smoke (a pipeline "
             "check). Each run prints its own estimate first (docs/token_identifiability.md).",
         ),
     ] = "quick",
