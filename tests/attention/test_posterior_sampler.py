@@ -155,9 +155,10 @@ def test_fft_lengths_are_scipy_fast_lengths() -> None:
     scipy.fft.next_fast_len computes it for real input."""
     from scipy.fft import next_fast_len
 
-    from identifiable.attention.mcmc import _smooth
+    from identifiable.attention.mcmc import _fft_length
 
-    assert all(_smooth(m) == next_fast_len(m, real=True) for m in range(1, 3000))
+    assert all(_fft_length(n) == next_fast_len(2 * n - 1, real=True) for n in range(1, 1500))
+    assert all(_fft_length(n) >= 2 * n - 1 for n in range(1, 1500))
 
 
 def test_ess_and_rhat_against_known_chains() -> None:

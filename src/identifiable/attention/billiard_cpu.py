@@ -31,15 +31,6 @@ _ready: list[bool] = []
 _pools: dict[int, ThreadPoolExecutor] = {}
 
 
-def available() -> bool:
-    """Whether the compiled step can run here (numba imports)."""
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _compiled() -> Any:
     from identifiable.attention import billiard_paths
 
@@ -77,16 +68,11 @@ def ready(quiet: bool = False) -> None:
 
 def _marker() -> Path | None:
     """The file that says the cache holds this code, compiled and loaded back (keyed by
-    the compiled file's bytes and numba's version); None without a cache folder."""
-    import numba
-
+    the compiled file's bytes); None without a cache folder."""
     from identifiable.attention import billiard_paths
 
-    where = jitcache.folder(KIND, WHAT)
-    if where is None:
-        return None
-    key = hashlib.sha256(Path(billiard_paths.__file__).read_bytes()).hexdigest()[:16]
-    return where / f"ready-{key}-numba{numba.__version__}"
+    key = hashlib.sha256(Path(billiard_paths.__file__).read_bytes()).hexdigest()
+    return jitcache.marker(KIND, WHAT, key)
 
 
 def step(

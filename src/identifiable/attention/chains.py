@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from identifiable.attention import billiard, billiard_cpu, hitrun, mcmc
+from identifiable.store import jitcache
 from identifiable.utils.threads import one_thread
 
 WALKS: tuple[str, ...] = ("auto", "billiard", "hitrun")
@@ -164,9 +165,9 @@ def resolve(walk: str, k: int, compiled: bool = False) -> str:
     return "hitrun" if k <= AUTO_HITRUN and not compiled else "billiard"
 
 
-def compiled(x: Tensor, threads: int) -> bool:
-    """Whether the billiard walk runs compiled for states `x`: on the CPU, with threads."""
-    return threads > 0 and x.device.type == "cpu" and billiard_cpu.available()
+def compiled(device: torch.device, threads: int) -> bool:
+    """Whether the billiard walk runs compiled on `device`: the CPU, with threads."""
+    return threads > 0 and device.type == "cpu" and jitcache.available()
 
 
 Move = Callable[[Tensor, torch.Generator], Tensor]
@@ -202,35 +203,22 @@ def _sweeps(
     state. On the CPU torch's part of a step is small kernels, which a second OpenMP
     thread slows (benchmarks/records/posterior.md): they run on one."""
     with one_thread() if x.device.type == "cpu" else nullcontext():
-        return _steps(poly, move, x, n, thin, gen, deadline, moments)
-
-
-def _steps(
-    poly: hitrun.Polytopes,
-    move: Move,
-    x: Tensor,
-    n: int,
-    thin: int,
-    gen: torch.Generator,
-    deadline: float | None,
-    moments: hitrun.Moments | None,
-) -> tuple[Tensor, list[Tensor], bool]:
-    out: list[Tensor] = []
-    steps = 0
-    for _ in range(n):
-        for _ in range(thin):
-            x = move(x, gen)
-            if moments is not None:
-                moments.add(poly, x)
-            steps += 1
-            if steps % hitrun.PROJECT_EVERY == 0:
-                x = hitrun.project(poly, x)
-                if deadline is not None and time.perf_counter() > deadline:
-                    return x, [*out, hitrun.rows_of(poly, x)], False
-        out.append(hitrun.rows_of(poly, x))
-        if deadline is not None and time.perf_counter() > deadline:
-            return x, out, False
-    return x, out, True
+        out: list[Tensor] = []
+        steps = 0
+        for _ in range(n):
+            for _ in range(thin):
+                x = move(x, gen)
+                if moments is not None:
+                    moments.add(poly, x)
+                steps += 1
+                if steps % hitrun.PROJECT_EVERY == 0:
+                    x = hitrun.project(poly, x)
+                    if deadline is not None and time.perf_counter() > deadline:
+                        return x, [*out, hitrun.rows_of(poly, x)], False
+            out.append(hitrun.rows_of(poly, x))
+            if deadline is not None and time.perf_counter() > deadline:
+                return x, out, False
+        return x, out, True
 
 
 def sample(
@@ -248,7 +236,7 @@ def sample(
     rows = poly.raw.shape[0]
     x_c = hitrun.centre(poly)
     spread = hitrun.rounding(poly, x_c)
-    threads = cfg.threads if compiled(x_c, cfg.threads) else 0
+    threads = cfg.threads if compiled(x_c.device, cfg.threads) else 0
     walk = resolve(cfg.walk, poly.null.shape[-1], threads > 0)
     thin, warm = sweep(poly.null.shape[-1], walk), warmup(poly.null.shape[-1], walk)
     tau = TAU_BILLIARD if walk == "billiard" else TAU_GUESS

@@ -51,7 +51,7 @@ def ess(draws: Tensor) -> Tensor:
     m, n = chains.shape[-2:]
     within, var_plus = _moments(chains)
     centred = chains - chains.mean(-1, keepdim=True)
-    size = _smooth(2 * n - 1)  # any length ≥ 2n − 1 makes the circular correlation linear
+    size = _fft_length(n)
     spec = torch.fft.rfft(centred, n=size)
     acov = torch.fft.irfft(spec * spec.conj(), n=size)[..., :n] / n  # biased γ_m(t)
     rho = 1.0 - (within[..., None] - acov.mean(-2)) / var_plus.clamp_min(1e-300)[..., None]
@@ -66,20 +66,12 @@ def ess(draws: Tensor) -> Tensor:
     return torch.where(within > 0, out, math.nan)
 
 
-def _smooth(m: int) -> int:
-    """The smallest 2^a 3^b 5^c ≥ m (FFT lengths that factor into small primes are fast)."""
-    best = 1 << max(0, (m - 1).bit_length())
-    p5 = 1
-    while p5 < best:
-        p35 = p5
-        while p35 < best:
-            size = p35
-            while size < m:
-                size *= 2
-            best = min(best, size)
-            p35 *= 3
-        p5 *= 5
-    return best
+def _fft_length(n: int) -> int:
+    """A fast FFT length ≥ 2n − 1 (any such length makes the circular correlation of n
+    draws linear): scipy's next 5-smooth length."""
+    from scipy.fft import next_fast_len
+
+    return int(next_fast_len(2 * n - 1, real=True))
 
 
 def row_ess(per_key: Tensor) -> Tensor:

@@ -455,7 +455,7 @@ def _sample_all(
 ) -> dict[int, tuple[chain_runs.Summary, int]]:
     """Sample every batch; returns, per problem index, its summary and its place in it."""
     walk, threads = walk
-    fast = chain_runs.compiled(torch.empty(0, device=where), threads)
+    fast = chain_runs.compiled(where, threads)
     out: dict[int, tuple[chain_runs.Summary, int]] = {}
     batches = _batches(problems, chains, samples)
     for b, idx in enumerate(batches):

@@ -35,7 +35,7 @@ STAGE_FIXED_S = {"attention": 4.0, "tokens": 2.0, "attribution": 6.0, "mixing": 
 CERTIFY_S_PER_HEAD_ROW = 0.35  # one query row's interval map, per head and sequence
 # one query row's posterior (200 effective samples, split-R̂ ≤ 1.01, its certificates and
 # references included) at dim P = 12 with the compiled billiard walk, and the growth of its
-# cost with dim P (benchmarks/records/posterior_stage.md); the stage's sequences bound dim P
+# cost with dim P (benchmarks/records/base_reproduction.md); the stage's sequences bound dim P
 # (`posterior_null_dim`)
 POSTERIOR_S_PER_HEAD_ROW, POSTERIOR_DIM, POSTERIOR_EXPONENT = 0.07, 12, 1.0
 REPORT_S = 12.0  # figures, tables and the page

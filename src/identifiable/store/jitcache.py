@@ -8,6 +8,7 @@ setting for other code.
   function compiles in memory for this process.
 - `loads(kind, call)`: the first call of cached functions; False (after one warning line,
   the folder's files cleared) where numba could not read them back.
+- `marker(kind, what, stamp)`: a file that says a compile keyed `stamp` loads back.
 - `clear(kind)`: remove numba's files (and the "ready-" markers) from the folder.
 """
 
@@ -32,6 +33,24 @@ def folder(kind: str, what: str) -> Path | None:
     except IdentifiableError as err:
         warn_once(f"{err}; {what} compiles in memory for this process")
         return None
+
+
+def available() -> bool:
+    """Whether compiled code can run here (numba imports)."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def marker(kind: str, what: str, stamp: str) -> Path | None:
+    """The file that says a compile keyed `stamp` was written to the folder of `kind` and
+    loaded back (None without a cache folder)."""
+    import numba
+
+    where = folder(kind, what)
+    return None if where is None else where / f"ready-{stamp[:16]}-numba{numba.__version__}"
 
 
 def warn_once(text: str) -> None:

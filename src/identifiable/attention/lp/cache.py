@@ -43,10 +43,7 @@ def loads(call: Callable[[], object]) -> bool:
 def marker(stamp: str) -> Path | None:
     """The file that says a compile keyed `stamp` (`loading.marker_key`) was written and
     loaded back (None without a cache folder)."""
-    import numba
-
-    where = folder()
-    return None if where is None else where / f"ready-{stamp[:16]}-numba{numba.__version__}"
+    return jitcache.marker(KIND, WHAT, stamp)
 
 
 def clear() -> None:

@@ -94,11 +94,9 @@ def _backend(problem: BoundProblem, options: EngineOptions) -> str:
 
 def engine_available() -> bool:
     """Whether the compiled engine can run here (numba imports)."""
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    from identifiable.store import jitcache
+
+    return jitcache.available()
 
 
 def _check_layout(problem: BoundProblem, options: EngineOptions) -> None:
