@@ -98,3 +98,56 @@ def test_latent_attention_values_are_the_latent_through_kv_b_proj(model_type, ti
     iv = attention_intervals(tr, 1, 0, 5)
     row = tr.attentions[1, 0, 5].double()
     assert bool((iv.lower <= row + 1e-6).all() and (row <= iv.upper + 1e-6).all())
+
+
+@pytest.fixture(scope="module")
+def gemma4():
+    return Model.from_hf(_hf("gemma4_text"))
+
+
+def test_normalised_values_are_the_model_s_own(gemma4):
+    """Gemma 4 normalises each head's E·W_V (an RMS norm without scale) before attention
+    reads it: the trace's values are the normalised ones, checked by hand, and T is
+    built on them (verify, A_eff·T = A·T)."""
+    assert gemma4.spec.value_norm == "self_attn.v_norm"
+    tr = gemma4.trace(IDS)
+    assert float(tr.verify().max()) < 1e-5
+    attn = gemma4.hf_model.layers[0].self_attn
+    with torch.no_grad():
+        x = gemma4.hf_model.layers[0].input_layernorm(tr.hidden_states[0][None])
+        v = attn.v_proj(x).view(1, len(IDS), -1, 16)[0].double()
+    normed = v / (v.pow(2).mean(-1, keepdim=True) + attn.v_norm.eps).sqrt()
+    heads = tr.n_heads // normed.shape[1]
+    want = normed.repeat_interleave(heads, dim=1).transpose(0, 1)
+    assert torch.allclose(tr.values[0].double(), want, atol=1e-5)
+    assert not torch.allclose(
+        tr.values[0].double(), v.repeat_interleave(heads, 1).transpose(0, 1), atol=1e-2
+    )
+    assert float(tr.value_bias.abs().max()) == 0.0  # b_V is inside the norm
+    eff = effective_attention(tr).effective.double()
+    t = tr.values.double() @ tr.out_proj.double()
+    assert torch.allclose(eff @ t, tr.attentions.double() @ t, atol=1e-6)
+
+
+def test_layers_of_another_head_width_are_named_and_refused_in_one_line(gemma4):
+    """Gemma 4's global layers have wider heads than its sliding ones; a trace holds one
+    head width, so they are named once and a request for them is refused in one line."""
+    line = (
+        "layer 1 is softmax attention with heads of width 512 (the traced layers': 16; a trace "
+        "holds one head width): not analysed"
+    )
+    assert gemma4.info.not_analysed == line
+    with pytest.raises(IdentifiableError) as info:
+        gemma4.trace(IDS, layers=[1])
+    assert "\n" not in str(info.value) and "heads of width 512" in str(info.value)
+
+
+def test_the_training_penalty_refuses_normalised_values_in_one_line(gemma4):
+    """The penalty captures the value projection's output, before Gemma 4's v_norm."""
+    from identifiable.training import null_attention_penalty
+
+    with pytest.raises(IdentifiableError) as info:
+        null_attention_penalty(
+            gemma4, {"input_ids": IDS[None], "attention_mask": torch.ones(1, len(IDS))}
+        )
+    assert "\n" not in str(info.value) and "normalises each head's values" in str(info.value)

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from identifiable.errors import IdentifiableError
 from identifiable.models.specs import ArchSpec
 
 
@@ -104,6 +105,34 @@ def window_config(config: Any, spec: ArchSpec) -> tuple[Any, Any]:
         ]
         window = local // 2
     return window, types
+
+
+def layer_attr(config: Any, attr: str, layer: int = 0) -> Any:
+    """`config.attr`, or layer `layer`'s value where transformers 5's heterogeneous configs
+    (Gemma 4: a head width per layer) refuse the global read; None where it has none."""
+    try:
+        return getattr(config, attr, None)
+    except Exception:  # AmbiguousGlobalPerLayerAttributeError (not an AttributeError)
+        return getattr(config.per_layer_config[layer], attr, None)
+
+
+# config fields that must be the same in every layer (heterogeneous configs may vary others)
+_ONE_PER_MODEL = frozenset(
+    ("num_attention_heads", "hidden_size", "kv_lora_rank", "q_lora_rank", "v_head_dim")
+)
+
+
+def refuse_varying_layers(config: Any, model_type: str) -> None:
+    """One line where transformers 5's heterogeneous config sets per layer a field that a
+    trace needs the same in every layer (a head width may vary: `hybrid.one_head_width`)."""
+    spec = vars(config).get("_heterogeneity_spec")
+    varying = sorted(set(getattr(spec, "per_layer_attributes", ()) or ()) & _ONE_PER_MODEL)
+    if varying:
+        raise IdentifiableError(
+            f"architecture '{model_type}' sets {', '.join(varying)} per layer (a heterogeneous "
+            "config); identifiable traces layers of one head count and latent width (head "
+            "widths may vary): not supported"
+        )
 
 
 def per_layer_windows(config: Any, spec: ArchSpec, n_layers: int) -> list[int | None] | None:

@@ -32,6 +32,7 @@ from identifiable.errors import IdentifiableError
 from identifiable.models.arguments import check_hf_model
 from identifiable.models.blocks import norm_params
 from identifiable.models.capture import TraceMeta, trace_batch
+from identifiable.models.compat import layer_attr, refuse_varying_layers
 from identifiable.models.encoding import InputEncoder, input_encoder, pair
 from identifiable.models.hooks import HookSet, first_tensor
 from identifiable.models.keyselect import NOT_PER_ROW, find_selector
@@ -39,6 +40,7 @@ from identifiable.models.latent import MLA
 from identifiable.models.specs import ArchSpec, NormLayout, NormRule
 from identifiable.models.stack import AttentionStack, Captured, Tap, distinct, stack_of
 from identifiable.models.unsupported import refuse
+from identifiable.models.valuenorm import find_value_norm
 
 _VALUE_NAMES = ("v_proj", "value", "v", "v_lin", "value_proj", "wv", "v_linear")
 _FUSED_NAMES = ("qkv_proj", "query_key_value", "wqkv", "c_attn", "qkv", "in_proj", "qkv_linear")
@@ -98,11 +100,11 @@ def _layer_list(base: nn.Module) -> tuple[str, nn.ModuleList] | None:
     return min(pool, key=lambda nm: nm[0].count(".")) if pool else None
 
 
-def _candidates(base: nn.Module, layers_path: str, layer: nn.Module) -> list[ArchSpec]:
+def _candidates(base: nn.Module, layers_path: str, layer: nn.Module, index: int) -> list[ArchSpec]:
     config: Any = base.config
     d = int(config.hidden_size)
     n_heads = int(config.num_attention_heads)
-    d_v = int(getattr(config, "head_dim", None) or d // n_heads)
+    d_v = int(layer_attr(config, "head_dim", index) or d // n_heads)
     mods = linears(layer)
 
     def last(name: str) -> str:
@@ -189,15 +191,16 @@ def layer_candidates(base: nn.Module, layers_path: str, layers: nn.ModuleList) -
     may differ in their MLP (dense, mixture of experts) or their token mixer (hybrids)."""
     seen: set[tuple[str, ...]] = set()
     found: dict[tuple[str, str, str | None, bool], ArchSpec] = {}
-    for layer in layers:
+    for index, layer in enumerate(layers):
         shape = tuple(sorted(linears(layer)))
         if shape in seen:
             continue
         seen.add(shape)
-        for spec in _candidates(base, layers_path, layer):
+        for spec in _candidates(base, layers_path, layer, index):
             found.setdefault((spec.value, spec.out_proj, spec.fused, spec.latent is None), spec)
     # sparse attention: an indexer beside the attention module picks each row's keys
     specs = [_with_selector(s, layers) for s in found.values()]
+    specs = [replace(s, value_norm=find_value_norm(list(layers), s)) for s in specs]
     # by how well the names match, then one every layer holds before one some layers hold
     return sorted(
         specs,
@@ -248,7 +251,18 @@ def discover_spec(base: nn.Module, tokenizer: Any = None) -> Discovery:
         "Model.from_hf(model, spec=...)"
     )
     config = base.config
+    refuse_varying_layers(config, model_type)
     heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+    towers = sorted(
+        (n for n, m in base.named_children() if hasattr(m, "config")),
+        key=lambda n: "text" not in n and "language" not in n,  # a text tower first
+    )
+    if not heads and getattr(config, "sub_configs", None) and towers:
+        raise IdentifiableError(
+            f"architecture '{model_type}' is a composite of towers ({', '.join(towers)}) "
+            "without a language model that runs on token ids alone: not supported as a "
+            f"whole; pass one tower, for example Model.from_hf(model.{towers[0]})"
+        )
     if not heads or not getattr(config, "hidden_size", None):
         # state-space and recurrent models (Mamba, RWKV) have no attention to identify
         raise IdentifiableError(

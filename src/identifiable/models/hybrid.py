@@ -48,6 +48,31 @@ def others_line(others: dict[int, str]) -> str:
         kinds.setdefault(kind, []).append(i)
     return "; ".join(
         f"{'layer' if len(ix) == 1 else 'layers'} {ranges(ix)} "
-        f"{'is' if len(ix) == 1 else 'are'} {kind}: not softmax attention, not analysed"
+        f"{'is' if len(ix) == 1 else 'are'} {kind}: "
+        f"{'' if kind.startswith('softmax attention') else 'not softmax attention, '}not analysed"
         for kind, ix in kinds.items()
     )
+
+
+def one_head_width(
+    every: list[nn.Module], kept: list[int], spec: ArchSpec, n_heads: int
+) -> tuple[list[int], dict[int, str]]:
+    """The attention layers whose heads are as wide as the first's, and the others by kind:
+    a trace holds one head width, and Gemma 4's global layers have wider heads."""
+    if spec.weight_layout == "heads" or spec.latent is not None:
+        return kept, {}
+    width = {i: _in_width(every[i].get_submodule(spec.out_proj), spec) for i in kept}
+    first = width[kept[0]]
+    odd = {
+        i: f"softmax attention with heads of width {width[i] // n_heads} (the traced layers': "
+        f"{first // n_heads}; a trace holds one head width)"
+        for i in kept
+        if width[i] != first
+    }
+    return [i for i in kept if i not in odd], odd
+
+
+def _in_width(module: nn.Module, spec: ArchSpec) -> int:
+    """The input width of a linear (weight `[out, in]`) or Conv1D (`[in, out]`) projection."""
+    shape = module.get_parameter("weight").shape
+    return int(shape[0] if spec.weight_layout == "conv1d" else shape[1])

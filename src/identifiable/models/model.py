@@ -110,7 +110,8 @@ class Model(Tracing, FunctionalView):
                 f"'{config.model_type}' is an encoder–decoder model: build it with "
                 "Model.from_hf(model, tokenizer) or load_model(...), which return a Seq2SeqModel"
             )
-        spec = spec or find_spec(str(config.model_type))
+        base_config: Any = base.config  # a multimodal model's: its language model's
+        spec = spec or find_spec(str(base_config.model_type))
         if spec is not None:
             base = spec.tower.of(base)  # CLIP: the vision tower (images in)
         if spec is None:

@@ -148,6 +148,10 @@ class ArchSpec:
         value_bias: dotted path (inside a layer) of a raw parameter holding b_V (H_kv·d_v,
             head by head) that the model adds after a bias-free value projection (DeBERTa's
             `v_bias` after its fused `in_proj`); None: the value module's own bias.
+        value_norm: dotted path (inside a layer) of a module the model applies to each head's
+            values before attention (Gemma 3n and 4: an RMS norm over the head width,
+            `self_attn.v_norm`); E·W_V is then read as that module's output, with b_V inside
+            it. None: the values are E·W_V + b_V.
         vocab_attr: config attribute with the size of the vocabulary the stack's token ids
             come from (FSMT's encoder reads `src_vocab_size`; its `vocab_size` is the target's).
     """
@@ -180,6 +184,7 @@ class ArchSpec:
     latent: LatentValues | None = None
     key_selector: str | None = None
     value_bias: str | None = None
+    value_norm: str | None = None
     vocab_attr: str = "vocab_size"
 
     def __post_init__(self) -> None:

@@ -30,6 +30,7 @@ from identifiable.models import recompute as recomputed
 from identifiable.models.compat import (
     adapt_spec,
     ask_for_attention_weights,
+    layer_attr,
     per_layer_windows,
     window_config,
 )
@@ -40,7 +41,13 @@ from identifiable.models.hooks import (
     hidden_input,
     module_list,
 )
-from identifiable.models.hybrid import has_attention, kind_of, others_line, ranges
+from identifiable.models.hybrid import (
+    has_attention,
+    kind_of,
+    one_head_width,
+    others_line,
+    ranges,
+)
 from identifiable.models.recompute import AttentionCall
 from identifiable.models.selection import indices
 from identifiable.models.specs import ArchSpec
@@ -190,21 +197,26 @@ class AttentionStack:
     ) -> torch.Tensor:
         """`[B, H, n_k, d_v]` E·W_V (bias-free, by the definition of T) from E `[B, n_k, d]`
         (`heads`: only those query heads, `[B, len(heads), n_k, d_v]`)."""
-        w_v = self.weights[layer].w_v
+        w_v, b_v = self.weights[layer].w_v, self.weights[layer].b_v
         # Half-precision models: E and W_V as the model holds them, multiplied in
         # float32, so T is exact for the captured operands (analyses use float64).
         work = torch.float32 if e.dtype in HALF else e.dtype
         if heads is not None:  # only the chosen heads' columns of W_V
             kv = self.kv_head_of[list(heads)]
             cols = (kv[:, None] * self.head_dim + torch.arange(self.head_dim)).reshape(-1)
-            v = e.to(work) @ w_v[:, cols.to(w_v.device)].to(work)  # [B, n_k, S·d_v]
-            return v.unflatten(-1, (len(kv), self.head_dim)).permute(0, 2, 1, 3)
-        v = e.to(work) @ w_v.to(work)  # [B, n_k, H_kv·d_v]
-        return self.per_query_head(v).permute(0, 2, 1, 3)
+            w_v, b_v = w_v[:, cols.to(w_v.device)], b_v[cols.to(b_v.device)]
+        v = (e.to(work) @ w_v.to(work)).unflatten(-1, (-1, self.head_dim))  # [B, n_k, S, d_v]
+        if self.spec.value_norm is not None:  # the model's norm of each head's E·W_V + b_V
+            norm = self.layers[layer].get_submodule(self.spec.value_norm)
+            v = norm(v + b_v.to(work).unflatten(-1, v.shape[-2:]))
+        if heads is None:
+            v = v[..., self.kv_head_of.to(v.device), :]
+        return v.permute(0, 2, 1, 3)
 
     def value_bias(self) -> torch.Tensor:
-        """`[L, H, d_v]` float32 CPU b_V per query head."""
-        return torch.stack([self.per_query_head(w.b_v) for w in self.weights]).float().cpu()
+        """`[L, H, d_v]` float32 CPU b_V per query head (zero where `value_norm` holds it)."""
+        b_v = torch.stack([self.per_query_head(w.b_v) for w in self.weights]).float().cpu()
+        return b_v.zero_() if self.spec.value_norm is not None else b_v
 
     def out_bias(self) -> torch.Tensor:
         """`[L, d]` float32 CPU b_O."""
@@ -437,11 +449,13 @@ def stack_of(base: nn.Module, spec: ArchSpec, *, label: str = "") -> AttentionSt
             f"'{spec.out_proj}'; the spec does not match this model class (see "
             "docs/families.md, 'Adding an architecture')."
         )
-    others = {i: kind_of(layer, every[kept[0]]) for i, layer in enumerate(every) if i not in kept}
     n_heads = int(config.num_attention_heads)
     hidden = int(config.hidden_size)
+    head_dim = layer_attr(config, "head_dim", kept[0]) or hidden // n_heads
+    kept, wider = one_head_width(every, kept, spec, n_heads)
+    others = {i: kind_of(layer, every[kept[0]]) for i, layer in enumerate(every) if i not in kept}
+    others |= wider
     windows = layer_windows(config, spec, len(every))
-    head_dim = getattr(config, "head_dim", None) or hidden // n_heads
     return AttentionStack(
         [every[i] for i in kept],
         spec,
@@ -523,9 +537,16 @@ def value_columns(
 
 def base_model_of(hf_model: nn.Module) -> nn.Module:
     """The body of a task-head model (`*ForMaskedLM`, `*ForCausalLM`, `*ForSequenceClassification`,
-    `*ForTokenClassification`, `*ForQuestionAnswering`, …), or the model itself."""
+    `*ForTokenClassification`, `*ForQuestionAnswering`, …), or the model itself; of a
+    multimodal model (Llava, Gemma 3, Qwen2.5-VL), its language model, which is what the
+    model runs on token ids alone."""
     base = getattr(hf_model, "base_model", None)
-    return base if isinstance(base, nn.Module) else hf_model
+    base = base if isinstance(base, nn.Module) else hf_model
+    tower = getattr(base, "language_model", None)
+    text = getattr(getattr(base, "config", None), "text_config", None)
+    if text is not None and isinstance(tower, nn.Module) and hasattr(tower, "config"):
+        return base_model_of(tower)
+    return base
 
 
 def distinct(modules: Sequence[nn.Module]) -> list[nn.Module]:

@@ -106,6 +106,12 @@ def check_supported(model: TracedModel) -> None:
         )
     if getattr(model, "modality", "text") != "text":
         raise IdentifiableError("the null-attention penalty supports text models")
+    if getattr(spec, "value_norm", None) is not None:
+        raise IdentifiableError(
+            f"the '{spec.name}' family normalises each head's values after W_V (Gemma 4's "
+            "v_norm), which the penalty's value capture does not apply: use a family whose "
+            "values are E·W_V + b_V"
+        )
     if getattr(spec, "key_selector", None) is not None:
         raise IdentifiableError(
             f"the '{spec.name}' family picks each row's keys with an indexer (sparse attention),"
