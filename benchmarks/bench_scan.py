@@ -13,8 +13,10 @@ Measurements, each a fresh process with the same threads:
 1. time: one process holds the model and runs the forward pass (`hf_model(**inputs)`
    under no_grad, what a scan runs) and the scan of the same ids, interleaved, the fastest
    of `--repeats` each;
-2. memory: the peak RSS above the loaded model (sampled every 2 ms) of the forward pass
-   alone and of the scan alone, each in its own fresh process;
+2. memory: the peak RSS above the loaded model (the kernel's high-water mark VmHWM, reset
+   before the call; sampled every 2 ms where it cannot be reset) of the forward pass alone
+   and of the scan alone, each in its own fresh process; `--memory-runs K` interleaves K
+   such pairs and reports their medians and every pair;
 3. agreement (`--check`): the scan's null fraction against `effective_attention` of a
    one-head trace, on sampled heads;
 4. phases (`--phases`): one Llama-width causal layer (random q and k, values repeated as
@@ -22,7 +24,7 @@ Measurements, each a fresh process with the same threads:
    rank decisions, projection and statistics.
 
     python benchmarks/bench_scan.py --model llama3 --n 4096 --threads 2 --check
-    python benchmarks/bench_scan.py --model deep --n 2048 --threads 2
+    python benchmarks/bench_scan.py --model deep --n 2048 --threads 2 --memory-runs 5
     python benchmarks/bench_scan.py --model deep --n 512,1024,2048 --layers 2,8,32 --threads 2
 
 Prints one row per (model, layers, n) and the ratios; `--json FILE` writes them.
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import threading
@@ -104,8 +107,29 @@ def _calls(model, ids: torch.Tensor) -> dict:
     return {"forward": forward, "scan": lambda: scan(model, [ids], progress=False)}
 
 
+def _high_water_mb() -> float | None:
+    """The kernel's peak RSS of this process since the last `_reset_high_water` (VmHWM),
+    exact where sampling can miss a short peak; None where /proc lacks it."""
+    try:
+        with open("/proc/self/status") as f:
+            line = next(x for x in f if x.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return None
+    return int(line.split()[1]) / 1024
+
+
+def _reset_high_water() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+    except OSError:
+        return False
+    return True
+
+
 def memory_child(mode: str, name: str, layers: int | None, n: int, threads: int) -> dict:
-    """Peak RSS above the loaded model of one call (this process runs nothing else)."""
+    """Peak RSS above the loaded model of one call (this process runs nothing else): the
+    kernel's high-water mark where it can be reset, else sampled every 2 ms."""
     import gc
 
     torch.set_num_threads(threads)
@@ -115,6 +139,7 @@ def memory_child(mode: str, name: str, layers: int | None, n: int, threads: int)
     small[mode]()  # warm-up: kernels, W_O factors
     call = _calls(model, ids)[mode]
     gc.collect()
+    exact = _reset_high_water()
     base, peak, done = _rss_mb(), [0.0], threading.Event()
 
     def sample() -> None:
@@ -129,7 +154,9 @@ def memory_child(mode: str, name: str, layers: int | None, n: int, threads: int)
     seconds = time.perf_counter() - start
     done.set()
     sampler.join()
-    return {"mode": mode, "peak_mb": peak[0] - base, "seconds": seconds}
+    high = _high_water_mb() if exact else None
+    top = max(peak[0], high) if high is not None else peak[0]
+    return {"mode": mode, "peak_mb": top - base, "seconds": seconds, "high_water": high is not None}
 
 
 def times_child(name: str, layers: int | None, n: int, threads: int, repeats: int) -> dict:
@@ -231,9 +258,20 @@ def _child(kind: str, *args: object) -> dict:
     return json.loads(line[7:])
 
 
-def row(name: str, layers: int | None, n: int, threads: int, repeats: int) -> dict:
-    fwd = _child("memory_child", "forward", name, layers, n, threads)
-    sc = _child("memory_child", "scan", name, layers, n, threads)
+def row(
+    name: str, layers: int | None, n: int, threads: int, repeats: int, memory_runs: int = 1
+) -> dict:
+    """One cell: times (fastest of `repeats`), and peak memory of forward and scan in fresh
+    processes, `memory_runs` interleaved pairs (medians; every pair in `memory_pairs`)."""
+    pairs = [
+        (
+            _child("memory_child", "forward", name, layers, n, threads)["peak_mb"],
+            _child("memory_child", "scan", name, layers, n, threads)["peak_mb"],
+        )
+        for _ in range(memory_runs)
+    ]
+    fwd = {"peak_mb": statistics.median(f for f, _ in pairs)}
+    sc = {"peak_mb": statistics.median(s for _, s in pairs)}
     t = _child("times_child", name, layers, n, threads, repeats)
     return {
         "model": name,
@@ -246,6 +284,7 @@ def row(name: str, layers: int | None, n: int, threads: int, repeats: int) -> di
         "forward_peak_mb": fwd["peak_mb"],
         "scan_peak_mb": sc["peak_mb"],
         "memory_ratio": sc["peak_mb"] / fwd["peak_mb"],
+        "memory_pairs": [{"forward_mb": f, "scan_mb": s, "ratio": s / f} for f, s in pairs],
     }
 
 
@@ -256,6 +295,9 @@ def main() -> None:
     ap.add_argument("--layers", default=None, help="comma-separated layer counts")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument(
+        "--memory-runs", type=int, default=1, help="interleaved fresh-process pairs per cell"
+    )
     ap.add_argument(
         "--check", action="store_true", help="null fraction against effective_attention"
     )
@@ -279,7 +321,7 @@ def main() -> None:
         ns = []
     for layers in layer_counts:
         for n in ns:
-            r = row(args.model, layers, n, args.threads, args.repeats)
+            r = row(args.model, layers, n, args.threads, args.repeats, args.memory_runs)
             rows.append(r)
             print(f"{r['layers']:6d} {n:5d} {r['forward_s']:8.2f} {r['scan_s']:8.2f} "
                   f"{r['time_ratio']:6.2f} {r['forward_peak_mb']:8.0f} {r['scan_peak_mb']:8.0f} "

@@ -15,6 +15,7 @@ besides the forward's own tensors, and the pass ends after the last chosen layer
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -256,9 +257,12 @@ def scan_model(
     traces with (`Model.attention`: maps recomputed from Q and K unless eager)."""
     impl = model.attention
 
+    takes = inspect.signature(model.hf_model.forward).parameters
+    cache = {"use_cache": False} if "use_cache" in takes else {}
+
     def forward(batch: dict[str, torch.Tensor]) -> object:
-        with running(model.hf_model, impl):
-            return model.hf_model(**batch)
+        with running(model.hf_model, impl):  # no key/value cache: every layer's would be kept
+            return model.hf_model(**batch, **cache)
 
     scan_layers(
         model.hf_model,
