@@ -30,14 +30,20 @@ from identifiable.tokens.probes import ProbeConfig
 # CPU seconds per unit of work, measured (see the module docstring)
 TRACE_S_PER_GFLOP = 0.026  # a traced forward pass, captures and checks included
 PROBE_S_PER_GFLOP = 0.016  # probe fits: float32 products and their bookkeeping, one thread
-HTA_PASS_SHARE = 0.05  # a batched forward-mode product per token, against a traced pass
-STAGE_FIXED_S = {"attention": 4.0, "tokens": 2.0, "attribution": 6.0, "mixing": 8.0}
-CERTIFY_S_PER_HEAD_ROW = 0.35  # one query row's interval map, per head and sequence
+# Forward-mode products (HTA, the mixing methods): CPU seconds per layer and per unit of
+# work (one probe's pass over one token of an n-token sequence, 3 passes a probe), a fixed
+# part and a part per GFLOP of one layer's products per token; each stage's pair fitted on
+# its quick-run CPU seconds on BERT-base and MiniLM (base_reproduction_posterior_compiled.json)
+JVP_S = {"attribution": (1.93e-5, 2.81e-3), "mixing": (0.49e-5, 2.95e-3)}
+STAGE_FIXED_S = {"attention": 4.0, "tokens": 2.0, "attribution": 2.0, "mixing": 2.0}
+CERTIFY_S_PER_HEAD_ROW = 0.028  # one query row's interval map, per head and sequence
 # one query row's posterior (200 effective samples, split-R̂ ≤ 1.01, its certificates and
-# references included) at dim P = 12 with the compiled billiard walk, and the growth of its
-# cost with dim P (benchmarks/records/base_reproduction.md); the stage's sequences bound dim P
+# references included) at dim P = 12 and head width 64 with the compiled billiard walk, and
+# the growth of its cost with dim P and the head width (the quick runs of BERT-base and
+# MiniLM, benchmarks/records/base_reproduction.md); the stage's sequences bound dim P
 # (`posterior_null_dim`)
-POSTERIOR_S_PER_HEAD_ROW, POSTERIOR_DIM, POSTERIOR_EXPONENT = 0.07, 12, 1.0
+POSTERIOR_S_PER_HEAD_ROW, POSTERIOR_DIM, POSTERIOR_EXPONENT = 0.051, 12, 1.0
+POSTERIOR_WIDTH, POSTERIOR_WIDTH_EXPONENT = 64, 0.7
 REPORT_S = 12.0  # figures, tables and the page
 LOAD_S = 10.0  # importing and loading the model and corpus
 # Fig. 2 probe work per layer, in passes over the training tokens (the embedded model's
@@ -112,11 +118,18 @@ def stage_cpu_seconds(sizes: Sizes, budget: Any) -> dict[str, float]:
     return {
         "attention": STAGE_FIXED_S["attention"] + attention,
         "tokens": STAGE_FIXED_S["tokens"] + tokens,
-        "attribution": STAGE_FIXED_S["attribution"] + attribution * per_token * HTA_PASS_SHARE,
-        "mixing": STAGE_FIXED_S["mixing"] + mixing * per_token * HTA_PASS_SHARE,
+        "attribution": STAGE_FIXED_S["attribution"]
+        + jvp_seconds(sizes, attribution, "attribution"),
+        "mixing": STAGE_FIXED_S["mixing"] + jvp_seconds(sizes, mixing, "mixing"),
         "certify": rows * sizes.n_layers * sizes.n_heads * CERTIFY_S_PER_HEAD_ROW,
         "posterior": posterior_seconds(sizes, budget),
     }
+
+
+def jvp_seconds(sizes: Sizes, units: float, stage: str) -> float:
+    """CPU seconds of `units` forward-mode passes (probe × token × key) through every layer."""
+    fixed, per_gflop = JVP_S[stage]
+    return units * sizes.n_layers * (fixed + per_gflop * sizes.gflop_per_token() / sizes.n_layers)
 
 
 def posterior_seconds(sizes: Sizes, budget: Any) -> float:
@@ -125,6 +138,7 @@ def posterior_seconds(sizes: Sizes, budget: Any) -> float:
     samples save little: split-R̂ ≤ 1.01 needs about that many."""
     dim = min(budget.posterior_null_dim, budget.max_tokens - sizes.hidden // sizes.n_heads)
     growth = max(1.0, dim / POSTERIOR_DIM) ** POSTERIOR_EXPONENT
+    growth *= (sizes.hidden / sizes.n_heads / POSTERIOR_WIDTH) ** POSTERIOR_WIDTH_EXPONENT
     per_row = POSTERIOR_S_PER_HEAD_ROW * max(1.0, budget.posterior_samples / 200) * growth
     rows = budget.posterior_sequences * budget.posterior_rows_per_head
     return rows * sizes.n_layers * sizes.n_heads * per_row
