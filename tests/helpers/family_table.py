@@ -270,8 +270,16 @@ def _tiny_composite(model_type: str, default: Any) -> Any:
         raise _Skip("composite model without a text tower (sub-configs for several towers)")
     towers = [k for k in default.sub_configs if k != "text_config" and _is_config(default, k)]
     kwargs = {k: _shrunk(getattr(default, k)) for k in towers}
-    kwargs["text_config"] = tiny_config(default.text_config.model_type)
-    return AutoConfig.for_model(model_type, **kwargs)
+    try:
+        kwargs["text_config"] = tiny_config(default.text_config.model_type)
+    except ValueError:  # a text tower transformers 4.x does not register (BLIP's)
+        kwargs["text_config"] = _shrunk(default.text_config)
+    with contextlib.suppress(TypeError):  # transformers 4.x takes BLIP's towers as dicts only
+        cfg = AutoConfig.for_model(model_type, **kwargs)
+        if all(_is_config(cfg, k) for k in kwargs):
+            return cfg
+    # transformers 4.x drops some towers passed as config objects (Qwen2.5-VL's): as dicts
+    return AutoConfig.for_model(model_type, **{k: v.to_dict() for k, v in kwargs.items()})
 
 
 # Sub-configs of one model (DBRX's attention and MLP settings, a vision tower's widths)
