@@ -336,22 +336,13 @@ def _model_class(cfg: Any) -> Any:
 
 
 def _build(model_type: str) -> Any:
-    from transformers import AutoModel
-
     cfg = tiny_config(model_type)
     size = _parameters(cfg)
     if size > MAX_PARAMETERS:
         raise _Skip(f"tiny config still has {size / 1e6:.0f}M parameters (a tower not shrunk)")
     torch.manual_seed(0)
     try:
-        try:
-            hf = AutoModel.from_config(cfg, attn_implementation="eager")
-        except ValueError as exc:  # a tower of a composite model: not in AutoModel's mapping
-            if "Unrecognized configuration class" not in str(exc) and "Could not find" not in str(
-                exc
-            ):
-                raise
-            hf = _model_class(cfg)._from_config(cfg, attn_implementation="eager")
+        hf = _from_config(cfg, attn_implementation="eager")
     except _Skip:
         raise
     except Exception as exc:  # the tiny config is not a model this transformers builds
@@ -369,17 +360,25 @@ MAX_PARAMETERS = 300_000_000  # 1.2 GB in float32; larger ones (10.9B here) are 
 
 def _parameters(cfg: Any) -> int:
     """The parameter count of the model `cfg` builds, counted without memory (meta device)."""
-    from transformers import AutoModel
-
     try:
         with torch.device("meta"):
-            try:
-                hf = AutoModel.from_config(cfg)
-            except ValueError:
-                hf = _model_class(cfg)._from_config(cfg)
+            hf = _from_config(cfg)
     except Exception:  # the build itself says why, below
         return 0
     return sum(p.numel() for p in hf.parameters())
+
+
+def _from_config(cfg: Any, **kwargs: Any) -> Any:
+    """AutoModel's model for `cfg`, or (a tower of a composite model, which AutoModel does
+    not map) its modelling module's base model for exactly this config."""
+    from transformers import AutoModel
+
+    try:
+        return AutoModel.from_config(cfg, **kwargs)
+    except ValueError as exc:
+        if "Unrecognized configuration class" not in str(exc) and "Could not find" not in str(exc):
+            raise
+    return _model_class(cfg)._from_config(cfg, **kwargs)
 
 
 def classify(model_type: str) -> Status:
@@ -399,9 +398,7 @@ def classify(model_type: str) -> Status:
             return Status("skipped", f"tiny config not buildable ({type(exc).__name__})")
         try:
             m = Model.from_hf(hf)
-            if (
-                getattr(m, "modality", "text") == "image"
-            ):  # a full CLIP: its vision tower (tests/models/test_clip)
+            if getattr(m, "modality", "text") == "image":  # a full CLIP (test_vision.py)
                 return Status("skipped", "traced as an image model (its vision tower)")
             tr = m.trace(torch.tensor(PROBE))
             err = tr.verify()

@@ -8,22 +8,15 @@ import pytest
 import torch
 
 from helpers.families import _skip_if_missing_in_tf4
-from helpers.family_table import PROBE, tiny_config
+from helpers.family_table import PROBE, _build
 from identifiable import effective_attention
 from identifiable.errors import IdentifiableError
 from identifiable.models import Model
 
 
 def _composite(model_type: str):
-    from transformers import AutoModel
-
     _skip_if_missing_in_tf4(model_type)
-    torch.manual_seed(0)
-    hf = AutoModel.from_config(tiny_config(model_type), attn_implementation="eager").eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return hf
+    return _build(model_type)  # the family table's tiny model, perturbed weights
 
 
 @pytest.mark.parametrize(

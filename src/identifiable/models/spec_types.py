@@ -149,7 +149,7 @@ class ArchSpec:
             head by head) that the model adds after a bias-free value projection (DeBERTa's
             `v_bias` after its fused `in_proj`); None: the value module's own bias.
         value_norm: dotted path (inside a layer) of a module the model applies to each head's
-            values before attention (Gemma 3n and 4: an RMS norm over the head width,
+            values before attention (Gemma 4: an RMS norm over the head width,
             `self_attn.v_norm`); E·W_V is then read as that module's output, with b_V inside
             it. None: the values are E·W_V + b_V.
         vocab_attr: config attribute with the size of the vocabulary the stack's token ids

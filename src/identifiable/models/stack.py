@@ -196,7 +196,8 @@ class AttentionStack:
         self, layer: int, e: torch.Tensor, heads: Sequence[int] | None = None
     ) -> torch.Tensor:
         """`[B, H, n_k, d_v]` E·W_V (bias-free, by the definition of T) from E `[B, n_k, d]`
-        (`heads`: only those query heads, `[B, len(heads), n_k, d_v]`)."""
+        (`heads`: only those query heads, `[B, len(heads), n_k, d_v]`); with
+        `spec.value_norm`, the model's norm of E·W_V + b_V, which is what attention reads."""
         w_v, b_v = self.weights[layer].w_v, self.weights[layer].b_v
         # Half-precision models: E and W_V as the model holds them, multiplied in
         # float32, so T is exact for the captured operands (analyses use float64).
@@ -216,7 +217,7 @@ class AttentionStack:
     def value_bias(self) -> torch.Tensor:
         """`[L, H, d_v]` float32 CPU b_V per query head (zero where `value_norm` holds it)."""
         b_v = torch.stack([self.per_query_head(w.b_v) for w in self.weights]).float().cpu()
-        return b_v.zero_() if self.spec.value_norm is not None else b_v
+        return torch.zeros_like(b_v) if self.spec.value_norm is not None else b_v
 
     def out_bias(self) -> torch.Tensor:
         """`[L, d]` float32 CPU b_O."""

@@ -1,5 +1,6 @@
-"""Normalised values: Gemma 3n and Gemma 4 apply an RMS norm over the head width to each
-head's E·W_V + b_V (`self_attn.v_norm`, without a scale) before the attention reads them.
+"""Normalised values: Gemma 4 (and EmbeddingGemma 2) applies an RMS norm over the head
+width to each head's E·W_V + b_V (`self_attn.v_norm`, without a scale) before the attention
+reads them.
 
 T is then built on the normalised values: `ArchSpec.value_norm` names the module, and the
 stack applies it (`AttentionStack.values`), with b_V inside it.
