@@ -39,6 +39,16 @@ def test_estimates_grow_with_the_model_and_the_budget_and_read_as_minutes() -> N
     assert [minutes(s) for s in (4, 44, 150, 7200)] == ["10 s", "40 s", "3 min", "2.0 h"]
 
 
+def test_what_is_left_of_an_estimate_scales_each_stage_by_its_unfinished_share() -> None:
+    whole = reproduce_estimate(_Model(12, 768), resolve_budget("paper"), 2)
+    left = whole.left({"load": 1.0, "attention": 1.0, "attribution": 0.6, "nonexistent": 1.0})
+    assert left.stages["load"] == 0 and left.stages["attention"] == 0
+    assert left.stages["attribution"] == pytest.approx(0.4 * whole.stages["attribution"])
+    assert left.stages["report"] == whole.stages["report"]
+    assert whole.total_s > left.total_s > whole.stages["report"]
+    assert whole.left({}).stages == whole.stages
+
+
 def test_fig2_estimate_follows_the_adam_schedule_and_the_cpu_s_bfloat16(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

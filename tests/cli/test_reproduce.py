@@ -116,6 +116,10 @@ def test_killed_run_resumes_to_the_same_outputs(
     )
     resumed = cli(*args, "--resume", "--no-progress")
     assert resumed.returncode == 0, resumed.stderr
+    # the estimate of what is left counts the shards the killed run finished
+    said = next(x for x in resumed.stderr.splitlines() if x.startswith("resuming: "))
+    finished, shards = (int(w) for w in said.split()[1:4:2])
+    assert 1 <= finished < shards and "left" in said
     assert "pipeline check" in resumed.stdout  # smoke: no claim count presented as findings
     assert outputs(out) == outputs(reference)
 

@@ -180,6 +180,13 @@ class Estimate:
     def total_s(self) -> float:
         return sum(self.stages.values())
 
+    def left(self, done: dict[str, float]) -> Estimate:
+        """What is left once each stage's share `done[name]` (0 to 1) of its work is done."""
+        return Estimate(
+            {k: v * (1.0 - min(1.0, max(0.0, done.get(k, 0.0)))) for k, v in self.stages.items()},
+            self.threads,
+        )
+
     def sentence(self, what: str) -> str:
         """'… : about 5 min on 2 threads (Fig. 2 about 2 min)'."""
         main = f"{what}: about {minutes(self.total_s)} on {self.threads} thread"

@@ -14,6 +14,7 @@ DIR/.cache/timings.json, not into the outputs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -118,7 +119,8 @@ def reproduce(
             folder.check()
         with progress_bars(progress and world.is_main) as bars:
             m, items, settings = _prepare(model, corpus, plan, seed, device, bars)
-            _announce_cost(m, plan, announce if world.is_main else None)
+            said = announce if world.is_main else None
+            estimate = _announce_cost(m, plan, said)
             check_same_run(world, settings_key(settings))
             owner = (
                 folder.run(lambda d: RunCache(d, settings).check_resumable())
@@ -127,7 +129,16 @@ def reproduce(
             )
             with owner as work:
                 files, summary, timings = _run(
-                    work, world, m, items, plan, seed, settings, bars, t_start
+                    work,
+                    world,
+                    m,
+                    items,
+                    plan,
+                    seed,
+                    settings,
+                    bars,
+                    t_start,
+                    functools.partial(_announce_left, estimate, said),
                 )
                 if summary is None:  # not rank 0: rank 0 reduces and renders
                     summary = json.loads(broadcast(world, "summary", None))
@@ -164,9 +175,9 @@ def given_corpus(corpus: Any, column: str, pair_fields: tuple[str, str] | None) 
     return corpus
 
 
-def _announce_cost(model: Any, plan: Budget, announce: Callable[[str], None] | None) -> None:
+def _announce_cost(model: Any, plan: Budget, announce: Callable[[str], None] | None) -> Any:
     """Refuse a budget whose hidden states do not fit in memory, naming one that does; then
-    say what the run will take (`experiments.cost`)."""
+    say what the run will take (`experiments.cost`) and return that estimate."""
     import torch
 
     from identifiable.experiments.cost import check_memory, memory_bytes, reproduce_estimate
@@ -191,9 +202,34 @@ def _announce_cost(model: Any, plan: Budget, announce: Callable[[str], None] | N
     )
     where = f"--budget {plan.name} on {model.info.name}"
     check_memory(need(plan), available, where, advice)
+    estimate = reproduce_estimate(model, plan, torch.get_num_threads())
     if announce is not None:
-        estimate = reproduce_estimate(model, plan, torch.get_num_threads())
         announce(estimate.sentence(f"reproduce {where}"))
+    return estimate
+
+
+def _announce_left(
+    estimate: Any, announce: Callable[[str], None] | None, stage_list: list[Any], cache: RunCache
+) -> None:
+    """On a resumed run, say how many shards the cache holds and what is left to do."""
+    from identifiable.experiments.cost import minutes
+
+    if announce is None:
+        return
+    done: dict[str, float] = {"load": 1.0}
+    finished = 0
+    for s in stage_list:
+        cached = [cache.finished(s.name, k) for k in range(len(s.shards))]
+        finished += sum(cached)
+        done[s.name] = sum(w for w, c in zip(s.weights, cached, strict=True) if c) / max(
+            1, sum(s.weights)
+        )
+    if finished:
+        shards = sum(len(s.shards) for s in stage_list)
+        left = estimate.left(done)
+        announce(
+            f"resuming: {finished} of {shards} shards are done; about {minutes(left.total_s)} left"
+        )
 
 
 def _prepare(
@@ -227,6 +263,7 @@ def _run(
     settings: dict[str, Any],
     bars: Any,
     t_start: float,
+    announce_left: Callable[[list[Any], RunCache], None],
 ) -> tuple[list[Path], dict[str, Any] | None, dict[str, float]]:
     """Every stage (shared by the ranks), then on rank 0 the report in `work`: (files,
     summary, timings); ([], None, timings) on the other ranks."""
@@ -238,6 +275,8 @@ def _run(
     # world_size: how many processes shared the stages (in .cache, not the outputs)
     timings: dict[str, float] = {"load_s": time.perf_counter() - t_start, "world_size": world.size}
     stage_list = stages(m, items, plan, seed, work / CACHE_DIR)
+    if world.is_main:
+        announce_left(stage_list, cache)
     t_stages = time.perf_counter()
     done = run_stages(cache, stage_list, bars, world)
     timings["stages_s"] = time.perf_counter() - t_stages  # the part that shards

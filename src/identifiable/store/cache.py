@@ -103,6 +103,14 @@ class RunCache:
     def _table(self, stage: str, shard: int, name: str) -> Path:
         return self.root / stage / f"{shard:05d}.{name}.parquet"
 
+    def finished(self, stage: str, shard: int) -> bool:
+        """Whether this run's shard is cached (its manifest only; `load` checks the tables)."""
+        try:
+            info = json.loads(self._manifest(stage, shard).read_text("utf-8"))
+        except (OSError, ValueError, RecursionError):
+            return False
+        return isinstance(info, dict) and info.get("key") == self.key
+
     def load(self, stage: str, shard: int) -> tuple[dict[str, pd.DataFrame], dict[str, Any]] | None:
         """(tables, meta) of a finished shard, or None if missing or corrupt."""
         manifest = self._manifest(stage, shard)
