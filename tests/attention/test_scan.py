@@ -326,3 +326,39 @@ def test_the_scan_keeps_no_key_value_cache(models):
     assert seen == [False]
     stats = np.stack([getattr(got, s)[0].numpy() for s in STATISTICS], -1)
     np.testing.assert_allclose(stats, reference(m, TEXTS[0], sink=0), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w_o_rows_are_views_or_one_layer_copy(models, dtype):
+    """Every head of a float32 model: views of W_O, kept per layer at no cost. A
+    half-precision model's float32 rows are converted copies: only the last layer asked
+    for is kept, not one per layer (a float32 W_O of the whole model on its device)."""
+    from identifiable.models.layerscan import LayerWeights
+
+    hf = build_tiny_hf_model("llama", attn_implementation="sdpa").to(dtype)
+    stack = Model.from_hf(hf, models["llama-sdpa"].tokenizer, name="tiny").stack
+    weights = LayerWeights(stack, list(range(stack.n_heads)))
+    first, second = weights.out_proj(0), weights.out_proj(1)
+    assert first.dtype == second.dtype == torch.float32
+    h, d_v = stack.n_heads, stack.head_dim
+    expected = stack.weights[0].w_o.float().reshape(1, h, d_v, -1)
+    torch.testing.assert_close(weights.out_proj(0), expected, rtol=0, atol=0)
+    shares = first.data_ptr() == stack.weights[0].w_o.data_ptr()
+    assert shares == (dtype == torch.float32)
+    # kept: the same tensor again; a copy: made anew once another layer was asked for
+    assert (weights.out_proj(0) is first) == (dtype == torch.float32)
+    assert weights.out_proj(0) is weights.out_proj(0)
+    subset = LayerWeights(stack, [1])
+    assert subset.out_proj(0).data_ptr() != stack.weights[0].w_o.data_ptr()
+    torch.testing.assert_close(subset.out_proj(0)[0, 0], expected[0, 1], rtol=0, atol=0)
+
+
+def test_a_half_precision_scan_matches_its_float32_trace(models):
+    """A bfloat16 model's scan (W_O converted per layer, one copy at a time) over two texts
+    gives the statistics of the float32 analyses of its own trace."""
+    hf = build_tiny_hf_model("llama", attn_implementation="sdpa").to(torch.bfloat16)
+    m = Model.from_hf(hf, models["llama-sdpa"].tokenizer, name="tiny-bf16")
+    got = scan(m, TEXTS[:2], progress=False)
+    for i, text in enumerate(TEXTS[:2]):
+        stats = np.stack([getattr(got, s)[i].numpy() for s in STATISTICS], -1)
+        np.testing.assert_allclose(stats, reference(m, text, sink=0), rtol=0, atol=1e-5)

@@ -45,25 +45,37 @@ class _Done(Exception):
 
 class LayerWeights:
     """Each layer's W_O rows of the chosen heads on the layer's device, in the dtype the
-    traces hold (float32, float64 for a float64 model), made once per layer and reused
-    for every sequence: the analyses cache their W_O factors by this tensor's identity."""
+    traces hold (float32, float64 for a float64 model). Where those rows are a view of the
+    weight (every head of a float32 or float64 model) every layer's is kept for the whole
+    scan; a converted copy (a half-precision model, a subset of heads) is kept for the
+    last layer asked for only, since one per layer would hold a float32 W_O for the whole
+    model on its device (2 GiB at 32 layers of width 4,096). The scanner caches its W_O
+    factors by layer, not by this tensor."""
 
     def __init__(self, stack: AttentionStack, heads: Sequence[int]) -> None:
         self.stack, self.heads = stack, list(heads)
         self._out: dict[int, torch.Tensor] = {}
+        self._copy: tuple[int, torch.Tensor] | None = None
 
     def out_proj(self, layer: int) -> torch.Tensor:
         """`[1, H_sel, d_v, d]` W_O rows of the chosen heads of `layer`."""
-        if layer not in self._out:
-            w = self.stack.weights[layer].w_o
-            h, d_v = self.stack.n_heads, self.stack.head_dim
-            work = torch.float64 if w.dtype == torch.float64 else torch.float32
-            rows = w.reshape(h, d_v, -1)
-            if self.heads != list(range(h)):
-                rows = rows[self.heads]
-            # all heads of a float32 model: a view of the weight, not a copy per layer
-            self._out[layer] = rows.to(work)[None]
-        return self._out[layer]
+        if layer in self._out:
+            return self._out[layer]
+        if self._copy is not None and self._copy[0] == layer:
+            return self._copy[1]
+        self._copy = None  # the previous layer's copy goes before this one is made
+        w = self.stack.weights[layer].w_o
+        h, d_v = self.stack.n_heads, self.stack.head_dim
+        work = torch.float64 if w.dtype == torch.float64 else torch.float32
+        rows = w.reshape(h, d_v, -1)
+        if self.heads != list(range(h)):
+            rows = rows[self.heads]
+        out = rows.to(work)[None]
+        if out.data_ptr() == w.data_ptr():
+            self._out[layer] = out
+        else:
+            self._copy = (layer, out)
+        return out
 
 
 @dataclass
