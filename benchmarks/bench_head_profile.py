@@ -16,7 +16,8 @@ with `--threads` lock steps (default 2) and torch threads.
 - passes: the two passes a primal pivot makes over one chain's B⁻¹ (m = 129: the entering
   column B⁻¹A_q, the engine's `kernel.column`, then the rank-one update accumulating v,
   `kernel.pivot_basis`'s pass on bare arrays) over a batch of C chains' inverses, one
-  thread: µs per pivot for C = 4 … 63, compiled as numba does by default and, in a second process, without LLVM's preference for
+  thread: µs per pivot for C = 4 … 63, with B⁻¹ (and A, the column, v) in double as the
+  engine keeps them and in single (what steering in single precision would read), compiled as numba does by default and, in a second process, without LLVM's preference for
   256-bit vectors on AVX-512 cores (`-prefer-256-bit`); with the count of 512-bit
   (zmm) and 256-bit (ymm) registers in the column loop's machine code.
 
@@ -180,22 +181,26 @@ def sweep(binvs, at, prows, vs, cols, steps, both):
 
 m, n = 129, 512
 rng = np.random.default_rng(0)
-at = rng.standard_normal((n, m))
-out = {}
-for C in (4, 7, 15, 30, 63):
-    binvs = np.stack([np.eye(m) + 1e-3 * rng.standard_normal((m, m)) for _ in range(C)])
-    prows, vs, cols = np.zeros((C, m)), np.zeros((C, m)), np.zeros((C, m))
-    steps = max(2, 20000 // C)
-    sweep(binvs, at, prows, vs, cols, 2, True)
-    best = [np.inf, np.inf]
-    for _ in range(3):
-        for k, both in enumerate((False, True)):
-            t0 = time.perf_counter()
-            sweep(binvs, at, prows, vs, cols, steps, both)
-            best[k] = min(best[k], (time.perf_counter() - t0) / (steps * C) * 1e6)
-    out[C] = best
+result = {}
+for dtype in (np.float64, np.float32):  # the engine's B⁻¹, and B⁻¹ steering in single
+    at = rng.standard_normal((n, m)).astype(dtype)
+    out = {}
+    for C in (4, 7, 15, 30, 63):
+        binvs = np.stack([np.eye(m) + 1e-3 * rng.standard_normal((m, m)) for _ in range(C)])
+        binvs = binvs.astype(dtype)
+        prows, vs, cols = (np.zeros((C, m), dtype) for _ in range(3))
+        steps = max(2, 20000 // C)
+        sweep(binvs, at, prows, vs, cols, 2, True)
+        best = [np.inf, np.inf]
+        for _ in range(3):
+            for k, both in enumerate((False, True)):
+                t0 = time.perf_counter()
+                sweep(binvs, at, prows, vs, cols, steps, both)
+                best[k] = min(best[k], (time.perf_counter() - t0) / (steps * C) * 1e6)
+        out[C] = best
+    result["per_pivot_us" if dtype == np.float64 else "per_pivot_us_float32"] = out
 asm = next(iter(column.inspect_asm().values()))
-print("RESULT", json.dumps({"per_pivot_us": out, "zmm": len(re.findall("zmm", asm)),
+print("RESULT", json.dumps({**result, "zmm": len(re.findall("zmm", asm)),
                            "ymm": len(re.findall("ymm", asm))}))
 """
 
@@ -213,9 +218,11 @@ def passes(out: dict) -> None:
         line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT"))
         got = json.loads(line[len("RESULT") :])
         out["passes"][label] = got
-        for c, (col, both) in got["per_pivot_us"].items():
-            print(f"{label}: {c} chains ({int(c) * 129 * 129 * 8 / 2**20:.1f} MB of B⁻¹): column "
-                  f"{col:.2f} µs, column + update {both:.2f} µs a pivot", flush=True)  # fmt: skip
+        for key, size in (("per_pivot_us", 8), ("per_pivot_us_float32", 4)):
+            for c, (col, both) in got[key].items():
+                print(f"{label}, {size * 8}-bit B⁻¹: {c} chains "
+                      f"({int(c) * 129 * 129 * size / 2**20:.1f} MB): column {col:.2f} µs, "
+                      f"column + update {both:.2f} µs a pivot", flush=True)  # fmt: skip
         print(f"{label}: zmm {got['zmm']}, ymm {got['ymm']} in the column loop", flush=True)
     out["passes"]["load_after"] = load()
 
