@@ -41,8 +41,9 @@ def reproduce(
             "--budget",
             "-b",
             help="quick (on 2 threads, measured: the embedded model about 2 min, a "
-            "BERT-base-sized encoder about 5 min), paper (the paper's protocol: GPU or long run), smoke (a pipeline "
-            "check). Each run prints its own estimate first (docs/token_identifiability.md).",
+            "BERT-base-sized encoder about 5 min), paper (the paper's protocol; on 2 threads, "
+            "measured: a BERT-base-sized encoder about 2 h), smoke (a pipeline check). Each "
+            "run prints its own estimate first (docs/token_identifiability.md).",
         ),
     ] = "quick",
     resume: Annotated[
