@@ -411,10 +411,13 @@ def test_layers_and_heads_select_what_is_computed(causal):
     part = effective_attention(trace, "row-stochastic", layers=[2, 0], heads=[3, 1])
     assert part.layers == (2, 0) and part.heads == (3, 1)
     assert part.effective.shape == (2, 2, 14, 14) and part.raw.shape == (2, 2, 14, 14)
+    # the same arithmetic on fewer heads: a batched product may round differently per batch
+    # shape (OpenBLAS's Haswell kernels do on AMD), so equal to a few float32 ulps
+    tol = 8 * torch.finfo(full.effective.dtype).eps
     for i, ly in enumerate((2, 0)):
         for j, hd in enumerate((3, 1)):
             torch.testing.assert_close(
-                part.effective[i, j], full.effective[ly, hd], atol=1e-12, rtol=0
+                part.effective[i, j], full.effective[ly, hd], atol=tol, rtol=0
             )
             assert torch.equal(part.raw[i, j], trace.attentions[ly, hd])
             assert torch.equal(part.null_space.dim[i, j], full.null_space.dim[ly, hd])

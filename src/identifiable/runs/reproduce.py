@@ -119,8 +119,7 @@ def reproduce(
             folder.check()
         with progress_bars(progress and world.is_main) as bars:
             m, items, settings = _prepare(model, corpus, plan, seed, device, bars)
-            said = announce if world.is_main else None
-            estimate = _announce_cost(m, plan, said)
+            left = _announce_cost(m, plan, announce if world.is_main else None)
             check_same_run(world, settings_key(settings))
             owner = (
                 folder.run(lambda d: RunCache(d, settings).check_resumable())
@@ -129,16 +128,7 @@ def reproduce(
             )
             with owner as work:
                 files, summary, timings = _run(
-                    work,
-                    world,
-                    m,
-                    items,
-                    plan,
-                    seed,
-                    settings,
-                    bars,
-                    t_start,
-                    functools.partial(_announce_left, estimate, said),
+                    work, world, m, items, plan, seed, settings, bars, t_start, left
                 )
                 if summary is None:  # not rank 0: rank 0 reduces and renders
                     summary = json.loads(broadcast(world, "summary", None))
@@ -175,9 +165,12 @@ def given_corpus(corpus: Any, column: str, pair_fields: tuple[str, str] | None) 
     return corpus
 
 
-def _announce_cost(model: Any, plan: Budget, announce: Callable[[str], None] | None) -> Any:
+def _announce_cost(
+    model: Any, plan: Budget, announce: Callable[[str], None] | None
+) -> Callable[[list[Any], RunCache], None]:
     """Refuse a budget whose hidden states do not fit in memory, naming one that does; then
-    say what the run will take (`experiments.cost`) and return that estimate."""
+    say what the run will take (`experiments.cost`). Returns what says, on a resumed run,
+    the part of that estimate left (`_announce_left`)."""
     import torch
 
     from identifiable.experiments.cost import check_memory, memory_bytes, reproduce_estimate
@@ -205,7 +198,7 @@ def _announce_cost(model: Any, plan: Budget, announce: Callable[[str], None] | N
     estimate = reproduce_estimate(model, plan, torch.get_num_threads())
     if announce is not None:
         announce(estimate.sentence(f"reproduce {where}"))
-    return estimate
+    return functools.partial(_announce_left, estimate, announce)
 
 
 def _announce_left(
