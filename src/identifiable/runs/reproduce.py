@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -45,6 +45,9 @@ from identifiable.store.files import atomic_write_text
 from identifiable.store.outdir import OutputFolder
 from identifiable.utils.checks import check_finite_weights, count, expect
 from identifiable.utils.seeds import SEED_MAX
+
+if TYPE_CHECKING:
+    from identifiable.experiments.cost import Estimate
 
 
 @dataclass
@@ -202,7 +205,10 @@ def _announce_cost(
 
 
 def _announce_left(
-    estimate: Any, announce: Callable[[str], None] | None, stage_list: list[Any], cache: RunCache
+    estimate: Estimate,
+    announce: Callable[[str], None] | None,
+    stage_list: list[Any],
+    cache: RunCache,
 ) -> None:
     """On a resumed run, say how many shards the cache holds and what is left to do."""
     from identifiable.experiments.cost import minutes
@@ -268,8 +274,7 @@ def _run(
     # world_size: how many processes shared the stages (in .cache, not the outputs)
     timings: dict[str, float] = {"load_s": time.perf_counter() - t_start, "world_size": world.size}
     stage_list = stages(m, items, plan, seed, work / CACHE_DIR)
-    if world.is_main:
-        announce_left(stage_list, cache)
+    announce_left(stage_list, cache)  # says nothing on ranks other than 0 (announce None)
     t_stages = time.perf_counter()
     done = run_stages(cache, stage_list, bars, world)
     timings["stages_s"] = time.perf_counter() - t_stages  # the part that shards
